@@ -1,0 +1,217 @@
+//! `/admin/v1/keys…`: issue, list, show, change and revoke keys.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use http::StatusCode;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::extract::{JsonBody, QueryParams};
+use super::AdminState;
+use crate::error::ApiError;
+use crate::ids::unix_now;
+use crate::keys::scopes::is_valid_scope;
+use crate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
+use crate::metering::Credits;
+
+/// A key as the admin API shows it: never the value, never the digest.
+#[derive(Serialize)]
+pub(super) struct KeyView {
+    id: String,
+    /// The full key: present only in the answer that created it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    prefix: String,
+    last4: String,
+    workspace: String,
+    name: String,
+    environment: Environment,
+    scopes: Scopes,
+    monthly_budget: Option<Credits>,
+    status: KeyStatus,
+    created_at: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grace_until: Option<u64>,
+}
+
+impl From<&KeyRecord> for KeyView {
+    fn from(k: &KeyRecord) -> Self {
+        Self {
+            id: k.id.clone(),
+            key: None,
+            prefix: k.prefix.clone(),
+            last4: k.last4.clone(),
+            workspace: k.workspace.clone(),
+            name: k.name.clone(),
+            environment: k.environment,
+            scopes: k.scopes.clone(),
+            monthly_budget: k.monthly_budget,
+            status: k.status,
+            created_at: k.created_at,
+            grace_until: k.grace_until,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CreateKey {
+    workspace: String,
+    environment: Environment,
+    scopes: Vec<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    monthly_budget: Option<Credits>,
+}
+
+fn parse_scopes(names: &[String]) -> Result<Scopes, ApiError> {
+    if names.is_empty() {
+        return Err(ApiError::invalid("scopes must name at least one scope"));
+    }
+    if let Some(bad) = names.iter().find(|s| !is_valid_scope(s)) {
+        return Err(ApiError::invalid(format!(
+            "'{bad}' is not a scope like resource:action"
+        )));
+    }
+    Ok(Scopes::new(names))
+}
+
+pub(super) async fn create(
+    State(state): State<AdminState>,
+    JsonBody(body): JsonBody<CreateKey>,
+) -> Result<(StatusCode, Json<KeyView>), ApiError> {
+    if body.environment == Environment::Scoped {
+        return Err(ApiError::invalid(
+            "environment must be \"live\" or \"test\"; scoped tokens are minted with POST /v1/tokens",
+        ));
+    }
+    let scopes = parse_scopes(&body.scopes)?;
+    let name = body.name.unwrap_or_default();
+    if name.len() > 200 {
+        return Err(ApiError::invalid("name must be at most 200 characters"));
+    }
+    if state.store.workspace(&body.workspace).await?.is_none() {
+        return Err(ApiError::not_found(format!(
+            "no workspace '{}'",
+            body.workspace
+        )));
+    }
+    let (new_key, record) = keys::issue(
+        KeyParams {
+            workspace: body.workspace,
+            environment: body.environment,
+            scopes,
+            name,
+            monthly_budget: body.monthly_budget,
+        },
+        unix_now(),
+    );
+    state.store.insert_key(&record).await?;
+    tracing::info!(key_id = %record.id, workspace = %record.workspace, "key created");
+    let mut view = KeyView::from(&record);
+    view.key = Some(new_key.value);
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+#[derive(Deserialize)]
+pub(super) struct ListQuery {
+    workspace: Option<String>,
+}
+
+#[derive(Serialize)]
+pub(super) struct KeyList {
+    data: Vec<KeyView>,
+}
+
+pub(super) async fn list(
+    State(state): State<AdminState>,
+    QueryParams(query): QueryParams<ListQuery>,
+) -> Result<Json<KeyList>, ApiError> {
+    let workspace = query
+        .workspace
+        .ok_or_else(|| ApiError::invalid("the query parameter 'workspace' is required"))?;
+    let keys = state.store.keys_in_workspace(&workspace).await?;
+    Ok(Json(KeyList {
+        data: keys.iter().map(|k| KeyView::from(&**k)).collect(),
+    }))
+}
+
+pub(super) async fn show(
+    State(state): State<AdminState>,
+    Path(id): Path<String>,
+) -> Result<Json<KeyView>, ApiError> {
+    let key = state
+        .store
+        .key_by_id(&id)
+        .await?
+        .ok_or_else(|| no_such_key(&id))?;
+    Ok(Json(KeyView::from(&*key)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PatchKey {
+    #[serde(default)]
+    scopes: Option<Vec<String>>,
+    /// Absent: unchanged; `null`: no budget; a number: the new budget.
+    #[serde(default, deserialize_with = "present")]
+    monthly_budget: Option<Option<Credits>>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// Distinguishes a field set to `null` (`Some(None)`) from an absent one (`None`).
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+pub(super) async fn patch(
+    State(state): State<AdminState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<PatchKey>,
+) -> Result<Json<KeyView>, ApiError> {
+    let scopes = body.scopes.as_deref().map(parse_scopes).transpose()?;
+    if body.name.as_ref().is_some_and(|n| n.len() > 200) {
+        return Err(ApiError::invalid("name must be at most 200 characters"));
+    }
+    let updated = state
+        .store
+        .update_key(&id, &|k: &mut KeyRecord| {
+            if let Some(scopes) = &scopes {
+                k.scopes = scopes.clone();
+            }
+            if let Some(budget) = body.monthly_budget {
+                k.monthly_budget = budget;
+            }
+            if let Some(name) = &body.name {
+                k.name = name.clone();
+            }
+        })
+        .await?
+        .ok_or_else(|| no_such_key(&id))?;
+    Ok(Json(KeyView::from(&*updated)))
+}
+
+pub(super) async fn revoke(
+    State(state): State<AdminState>,
+    Path(id): Path<String>,
+) -> Result<Json<KeyView>, ApiError> {
+    let revoked = state
+        .store
+        .update_key(&id, &|k: &mut KeyRecord| {
+            k.status = KeyStatus::Revoked;
+            k.grace_until = None;
+        })
+        .await?
+        .ok_or_else(|| no_such_key(&id))?;
+    tracing::info!(key_id = %revoked.id, workspace = %revoked.workspace, "key revoked");
+    Ok(Json(KeyView::from(&*revoked)))
+}
+
+fn no_such_key(id: &str) -> ApiError {
+    // Ids are ours and short; anything else is cut so the message stays small.
+    let shown: String = id.chars().take(64).collect();
+    ApiError::not_found(format!("no key '{shown}'"))
+}

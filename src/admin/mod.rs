@@ -1,0 +1,127 @@
+//! The admin API on the admin port: the back end of the operators' dashboard.
+//!
+//! JSON in, JSON out, `Authorization: Bearer <admin token>` on everything under `/admin/v1`,
+//! errors as [`ApiError`] with the SPEC's body. `/healthz` and `/readyz` need no token.
+
+mod extract;
+mod keys;
+mod service;
+mod workspaces;
+
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::{HeaderValue, StatusCode};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+
+use crate::error::ApiError;
+use crate::ids::request_id;
+use crate::proxy::respond::REQUEST_ID;
+use crate::store::Store;
+pub use service::AdminService;
+
+/// What every admin handler can reach.
+#[derive(Clone)]
+pub struct AdminState {
+    /// Shared state.
+    pub store: Arc<dyn Store>,
+    /// SHA-256 of the admin token, compared in constant time.
+    token_digest: [u8; 32],
+}
+
+impl AdminState {
+    /// State for a router guarded by `admin_token`.
+    pub fn new(store: Arc<dyn Store>, admin_token: &str) -> Self {
+        Self {
+            store,
+            token_digest: Sha256::digest(admin_token.as_bytes()).into(),
+        }
+    }
+
+    fn token_matches(&self, presented: &[u8]) -> bool {
+        // Comparing digests keeps the comparison constant-time whatever the lengths.
+        let digest: [u8; 32] = Sha256::digest(presented).into();
+        digest.ct_eq(&self.token_digest).into()
+    }
+}
+
+/// The admin router.
+pub fn router(state: AdminState) -> Router {
+    let api = Router::new()
+        .route("/workspaces", post(workspaces::create))
+        .route("/keys", post(keys::create).get(keys::list))
+        .route("/keys/{id}", get(keys::show).patch(keys::patch))
+        .route("/keys/{id}/revoke", post(keys::revoke))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .nest("/admin/v1", api)
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { ApiError::not_found("no such admin route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::MethodNotAllowed("method not allowed on this path".into())
+        })
+        .layer(middleware::from_fn(with_request_id))
+        .with_state(state)
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn readyz(State(state): State<AdminState>) -> Result<Json<serde_json::Value>, ApiError> {
+    state.store.ping().await?;
+    Ok(Json(serde_json::json!({"status": "ready"})))
+}
+
+async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    match presented {
+        Some(token) if state.token_matches(token) => next.run(req).await,
+        _ => ApiError::Authentication("a valid admin token is required".into()).into_response(),
+    }
+}
+
+/// Gives every answer a request id, and renders errors with it.
+async fn with_request_id(req: Request, next: Next) -> Response {
+    let id = request_id();
+    let mut resp = next.run(req).await;
+    if let Some(err) = resp.extensions_mut().remove::<ApiError>() {
+        resp = render(&err, &id);
+    }
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert(REQUEST_ID, value);
+    }
+    resp
+}
+
+fn render(err: &ApiError, request_id: &str) -> Response {
+    let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    let mut resp = (
+        status,
+        [(http::header::CONTENT_TYPE, "application/json")],
+        err.body(request_id),
+    )
+        .into_response();
+    if let Some(secs) = err.retry_after() {
+        resp.headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
+}
+
+impl IntoResponse for ApiError {
+    /// The body is rendered by [`with_request_id`], which knows the request id.
+    fn into_response(self) -> Response {
+        let mut resp = render(&self, "");
+        resp.extensions_mut().insert(self);
+        resp
+    }
+}

@@ -1,0 +1,200 @@
+//! The command line: `svcgate serve`, and `svcgate keys …` which talks to the admin API.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::config::{Config, DEMO_ADMIN_TOKEN};
+use crate::server::{self, ServeOptions};
+
+/// svcgate: an authentication gateway for AI APIs.
+#[derive(Debug, Parser)]
+#[command(name = "svcgate", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway, the admin API and the metrics listener.
+    Serve {
+        /// TOML config file; without one, the embedded demo defaults apply.
+        #[arg(long, short, env = "SVCGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Take the listeners over from a running svcgate (send it SIGQUIT afterwards).
+        #[arg(long, short = 'u')]
+        upgrade: bool,
+    },
+    /// Manage API keys through the admin API.
+    Keys {
+        #[command(flatten)]
+        admin: AdminArgs,
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+struct AdminArgs {
+    /// Base URL of the admin API.
+    #[arg(
+        long,
+        env = "SVCGATE_ADMIN_URL",
+        default_value = "http://127.0.0.1:8081",
+        global = true
+    )]
+    admin_url: String,
+    /// Admin token.
+    #[arg(long, env = "SVCGATE_SERVER_ADMIN_TOKEN", default_value = DEMO_ADMIN_TOKEN, hide_default_value = true, global = true)]
+    admin_token: String,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum EnvironmentArg {
+    Live,
+    Test,
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysCommand {
+    /// Create a key; prints its full value, which is shown this once.
+    Create {
+        /// Owning workspace (`ws_…`).
+        #[arg(long)]
+        workspace: String,
+        /// Key environment.
+        #[arg(long, value_enum, default_value = "live")]
+        environment: EnvironmentArg,
+        /// Scopes, repeated or comma-separated.
+        #[arg(long = "scope", value_delimiter = ',', required = true)]
+        scopes: Vec<String>,
+        /// Label.
+        #[arg(long)]
+        name: Option<String>,
+        /// Monthly budget in credits.
+        #[arg(long)]
+        monthly_budget: Option<f64>,
+    },
+    /// List the keys of a workspace.
+    List {
+        /// Workspace (`ws_…`).
+        #[arg(long)]
+        workspace: String,
+    },
+    /// Show one key.
+    Show {
+        /// Key id (`key_…`).
+        id: String,
+    },
+    /// Revoke a key at once.
+    Revoke {
+        /// Key id (`key_…`).
+        id: String,
+    },
+}
+
+/// Runs the parsed command line and returns the process exit code.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve { config, upgrade } => {
+            let config = match Config::load(config.as_deref(), std::env::vars()) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("svcgate: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            crate::logging::init(&config.log);
+            match server::serve(config, ServeOptions { upgrade }) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("svcgate: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Keys { admin, command } => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("svcgate: cannot start a runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match runtime.block_on(keys(&admin, command)) {
+                Ok(body) => {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&body).unwrap_or_default()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(message) => {
+                    eprintln!("svcgate: {message}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+async fn keys(admin: &AdminArgs, command: KeysCommand) -> Result<Value, String> {
+    let base = admin.admin_url.trim_end_matches('/');
+    let client = reqwest::Client::new();
+    let request = match command {
+        KeysCommand::Create {
+            workspace,
+            environment,
+            scopes,
+            name,
+            monthly_budget,
+        } => {
+            let environment = match environment {
+                EnvironmentArg::Live => "live",
+                EnvironmentArg::Test => "test",
+            };
+            let mut body = json!({
+                "workspace": workspace,
+                "environment": environment,
+                "scopes": scopes,
+            });
+            if let Some(name) = name {
+                body["name"] = json!(name);
+            }
+            if let Some(budget) = monthly_budget {
+                body["monthly_budget"] = json!(budget);
+            }
+            client.post(format!("{base}/admin/v1/keys")).json(&body)
+        }
+        KeysCommand::List { workspace } => client
+            .get(format!("{base}/admin/v1/keys"))
+            .query(&[("workspace", workspace)]),
+        KeysCommand::Show { id } => client.get(format!("{base}/admin/v1/keys/{id}")),
+        KeysCommand::Revoke { id } => client.post(format!("{base}/admin/v1/keys/{id}/revoke")),
+    };
+    let response = request
+        .bearer_auth(&admin.admin_token)
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach the admin API at {base}: {e}"))?;
+    let status = response.status();
+    let body: Value = response
+        .json()
+        .await
+        .map_err(|e| format!("unreadable answer from the admin API ({status}): {e}"))?;
+    if status.is_success() {
+        Ok(body)
+    } else {
+        Err(format!(
+            "{} ({}): {}",
+            body["error"]["code"].as_str().unwrap_or("error"),
+            status.as_u16(),
+            body["error"]["message"].as_str().unwrap_or("no message"),
+        ))
+    }
+}

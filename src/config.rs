@@ -1,0 +1,654 @@
+//! Configuration: TOML file → `SVCGATE_*` environment overrides → one validation pass that
+//! names every problem at start-up.
+//!
+//! Every key is optional; [`Config::default`] is the zero-config demo (in-memory store,
+//! simulated backends). `config/svcgate.toml` documents every key next to its default.
+
+use serde::{Deserialize, Serialize};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+
+use crate::keys::scopes::is_valid_scope;
+use crate::metering::Credits;
+
+/// Prefix of every environment override: `SVCGATE_<SECTION>_<KEY>`.
+pub const ENV_PREFIX: &str = "SVCGATE_";
+
+/// The admin token of the zero-config demo; refused on a non-loopback admin address.
+pub const DEMO_ADMIN_TOKEN: &str = "change-me";
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Listeners, admin token, threads, shutdown.
+    pub server: ServerConfig,
+    /// Where shared state lives.
+    pub store: StoreConfig,
+    /// Backends requests are forwarded to.
+    pub upstream: UpstreamConfig,
+    /// Key lifecycle settings.
+    pub keys: KeysConfig,
+    /// Logging.
+    pub log: LogConfig,
+    /// The route table. Giving any `[[routes]]` replaces the whole default table.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Gateway listener.
+    pub listen: String,
+    /// Admin API and health listener.
+    pub admin_listen: String,
+    /// Prometheus listener.
+    pub metrics_listen: String,
+    /// Bearer token of the admin API.
+    pub admin_token: String,
+    /// Worker threads of the gateway; 0 means one per CPU.
+    pub threads: usize,
+    /// After SIGTERM, how long listeners stay open for requests still arriving (seconds).
+    pub shutdown_grace_seconds: u64,
+    /// Then, how long in-flight requests get to finish before the process exits (seconds).
+    pub shutdown_timeout_seconds: u64,
+    /// Socket used to hand listeners over during a graceful upgrade (`serve -u`).
+    pub upgrade_sock: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:8080".into(),
+            admin_listen: "127.0.0.1:8081".into(),
+            metrics_listen: "0.0.0.0:9090".into(),
+            admin_token: DEMO_ADMIN_TOKEN.into(),
+            threads: 0,
+            shutdown_grace_seconds: 5,
+            shutdown_timeout_seconds: 5,
+            upgrade_sock: "/tmp/svcgate_upgrade.sock".into(),
+        }
+    }
+}
+
+/// Which store backs the deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// In-process; for the demo and tests. One replica only.
+    Memory,
+    /// Redis; shared by every replica.
+    Redis,
+}
+
+/// `[store]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `memory` or `redis`.
+    pub kind: StoreKind,
+    /// Redis URL, for `kind = "redis"`.
+    pub url: String,
+    /// Prefix of every Redis key.
+    pub namespace: String,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            kind: StoreKind::Memory,
+            url: "redis://127.0.0.1:6379/0".into(),
+            namespace: "svcgate".into(),
+        }
+    }
+}
+
+/// `[upstream]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Production backend `host:port`; absent: built-in simulated responses.
+    pub live: Option<String>,
+    /// Sandbox backend for `svc_test_` keys; absent: simulated responses.
+    pub sandbox: Option<String>,
+    /// TCP connect timeout (milliseconds).
+    pub connect_timeout_ms: u64,
+    /// Longest wait for the next bytes of the backend's response (milliseconds).
+    pub read_timeout_ms: u64,
+    /// Longest wait to write to the backend (milliseconds).
+    pub write_timeout_ms: u64,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            live: None,
+            sandbox: None,
+            connect_timeout_ms: 1_000,
+            read_timeout_ms: 60_000,
+            write_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// `[keys]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KeysConfig {
+    /// How long a rotated key keeps working (seconds).
+    pub rotation_grace_seconds: u64,
+}
+
+impl Default for KeysConfig {
+    fn default() -> Self {
+        Self {
+            rotation_grace_seconds: 86_400,
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// A `tracing` filter such as `info` or `svcgate=debug`; `RUST_LOG` wins when set.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// One `[[routes]]` entry: a forwarded operation and the scope it needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// HTTP method.
+    pub method: String,
+    /// Path template; `{name}` matches one segment.
+    pub path: String,
+    /// The scope a key needs.
+    pub scope: String,
+    /// Credits charged when the backend reports no `Service-Credits`.
+    #[serde(default)]
+    pub price: Credits,
+}
+
+impl RouteConfig {
+    fn new(method: &str, path: &str, scope: &str, price_micros: i64) -> Self {
+        Self {
+            method: method.into(),
+            path: path.into(),
+            scope: scope.into(),
+            price: Credits::from_micros(price_micros),
+        }
+    }
+}
+
+/// The SPEC's route table.
+pub fn default_routes() -> Vec<RouteConfig> {
+    const C: i64 = 1_000_000;
+    vec![
+        RouteConfig::new("GET", "/v1/models", "models:read", 0),
+        RouteConfig::new("POST", "/v1/chat/completions", "chat.completions:create", C),
+        RouteConfig::new("POST", "/v1/images/generations", "images:create", 4 * C),
+        RouteConfig::new("POST", "/v1/images/batches", "images:create", 4 * C),
+        RouteConfig::new("POST", "/v1/videos", "videos:create", 20 * C),
+        RouteConfig::new("POST", "/v1/audio/speech", "voice:create", 2 * C),
+        RouteConfig::new("POST", "/v1/agents/runs", "agents:run", 10 * C),
+        RouteConfig::new("POST", "/v1/agents/runs/{id}/approve", "agents:run", 0),
+    ]
+}
+
+/// A configuration problem, naming the key it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted key, e.g. `server.listen`, or the environment variable.
+    pub key: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl Problem {
+    fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("config file {path} is not valid TOML: {message}")]
+    Syntax {
+        /// The file.
+        path: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// One or more keys are wrong.
+    #[error("invalid configuration:{}", .0.iter().map(|p| format!("\n  {}: {}", p.key, p.reason)).collect::<String>())]
+    Invalid(Vec<Problem>),
+}
+
+impl Config {
+    /// Reads `path` (or nothing: the embedded defaults), applies `SVCGATE_*` variables from
+    /// `env`, and validates the result.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut table = match path {
+            Some(path) => {
+                let shown = path.display().to_string();
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: shown.clone(),
+                    source,
+                })?;
+                text.parse::<toml::Table>()
+                    .map_err(|e| ConfigError::Syntax {
+                        path: shown,
+                        message: e.to_string(),
+                    })?
+            }
+            None => toml::Table::new(),
+        };
+        apply_env(&mut table, env).map_err(|p| ConfigError::Invalid(vec![p]))?;
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+                let key = e.path().to_string();
+                ConfigError::Invalid(vec![Problem::new(key, e.into_inner().to_string())])
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The effective route table: the configured one, or the SPEC's defaults.
+    pub fn routes(&self) -> Vec<RouteConfig> {
+        if self.routes.is_empty() {
+            default_routes()
+        } else {
+            self.routes.clone()
+        }
+    }
+
+    /// Checks every value and reports all problems at once.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        let s = &self.server;
+        let mut listeners = Vec::new();
+        for (key, value) in [
+            ("server.listen", &s.listen),
+            ("server.admin_listen", &s.admin_listen),
+            ("server.metrics_listen", &s.metrics_listen),
+        ] {
+            match value.parse::<SocketAddr>() {
+                Ok(addr) => listeners.push((key, addr)),
+                Err(_) => problems.push(Problem::new(
+                    key,
+                    format!("'{value}' is not an IP address with a port, like 0.0.0.0:8080"),
+                )),
+            }
+        }
+        for (i, (key, addr)) in listeners.iter().enumerate() {
+            if let Some((other, _)) = listeners[..i]
+                .iter()
+                .find(|(_, a)| a.port() == addr.port() && addr.port() != 0)
+            {
+                problems.push(Problem::new(*key, format!("same port as {other}")));
+            }
+        }
+        if s.admin_token.trim().is_empty() {
+            problems.push(Problem::new("server.admin_token", "must not be empty"));
+        } else if s.admin_token == DEMO_ADMIN_TOKEN {
+            if let Some((_, addr)) = listeners.iter().find(|(k, _)| *k == "server.admin_listen") {
+                if !addr.ip().is_loopback() {
+                    problems.push(Problem::new(
+                        "server.admin_token",
+                        "the demo token 'change-me' is only allowed on a loopback admin_listen; \
+                         set SVCGATE_SERVER_ADMIN_TOKEN",
+                    ));
+                }
+            }
+        }
+        if self.store.kind == StoreKind::Redis {
+            problems.push(Problem::new(
+                "store.kind",
+                "the Redis store is not available in this build yet; use \"memory\"",
+            ));
+        }
+        if self.store.namespace.is_empty()
+            || !self
+                .store
+                .namespace
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+        {
+            problems.push(Problem::new(
+                "store.namespace",
+                "must be non-empty and made of [A-Za-z0-9._-]",
+            ));
+        }
+        for (key, addr) in [
+            ("upstream.live", &self.upstream.live),
+            ("upstream.sandbox", &self.upstream.sandbox),
+        ] {
+            if let Some(addr) = addr {
+                if let Err(reason) = resolve(addr) {
+                    problems.push(Problem::new(key, reason));
+                }
+            }
+        }
+        for (key, ms) in [
+            (
+                "upstream.connect_timeout_ms",
+                self.upstream.connect_timeout_ms,
+            ),
+            ("upstream.read_timeout_ms", self.upstream.read_timeout_ms),
+            ("upstream.write_timeout_ms", self.upstream.write_timeout_ms),
+        ] {
+            if ms == 0 {
+                problems.push(Problem::new(key, "must be greater than 0"));
+            }
+        }
+        problems.extend(validate_routes(&self.routes()));
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+}
+
+/// Resolves `host:port` once, at start-up, to the first address it names.
+pub fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    let mut addrs = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve '{addr}': {e}"))?;
+    addrs
+        .next()
+        .ok_or_else(|| format!("'{addr}' resolves to no address"))
+}
+
+fn validate_routes(routes: &[RouteConfig]) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (i, route) in routes.iter().enumerate() {
+        let key = |field: &str| format!("routes[{i}].{field}");
+        if route.method.parse::<http::Method>().is_err() || route.method.is_empty() {
+            problems.push(Problem::new(key("method"), "not an HTTP method"));
+        }
+        if !route.path.starts_with("/v1/") {
+            problems.push(Problem::new(key("path"), "must start with /v1/"));
+        }
+        if !is_valid_scope(&route.scope) {
+            problems.push(Problem::new(
+                key("scope"),
+                format!("'{}' is not a scope like resource:action", route.scope),
+            ));
+        }
+    }
+    if let Err(e) = crate::proxy::routes::RouteTable::new(routes) {
+        problems.push(Problem::new("routes", e));
+    }
+    problems
+}
+
+/// Applies `SVCGATE_<SECTION>_<KEY>` overrides to the parsed file.
+///
+/// A value becomes a string when the setting is a string (so `SVCGATE_SERVER_ADMIN_TOKEN=1234`
+/// stays a token), and is read as a TOML value otherwise (`8`, `true`, `[60, 300]`).
+fn apply_env(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), Problem> {
+    let defaults = match toml::Value::try_from(Config::default()) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
+    };
+    for (name, value) in env {
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        // `SVCGATE_CONFIG` names the file itself; it is not a setting.
+        if rest == "CONFIG" {
+            continue;
+        }
+        let rest = rest.to_ascii_lowercase();
+        let Some((section, key)) = rest.split_once('_') else {
+            return Err(Problem::new(name, "expected SVCGATE_<SECTION>_<KEY>"));
+        };
+        let Some(toml::Value::Table(section_defaults)) = defaults.get(section) else {
+            return Err(Problem::new(name, format!("unknown section '{section}'")));
+        };
+        let is_string = match section_defaults.get(key) {
+            Some(toml::Value::String(_)) => true,
+            Some(_) => false,
+            // Optional settings (no default) are addresses or names: strings.
+            None if is_optional_string(section, key) => true,
+            None => {
+                return Err(Problem::new(
+                    name,
+                    format!("unknown setting '{key}' in section '{section}'"),
+                ))
+            }
+        };
+        let parsed = if is_string {
+            toml::Value::String(value)
+        } else {
+            parse_toml_value(&value).ok_or_else(|| {
+                Problem::new(name.clone(), format!("'{value}' is not a valid value"))
+            })?
+        };
+        let entry = table
+            .entry(section.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        match entry {
+            toml::Value::Table(t) => {
+                t.insert(key.to_string(), parsed);
+            }
+            _ => return Err(Problem::new(section, "must be a table")),
+        }
+    }
+    Ok(())
+}
+
+fn is_optional_string(section: &str, key: &str) -> bool {
+    matches!(
+        (section, key),
+        ("upstream", "live") | ("upstream", "sandbox")
+    )
+}
+
+fn parse_toml_value(text: &str) -> Option<toml::Value> {
+    let doc: toml::Table = format!("v = {text}").parse().ok()?;
+    doc.get("v").cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn problems(err: ConfigError) -> Vec<Problem> {
+        match err {
+            ConfigError::Invalid(p) => p,
+            other => panic!("expected Invalid, got {other}"),
+        }
+    }
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+
+    #[test]
+    fn no_file_gives_the_demo_defaults() {
+        let c = Config::load(None, env(&[])).unwrap();
+        assert_eq!(c.server.listen, "0.0.0.0:8080");
+        assert_eq!(c.server.admin_listen, "127.0.0.1:8081");
+        assert_eq!(c.server.metrics_listen, "0.0.0.0:9090");
+        assert_eq!(c.store.kind, StoreKind::Memory);
+        assert!(c.upstream.live.is_none());
+        assert_eq!(c.keys.rotation_grace_seconds, 86_400);
+        assert_eq!(c.routes(), default_routes());
+    }
+
+    #[test]
+    fn environment_overrides_the_file_with_typed_values() {
+        let f = file("[server]\nlisten = \"127.0.0.1:1\"\nthreads = 1\n");
+        let c = Config::load(
+            Some(f.path()),
+            env(&[
+                ("SVCGATE_SERVER_LISTEN", "127.0.0.1:7000"),
+                ("SVCGATE_SERVER_THREADS", "3"),
+                ("SVCGATE_SERVER_ADMIN_TOKEN", "12345"),
+                ("SVCGATE_UPSTREAM_LIVE", "127.0.0.1:9000"),
+                ("SVCGATE_CONFIG", "ignored"),
+                ("HOME", "/root"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.server.listen, "127.0.0.1:7000");
+        assert_eq!(c.server.threads, 3);
+        assert_eq!(c.server.admin_token, "12345");
+        assert_eq!(c.upstream.live.as_deref(), Some("127.0.0.1:9000"));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let f = file("[server]\nlisten = 5\n");
+        let p = problems(Config::load(Some(f.path()), env(&[])).unwrap_err());
+        assert_eq!(p[0].key, "server.listen");
+
+        let f = file("[server]\nlisen = \"x\"\n");
+        let err = Config::load(Some(f.path()), env(&[])).unwrap_err();
+        assert!(err.to_string().contains("lisen"), "{err}");
+
+        let p =
+            problems(Config::load(None, env(&[("SVCGATE_SERVER_THREADS", "many")])).unwrap_err());
+        assert_eq!(p[0].key, "SVCGATE_SERVER_THREADS");
+
+        let p = problems(Config::load(None, env(&[("SVCGATE_NOPE_X", "1")])).unwrap_err());
+        assert!(p[0].reason.contains("unknown section"));
+
+        let err =
+            Config::load(Some(f.path().with_extension("missing").as_path()), env(&[])).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }));
+
+        let f = file("[server\n");
+        let err = Config::load(Some(f.path()), env(&[])).unwrap_err();
+        assert!(matches!(err, ConfigError::Syntax { .. }));
+    }
+
+    #[test]
+    fn validation_reports_every_problem() {
+        let f = file(
+            r#"
+[server]
+listen = "nonsense"
+admin_listen = "0.0.0.0:8081"
+[upstream]
+live = "no-such-host.invalid:80"
+read_timeout_ms = 0
+[[routes]]
+method = "POST"
+path = "/chat"
+scope = "Chat"
+"#,
+        );
+        let keys: Vec<_> = problems(Config::load(Some(f.path()), env(&[])).unwrap_err())
+            .into_iter()
+            .map(|p| p.key)
+            .collect();
+        for expected in [
+            "server.listen",
+            "server.admin_token",
+            "upstream.live",
+            "upstream.read_timeout_ms",
+            "routes[0].path",
+            "routes[0].scope",
+        ] {
+            assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
+        }
+    }
+
+    #[test]
+    fn duplicate_ports_and_routes_are_refused() {
+        let f = file(
+            r#"
+[server]
+admin_listen = "127.0.0.1:8080"
+[[routes]]
+method = "GET"
+path = "/v1/models"
+scope = "models:read"
+[[routes]]
+method = "GET"
+path = "/v1/models"
+scope = "models:read"
+"#,
+        );
+        let keys: Vec<_> = problems(Config::load(Some(f.path()), env(&[])).unwrap_err())
+            .into_iter()
+            .map(|p| p.key)
+            .collect();
+        assert!(
+            keys.contains(&"server.admin_listen".to_string()),
+            "{keys:?}"
+        );
+        assert!(keys.contains(&"routes".to_string()), "{keys:?}");
+    }
+
+    #[test]
+    fn the_shipped_config_file_is_valid_and_documents_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/svcgate.toml");
+        let shipped = Config::load(Some(&path), env(&[])).unwrap();
+        let defaults = Config::default();
+        assert_eq!(
+            toml::to_string(&shipped.server).unwrap(),
+            toml::to_string(&defaults.server).unwrap()
+        );
+        assert_eq!(
+            toml::to_string(&shipped.upstream).unwrap(),
+            toml::to_string(&defaults.upstream).unwrap()
+        );
+        assert_eq!(shipped.routes(), default_routes());
+    }
+}

@@ -1,0 +1,265 @@
+//! The API key wire format: generation, parsing and hashing.
+//!
+//! A key is `<prefix><random><checksum>`:
+//! - `prefix` is `svc_live_`, `svc_test_` or `svc_scoped_` and selects the environment;
+//! - `random` is 33 characters of `[A-Za-z0-9]` (≈196 bits of entropy);
+//! - `checksum` is the CRC-32 of prefix and random part, as 6 base62 characters.
+//!
+//! The checksum lets the gateway reject a mistyped or truncated key with no store lookup
+//! (and lets secret scanners recognise our keys with few false positives). Keys are only ever
+//! stored as their SHA-256 digest, [`KeyHash`].
+
+use rand::distr::{Alphanumeric, SampleString};
+use sha2::{Digest, Sha256};
+use std::fmt;
+use subtle::ConstantTimeEq;
+
+use super::Environment;
+
+/// Number of random base62 characters in a key body (33 × log2(62) ≈ 196 bits).
+pub const RANDOM_LEN: usize = 33;
+/// Number of base62 characters of the checksum (62^6 > 2^32).
+pub const CHECKSUM_LEN: usize = 6;
+/// Length of a key body, after its prefix.
+pub const BODY_LEN: usize = RANDOM_LEN + CHECKSUM_LEN;
+/// The longest key prefix; anything longer than this plus [`BODY_LEN`] is not a key.
+pub const MAX_KEY_LEN: usize = 11 + BODY_LEN;
+
+const BASE62: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/// Why a string is not a well-formed key. Never carries the key itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeyFormatError {
+    /// The string does not start with a known prefix.
+    #[error("unknown key prefix")]
+    UnknownPrefix,
+    /// The body has the wrong length.
+    #[error("wrong key length")]
+    Length,
+    /// The body has a character outside `[A-Za-z0-9]`.
+    #[error("invalid character in key")]
+    Charset,
+    /// The checksum does not match: a typo or a truncated copy.
+    #[error("key checksum mismatch")]
+    Checksum,
+}
+
+impl KeyFormatError {
+    /// A short, stable label for metrics and logs.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::UnknownPrefix => "unknown_prefix",
+            Self::Length => "bad_length",
+            Self::Charset => "bad_charset",
+            Self::Checksum => "bad_checksum",
+        }
+    }
+}
+
+/// A freshly generated key: the full secret value, shown to its owner exactly once.
+pub struct NewKey {
+    /// The full key. Handle with care: never log it, never store it.
+    pub value: String,
+    /// Its digest, the only form that is stored.
+    pub hash: KeyHash,
+}
+
+impl fmt::Debug for NewKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NewKey")
+            .field("value", &"<redacted>")
+            .field("last4", &last4(&self.value))
+            .finish()
+    }
+}
+
+/// Generates a new key for `env`.
+pub fn generate(env: Environment) -> NewKey {
+    let prefix = env.key_prefix();
+    let mut value = String::with_capacity(prefix.len() + BODY_LEN);
+    value.push_str(prefix);
+    Alphanumeric.append_string(&mut rand::rng(), &mut value, RANDOM_LEN);
+    let sum = checksum(value.as_bytes());
+    value.push_str(std::str::from_utf8(&sum).expect("base62 is ASCII"));
+    let hash = KeyHash::of(&value);
+    NewKey { value, hash }
+}
+
+/// Checks the shape and checksum of `token` and returns its environment.
+///
+/// Runs on every request: no allocation, no store access.
+pub fn parse(token: &str) -> Result<Environment, KeyFormatError> {
+    let (env, body) = Environment::ALL
+        .iter()
+        .find_map(|env| {
+            token
+                .strip_prefix(env.key_prefix())
+                .map(|body| (*env, body))
+        })
+        .ok_or(KeyFormatError::UnknownPrefix)?;
+    if body.len() != BODY_LEN {
+        return Err(KeyFormatError::Length);
+    }
+    if !body.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(KeyFormatError::Charset);
+    }
+    let (signed, sum) = token.split_at(token.len() - CHECKSUM_LEN);
+    if checksum(signed.as_bytes()) != sum.as_bytes() {
+        return Err(KeyFormatError::Checksum);
+    }
+    Ok(env)
+}
+
+/// The last four characters of a key, the part that stays visible after creation.
+pub fn last4(token: &str) -> &str {
+    let cut = token.len().saturating_sub(4);
+    token.get(cut..).unwrap_or("")
+}
+
+fn checksum(data: &[u8]) -> [u8; CHECKSUM_LEN] {
+    let mut n = crc32fast::hash(data) as u64;
+    let mut out = [b'0'; CHECKSUM_LEN];
+    for slot in out.iter_mut().rev() {
+        *slot = BASE62[(n % 62) as usize];
+        n /= 62;
+    }
+    out
+}
+
+/// The SHA-256 digest of a key: how keys are stored and looked up.
+///
+/// Keys carry ~196 bits of entropy, so a fast hash is enough: there is nothing to brute-force.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyHash(pub [u8; 32]);
+
+impl KeyHash {
+    /// Digest of a full key value.
+    pub fn of(token: &str) -> Self {
+        Self(Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// Lower-case hex, the form used in store keys.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Parses the lower-case hex form.
+    pub fn from_hex(s: &str) -> Option<Self> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).ok()?;
+        Some(Self(out))
+    }
+
+    /// Constant-time equality, for confirming a looked-up record really matches.
+    pub fn ct_eq(&self, other: &KeyHash) -> bool {
+        self.0.ct_eq(&other.0).into()
+    }
+}
+
+impl fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A prefix of the digest is enough to tell records apart in a debug dump.
+        write!(f, "KeyHash({}…)", &hex::encode(&self.0[..4]))
+    }
+}
+
+impl serde::Serialize for KeyHash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KeyHash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Self::from_hex(&s).ok_or_else(|| serde::de::Error::custom("invalid key hash"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_keys_parse_with_their_environment() {
+        for env in Environment::ALL {
+            let key = generate(env);
+            assert!(key.value.starts_with(env.key_prefix()));
+            assert_eq!(key.value.len(), env.key_prefix().len() + BODY_LEN);
+            assert_eq!(parse(&key.value), Ok(env));
+            assert_eq!(key.hash, KeyHash::of(&key.value));
+        }
+    }
+
+    #[test]
+    fn generated_keys_differ() {
+        let a = generate(Environment::Live);
+        let b = generate(Environment::Live);
+        assert_ne!(a.value, b.value);
+        assert_ne!(a.hash, b.hash);
+    }
+
+    #[test]
+    fn every_single_character_flip_is_caught() {
+        let key = generate(Environment::Live).value;
+        let prefix_len = Environment::Live.key_prefix().len();
+        for i in prefix_len..key.len() {
+            let mut bytes = key.clone().into_bytes();
+            bytes[i] = if bytes[i] == b'a' { b'b' } else { b'a' };
+            let flipped = String::from_utf8(bytes).unwrap();
+            assert_eq!(
+                parse(&flipped),
+                Err(KeyFormatError::Checksum),
+                "position {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_keys_are_rejected() {
+        let key = generate(Environment::Test).value;
+        assert_eq!(parse(""), Err(KeyFormatError::UnknownPrefix));
+        assert_eq!(parse("sk-abc"), Err(KeyFormatError::UnknownPrefix));
+        assert_eq!(
+            parse(&key.replace("svc_test_", "svc_prod_")),
+            Err(KeyFormatError::UnknownPrefix)
+        );
+        assert_eq!(parse(&key[..key.len() - 1]), Err(KeyFormatError::Length));
+        assert_eq!(parse(&format!("{key}0")), Err(KeyFormatError::Length));
+        let mut bytes = key.clone().into_bytes();
+        bytes[12] = b'-';
+        assert_eq!(
+            parse(&String::from_utf8(bytes).unwrap()),
+            Err(KeyFormatError::Charset)
+        );
+        // A multi-byte character of the right byte length must not panic on slicing.
+        let body = "é".repeat(BODY_LEN / 2) + "a";
+        assert_eq!(
+            parse(&format!("svc_live_{body}")),
+            Err(KeyFormatError::Charset)
+        );
+    }
+
+    #[test]
+    fn checksum_is_fixed_width_base62() {
+        assert_eq!(checksum(b""), *b"000000");
+        let sum = checksum(b"svc_live_x");
+        assert!(sum.iter().all(|b| b.is_ascii_alphanumeric()));
+    }
+
+    #[test]
+    fn hash_roundtrips_through_hex_and_debug_hides_it() {
+        let h = KeyHash::of("svc_live_whatever");
+        assert_eq!(KeyHash::from_hex(&h.to_hex()), Some(h));
+        assert!(KeyHash::from_hex("zz").is_none());
+        assert!(!format!("{h:?}").contains(&h.to_hex()));
+        assert!(h.ct_eq(&h));
+        assert!(!h.ct_eq(&KeyHash::of("other")));
+    }
+
+    #[test]
+    fn last4_is_the_tail() {
+        assert_eq!(last4("svc_live_abcdef"), "cdef");
+        assert_eq!(last4("ab"), "ab");
+    }
+}

@@ -1,0 +1,228 @@
+//! The key model: environments, key records and scopes.
+//!
+//! Pure data and pure functions; the stores persist these types and the request path reads
+//! them.
+
+pub mod format;
+pub mod scopes;
+
+use serde::{Deserialize, Serialize};
+
+use crate::metering::Credits;
+pub use format::{KeyFormatError, KeyHash, NewKey};
+pub use scopes::{Scope, Scopes};
+
+/// Which environment a key belongs to, selected by its prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Environment {
+    /// `svc_live_`: bills credits, reaches production backends.
+    Live,
+    /// `svc_test_`: never billed, never reaches production backends.
+    Test,
+    /// `svc_scoped_`: short-lived token minted from a parent key.
+    Scoped,
+}
+
+impl Environment {
+    /// Every environment, in prefix-matching order.
+    pub const ALL: [Environment; 3] = [Environment::Live, Environment::Test, Environment::Scoped];
+
+    /// The key prefix that selects this environment.
+    pub const fn key_prefix(self) -> &'static str {
+        match self {
+            Self::Live => "svc_live_",
+            Self::Test => "svc_test_",
+            Self::Scoped => "svc_scoped_",
+        }
+    }
+
+    /// The name used in headers, metrics and JSON.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Test => "test",
+            Self::Scoped => "scoped",
+        }
+    }
+}
+
+/// Lifecycle state of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyStatus {
+    /// Accepted.
+    Active,
+    /// Replaced by a newer key; accepted until `grace_until`.
+    Rotating,
+    /// Never accepted again.
+    Revoked,
+}
+
+/// Why a well-formed, known key is not accepted right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// The key was revoked.
+    Revoked,
+    /// The key was rotated and its grace period is over.
+    GraceExpired,
+}
+
+impl Rejection {
+    /// A short, stable label for metrics and logs.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Revoked => "revoked",
+            Self::GraceExpired => "grace_expired",
+        }
+    }
+}
+
+/// A stored API key. Holds the key's digest, never its value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// `key_…`
+    pub id: String,
+    /// The workspace the key belongs to (`ws_…`).
+    pub workspace: String,
+    /// Human-readable label.
+    #[serde(default)]
+    pub name: String,
+    /// Selected by the key's prefix.
+    pub environment: Environment,
+    /// What the key may do.
+    pub scopes: Scopes,
+    /// Optional monthly spending cap.
+    #[serde(default)]
+    pub monthly_budget: Option<Credits>,
+    /// Lifecycle state.
+    pub status: KeyStatus,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// For a rotated key, the unix second its grace period ends.
+    #[serde(default)]
+    pub grace_until: Option<u64>,
+    /// The visible head of the key: its environment prefix.
+    pub prefix: String,
+    /// The visible tail of the key.
+    pub last4: String,
+    /// SHA-256 digest of the key value.
+    pub hash: KeyHash,
+}
+
+impl KeyRecord {
+    /// Whether the key is accepted at unix second `now`.
+    pub fn check_usable(&self, now: u64) -> Result<(), Rejection> {
+        match self.status {
+            KeyStatus::Active => Ok(()),
+            KeyStatus::Revoked => Err(Rejection::Revoked),
+            KeyStatus::Rotating => match self.grace_until {
+                Some(until) if now < until => Ok(()),
+                _ => Err(Rejection::GraceExpired),
+            },
+        }
+    }
+}
+
+/// What a new key is issued with.
+#[derive(Debug, Clone)]
+pub struct KeyParams {
+    /// Owning workspace.
+    pub workspace: String,
+    /// `Live` or `Test` (scoped tokens are minted, not issued).
+    pub environment: Environment,
+    /// Granted scopes.
+    pub scopes: Scopes,
+    /// Label.
+    pub name: String,
+    /// Optional monthly cap.
+    pub monthly_budget: Option<Credits>,
+}
+
+/// Generates a key and its record. The value is returned once and never stored.
+pub fn issue(params: KeyParams, now: u64) -> (NewKey, KeyRecord) {
+    let key = format::generate(params.environment);
+    let record = KeyRecord {
+        id: crate::ids::new_id("key"),
+        workspace: params.workspace,
+        name: params.name,
+        environment: params.environment,
+        scopes: params.scopes,
+        monthly_budget: params.monthly_budget,
+        status: KeyStatus::Active,
+        created_at: now,
+        grace_until: None,
+        prefix: params.environment.key_prefix().to_string(),
+        last4: format::last4(&key.value).to_string(),
+        hash: key.hash,
+    };
+    (key, record)
+}
+
+/// A workspace: the owner of keys, endpoints and budgets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workspace {
+    /// `ws_…`
+    pub id: String,
+    /// Display name.
+    pub name: String,
+    /// Who is e-mailed when an endpoint is paused.
+    #[serde(default)]
+    pub admin_emails: Vec<String>,
+    /// Monthly credit allowance, if capped.
+    #[serde(default)]
+    pub monthly_credits: Option<Credits>,
+    /// `billing.credits.low` fires when the remainder drops below this.
+    #[serde(default)]
+    pub credits_low_threshold: Option<Credits>,
+    /// Unix seconds.
+    pub created_at: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(status: KeyStatus, grace_until: Option<u64>) -> KeyRecord {
+        let key = format::generate(Environment::Live);
+        KeyRecord {
+            id: "key_1".into(),
+            workspace: "ws_1".into(),
+            name: String::new(),
+            environment: Environment::Live,
+            scopes: Scopes::default(),
+            monthly_budget: None,
+            status,
+            created_at: 0,
+            grace_until,
+            prefix: Environment::Live.key_prefix().into(),
+            last4: format::last4(&key.value).into(),
+            hash: key.hash,
+        }
+    }
+
+    #[test]
+    fn usability_follows_status_and_grace() {
+        assert_eq!(record(KeyStatus::Active, None).check_usable(10), Ok(()));
+        assert_eq!(
+            record(KeyStatus::Revoked, None).check_usable(10),
+            Err(Rejection::Revoked)
+        );
+        let rotating = record(KeyStatus::Rotating, Some(100));
+        assert_eq!(rotating.check_usable(99), Ok(()));
+        assert_eq!(rotating.check_usable(100), Err(Rejection::GraceExpired));
+        assert_eq!(
+            record(KeyStatus::Rotating, None).check_usable(0),
+            Err(Rejection::GraceExpired)
+        );
+    }
+
+    #[test]
+    fn record_json_never_contains_the_key_value() {
+        let r = record(KeyStatus::Active, None);
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains(&r.hash.to_hex()));
+        let back: KeyRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+    }
+}

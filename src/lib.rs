@@ -1,0 +1,24 @@
+//! svcgate: an authentication gateway for AI APIs, built on Pingora.
+//!
+//! The module tree is the architecture:
+//! - [`proxy`]: the request path (auth → route → policy → upstream), as Pingora phases;
+//! - [`keys`]: the key model (format, records, scopes);
+//! - [`store`]: shared state behind one trait (memory; Redis);
+//! - [`metering`]: credits (budgets, spend and audit build on it);
+//! - [`admin`]: the operators' API; [`cli`]: the command line;
+//! - [`config`], [`metrics`], [`logging`], [`server`]: the process around them.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod ids;
+pub mod keys;
+pub mod logging;
+pub mod metering;
+pub mod metrics;
+pub mod proxy;
+pub mod server;
+pub mod store;

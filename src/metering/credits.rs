@@ -1,0 +1,146 @@
+//! Credit amounts, held as integer micro-credits so sums are exact.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+const MICROS: i64 = 1_000_000;
+/// The largest amount accepted from outside: a trillion credits.
+const MAX_CREDITS: i64 = 1_000_000_000_000;
+
+/// An amount of credits with six decimal places. JSON shows it as a plain number (`1.25`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Credits(i64);
+
+impl Credits {
+    /// Zero credits.
+    pub const ZERO: Credits = Credits(0);
+
+    /// An amount in micro-credits.
+    pub const fn from_micros(micros: i64) -> Self {
+        Self(micros)
+    }
+
+    /// The amount in micro-credits.
+    pub const fn micros(self) -> i64 {
+        self.0
+    }
+
+    /// Parses a non-negative decimal such as `"12"`, `"0.5"` or `"3.000125"` (at most six
+    /// decimal places), exactly, without going through floating point.
+    pub fn parse_decimal(s: &str) -> Option<Self> {
+        let s = s.trim();
+        let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+        if int.is_empty() && frac.is_empty() {
+            return None;
+        }
+        if frac.len() > 6 || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let whole: i64 = if int.is_empty() { 0 } else { int.parse().ok()? };
+        if whole > MAX_CREDITS {
+            return None;
+        }
+        let mut fraction: i64 = if frac.is_empty() {
+            0
+        } else {
+            frac.parse().ok()?
+        };
+        for _ in frac.len()..6 {
+            fraction *= 10;
+        }
+        Some(Self(whole * MICROS + fraction))
+    }
+
+    /// From a JSON number; `None` for negative, non-finite or absurdly large values.
+    pub fn from_f64(v: f64) -> Option<Self> {
+        if !v.is_finite() || v < 0.0 || v > MAX_CREDITS as f64 {
+            return None;
+        }
+        Some(Self((v * MICROS as f64).round() as i64))
+    }
+
+    /// As a JSON-friendly float.
+    pub fn as_f64(self) -> f64 {
+        self.0 as f64 / MICROS as f64
+    }
+
+    /// Sum, saturating instead of overflowing.
+    pub fn saturating_add(self, other: Credits) -> Credits {
+        Credits(self.0.saturating_add(other.0))
+    }
+}
+
+impl fmt::Display for Credits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let whole = self.0 / MICROS;
+        let frac = (self.0 % MICROS).abs();
+        if frac == 0 {
+            write!(f, "{whole}")
+        } else {
+            let digits = format!("{frac:06}");
+            write!(f, "{whole}.{}", digits.trim_end_matches('0'))
+        }
+    }
+}
+
+impl Serialize for Credits {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.as_f64())
+    }
+}
+
+impl<'de> Deserialize<'de> for Credits {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        Self::from_f64(v).ok_or_else(|| {
+            serde::de::Error::custom("credits must be a non-negative number up to 1e12")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_decimals_exactly() {
+        assert_eq!(Credits::parse_decimal("12"), Some(Credits(12_000_000)));
+        assert_eq!(Credits::parse_decimal("0.5"), Some(Credits(500_000)));
+        assert_eq!(Credits::parse_decimal(".25"), Some(Credits(250_000)));
+        assert_eq!(Credits::parse_decimal("3."), Some(Credits(3_000_000)));
+        assert_eq!(
+            Credits::parse_decimal(" 3.000125 "),
+            Some(Credits(3_000_125))
+        );
+        for bad in [
+            "",
+            ".",
+            "-1",
+            "1e3",
+            "0.1234567",
+            "abc",
+            "1.2.3",
+            "+1",
+            "99999999999999",
+        ] {
+            assert_eq!(Credits::parse_decimal(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn json_roundtrip_and_display() {
+        let c: Credits = serde_json::from_str("1.25").unwrap();
+        assert_eq!(c, Credits(1_250_000));
+        assert_eq!(serde_json::to_string(&c).unwrap(), "1.25");
+        assert_eq!(c.to_string(), "1.25");
+        assert_eq!(Credits(2_000_000).to_string(), "2");
+        assert!(serde_json::from_str::<Credits>("-1").is_err());
+        assert!(serde_json::from_str::<Credits>("\"1\"").is_err());
+    }
+
+    #[test]
+    fn adds_without_overflow() {
+        let big = Credits(i64::MAX - 1);
+        assert_eq!(big.saturating_add(Credits(10)), Credits(i64::MAX));
+    }
+}

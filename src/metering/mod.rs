@@ -1,0 +1,5 @@
+//! Metering: what requests cost. Budgets, spend and the audit log build on this.
+
+mod credits;
+
+pub use credits::Credits;

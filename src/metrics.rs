@@ -1,0 +1,62 @@
+//! Prometheus metrics, registered in the default registry that the metrics listener serves.
+//!
+//! Label sets stay bounded: route templates (not raw paths), status codes, environments and
+//! fixed reason names. Never key ids or workspace ids.
+
+use prometheus::{register_histogram_vec, register_int_counter_vec, HistogramVec, IntCounterVec};
+use std::sync::LazyLock;
+use std::time::Duration;
+
+static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "svcgate_requests_total",
+        "Requests answered, by route template, status and key environment.",
+        &["route", "status", "environment"]
+    )
+    .expect("metric registers once")
+});
+
+static REQUEST_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "svcgate_request_duration_seconds",
+        "Time from request arrival to the end of the response, by route template.",
+        &["route"],
+        vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            30.0
+        ]
+    )
+    .expect("metric registers once")
+});
+
+static AUTH_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "svcgate_auth_failures_total",
+        "Requests refused by authentication, by reason.",
+        &["reason"]
+    )
+    .expect("metric registers once")
+});
+
+/// Registers every metric so `/metrics` lists them before the first request.
+pub fn init() {
+    LazyLock::force(&REQUESTS);
+    LazyLock::force(&REQUEST_DURATION);
+    LazyLock::force(&AUTH_FAILURES);
+}
+
+/// Counts one answered request.
+pub fn record_request(route: &str, status: u16, environment: &str, elapsed: Duration) {
+    let mut buf = itoa::Buffer::new();
+    REQUESTS
+        .with_label_values(&[route, buf.format(status), environment])
+        .inc();
+    REQUEST_DURATION
+        .with_label_values(&[route])
+        .observe(elapsed.as_secs_f64());
+}
+
+/// Counts one authentication failure.
+pub fn record_auth_failure(reason: &str) {
+    AUTH_FAILURES.with_label_values(&[reason]).inc();
+}

@@ -1,0 +1,160 @@
+//! Authentication: `Authorization: Bearer <key>` → the key's record.
+//!
+//! Malformed keys are refused by [`format::parse`](crate::keys::format::parse) without
+//! touching the store; well-formed ones are looked up by digest.
+
+use http::HeaderValue;
+use std::sync::Arc;
+
+use crate::error::ApiError;
+use crate::keys::format::{self, MAX_KEY_LEN};
+use crate::keys::{KeyFormatError, KeyHash, KeyRecord, Rejection};
+use crate::store::Store;
+
+/// Why a request is not authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// No `Authorization` header.
+    Missing,
+    /// The header is not `Bearer <token>`.
+    Scheme,
+    /// The token is not a well-formed key.
+    Format(KeyFormatError),
+    /// No such key.
+    Unknown,
+    /// A known key that is not accepted now.
+    Rejected(Rejection),
+    /// The store could not be asked.
+    StoreUnavailable,
+}
+
+impl AuthFailure {
+    /// A short, stable label for metrics and logs.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Missing => "missing",
+            Self::Scheme => "bad_scheme",
+            Self::Format(e) => e.reason(),
+            Self::Unknown => "unknown_key",
+            Self::Rejected(r) => r.reason(),
+            Self::StoreUnavailable => "store_unavailable",
+        }
+    }
+}
+
+impl From<AuthFailure> for ApiError {
+    fn from(f: AuthFailure) -> Self {
+        let message = match f {
+            AuthFailure::Missing => {
+                "missing Authorization header; send 'Authorization: Bearer <API key>'"
+            }
+            AuthFailure::Scheme => "the Authorization header must be 'Bearer <API key>'",
+            AuthFailure::Format(_) => "malformed API key",
+            AuthFailure::Unknown => "invalid API key",
+            AuthFailure::Rejected(Rejection::Revoked) => "this API key has been revoked",
+            AuthFailure::Rejected(Rejection::GraceExpired) => {
+                "this API key was rotated and its grace period has ended"
+            }
+            AuthFailure::StoreUnavailable => {
+                return ApiError::ServiceUnavailable(
+                    "the key store is unreachable; retry shortly".into(),
+                )
+            }
+        };
+        ApiError::Authentication(message.into())
+    }
+}
+
+/// Extracts the token of a `Bearer` header. The scheme is matched exactly, as issued.
+pub fn bearer_token(header: Option<&HeaderValue>) -> Result<&str, AuthFailure> {
+    let value = header.ok_or(AuthFailure::Missing)?.as_bytes();
+    let token = value.strip_prefix(b"Bearer ").ok_or(AuthFailure::Scheme)?;
+    if token.len() > MAX_KEY_LEN {
+        return Err(AuthFailure::Format(KeyFormatError::Length));
+    }
+    std::str::from_utf8(token).map_err(|_| AuthFailure::Format(KeyFormatError::Charset))
+}
+
+/// Resolves bearer tokens to key records.
+pub struct Authenticator {
+    store: Arc<dyn Store>,
+}
+
+impl Authenticator {
+    /// An authenticator reading from `store`.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self { store }
+    }
+
+    /// Authenticates one request's `Authorization` header at unix second `now`.
+    pub async fn authenticate(
+        &self,
+        header: Option<&HeaderValue>,
+        now: u64,
+    ) -> Result<Arc<KeyRecord>, AuthFailure> {
+        let token = bearer_token(header)?;
+        format::parse(token).map_err(AuthFailure::Format)?;
+        let hash = KeyHash::of(token);
+        let record = self
+            .store
+            .key_by_hash(&hash)
+            .await
+            .map_err(|_| AuthFailure::StoreUnavailable)?
+            .ok_or(AuthFailure::Unknown)?;
+        if !record.hash.ct_eq(&hash) {
+            return Err(AuthFailure::Unknown);
+        }
+        record.check_usable(now).map_err(AuthFailure::Rejected)?;
+        Ok(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hv(s: &[u8]) -> HeaderValue {
+        HeaderValue::from_bytes(s).unwrap()
+    }
+
+    #[test]
+    fn bearer_parsing_is_strict() {
+        assert_eq!(bearer_token(None), Err(AuthFailure::Missing));
+        assert_eq!(bearer_token(Some(&hv(b""))), Err(AuthFailure::Scheme));
+        assert_eq!(
+            bearer_token(Some(&hv(b"bearer abc"))),
+            Err(AuthFailure::Scheme)
+        );
+        assert_eq!(
+            bearer_token(Some(&hv(b"Basic abc"))),
+            Err(AuthFailure::Scheme)
+        );
+        assert_eq!(bearer_token(Some(&hv(b"Bearer abc"))), Ok("abc"));
+        assert_eq!(
+            bearer_token(Some(&hv(
+                &[b"Bearer svc_live_".as_slice(), &[0xE9]].concat()
+            ))),
+            Err(AuthFailure::Format(KeyFormatError::Charset))
+        );
+        let long = format!("Bearer {}", "a".repeat(8192));
+        assert_eq!(
+            bearer_token(Some(&hv(long.as_bytes()))),
+            Err(AuthFailure::Format(KeyFormatError::Length))
+        );
+    }
+
+    #[test]
+    fn failures_map_to_401_or_503() {
+        for f in [
+            AuthFailure::Missing,
+            AuthFailure::Scheme,
+            AuthFailure::Format(KeyFormatError::Checksum),
+            AuthFailure::Unknown,
+            AuthFailure::Rejected(Rejection::Revoked),
+            AuthFailure::Rejected(Rejection::GraceExpired),
+        ] {
+            assert_eq!(ApiError::from(f).status(), 401, "{f:?}");
+        }
+        assert_eq!(ApiError::from(AuthFailure::StoreUnavailable).status(), 503);
+    }
+}

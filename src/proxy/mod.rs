@@ -1,0 +1,269 @@
+//! The request path, as Pingora phases:
+//!
+//! `request_filter`: auth → route → policy → (answer here, or forward)
+//! `upstream_peer` → `upstream_request_filter` (identity headers) → `response_filter`
+//! (request id) → `logging` (metrics; metering and audit hook in here).
+//!
+//! Data flows one way: each phase reads what the previous ones left in [`RequestCtx`].
+
+pub mod auth;
+pub mod policy;
+pub mod respond;
+pub mod routes;
+pub mod simulate;
+pub mod upstream;
+
+use async_trait::async_trait;
+use pingora::http::ResponseHeader;
+use pingora::prelude::*;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::ErrorSource;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::ApiError;
+use crate::ids::{request_id, unix_now};
+use crate::keys::KeyRecord;
+use crate::metrics;
+use crate::store::Store;
+use auth::Authenticator;
+use routes::{Route, RouteTable};
+use upstream::{Target, Upstreams};
+
+/// Per-request state, filled in phase by phase.
+pub struct RequestCtx {
+    /// `req_…`, on every response and forwarded request.
+    pub request_id: String,
+    /// When the request arrived.
+    pub started: Instant,
+    /// The authenticated key, once known.
+    pub key: Option<Arc<KeyRecord>>,
+    /// The matched route, once known.
+    pub route: Option<Arc<Route>>,
+    /// Where the request is answered.
+    pub target: Target,
+    /// Why authentication failed, for metrics.
+    pub auth_failure: Option<&'static str>,
+}
+
+/// The gateway: everything the request path needs, built once at start-up.
+pub struct Gateway {
+    auth: Authenticator,
+    routes: RouteTable,
+    upstreams: Upstreams,
+    store: Arc<dyn Store>,
+}
+
+/// What `request_filter` decided.
+enum Admission {
+    /// Send to the backend.
+    Forward,
+    /// Answered by the gateway itself (probe or simulated backend).
+    Answer,
+}
+
+impl Gateway {
+    /// Assembles the gateway.
+    pub fn new(store: Arc<dyn Store>, routes: RouteTable, upstreams: Upstreams) -> Self {
+        Self {
+            auth: Authenticator::new(store.clone()),
+            routes,
+            upstreams,
+            store,
+        }
+    }
+
+    async fn admit(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Admission, ApiError> {
+        let req = session.req_header();
+        let path = req.uri.path();
+        if !path.starts_with("/v1/") {
+            return self.answer_unversioned(session, ctx).await;
+        }
+        let key = self
+            .auth
+            .authenticate(req.headers.get(http::header::AUTHORIZATION), unix_now())
+            .await
+            .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
+        ctx.key = Some(key.clone());
+        let route = self
+            .routes
+            .find(&req.method, path)
+            .ok_or_else(|| ApiError::not_found(format!("no route for {} {}", req.method, path)))?;
+        ctx.route = Some(route.clone());
+        policy::check_scope(&key, route)?;
+        policy::check_project(req.headers.get("service-project"))?;
+        ctx.target = self.upstreams.target(key.environment);
+        if ctx.target != Target::Simulated {
+            return Ok(Admission::Forward);
+        }
+        let summary = simulate::read_request(session)
+            .await
+            .map_err(|_| ApiError::invalid("could not read the request body"))?;
+        let path = session.req_header().uri.path();
+        let body = simulate::response_body(route, key.environment, &summary, path);
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let price = match key.environment {
+            crate::keys::Environment::Test => crate::metering::Credits::ZERO,
+            _ => route.price,
+        };
+        let extra = [("Service-Credits", price.to_string())];
+        respond::json(session, 200, body, &ctx.request_id, &extra)
+            .await
+            .map_err(|_| ApiError::Upstream("could not write the response".into()))?;
+        Ok(Admission::Answer)
+    }
+
+    /// Paths outside `/v1`: health probes, else 404.
+    async fn answer_unversioned(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Admission, ApiError> {
+        let path = session.req_header().uri.path();
+        let (status, body) = match path {
+            "/healthz" => (200, br#"{"status":"ok"}"#.to_vec()),
+            "/readyz" => match self.store.ping().await {
+                Ok(()) => (200, br#"{"status":"ready"}"#.to_vec()),
+                Err(_) => return Err(ApiError::ServiceUnavailable("store unreachable".into())),
+            },
+            _ => return Err(ApiError::not_found("only /v1 paths are served here")),
+        };
+        respond::json(session, status, body, &ctx.request_id, &[])
+            .await
+            .map_err(|_| ApiError::Upstream("could not write the response".into()))?;
+        Ok(Admission::Answer)
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx {
+            request_id: request_id(),
+            started: Instant::now(),
+            key: None,
+            route: None,
+            target: Target::Simulated,
+            auth_failure: None,
+        }
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        match self.admit(session, ctx).await {
+            Ok(Admission::Forward) => Ok(false),
+            Ok(Admission::Answer) => Ok(true),
+            Err(err) => {
+                respond::error(session, &err, &ctx.request_id).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
+        self.upstreams
+            .peer(ctx.target)
+            .map(|peer| Box::new(peer.clone()))
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no upstream for target"))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let key = ctx
+            .key
+            .as_deref()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "forwarding without a key"))?;
+        upstream::set_identity_headers(upstream_request, key, &ctx.request_id)
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        upstream_response.insert_header(respond::REQUEST_ID, ctx.request_id.as_str())
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        _ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        // A refused or timed-out connect to a local backend will not succeed a moment later;
+        // retrying only adds latency before the 503.
+        e.set_retry(false);
+        e
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let err = match (e.esource(), e.etype()) {
+            (
+                ErrorSource::Downstream,
+                ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed,
+            ) => {
+                // The client is gone: nobody to answer.
+                return FailToProxy {
+                    error_code: 0,
+                    can_reuse_downstream: false,
+                };
+            }
+            (ErrorSource::Downstream, _) => ApiError::invalid("malformed request"),
+            (
+                _,
+                ErrorType::ConnectTimedout
+                | ErrorType::ConnectRefused
+                | ErrorType::ConnectNoRoute
+                | ErrorType::ConnectError
+                | ErrorType::SocketError
+                | ErrorType::BindError,
+            ) => ApiError::UpstreamUnavailable("the backend is unreachable".into()),
+            _ => ApiError::Upstream("the backend failed to answer".into()),
+        };
+        if let Err(write_err) = respond::error(session, &err, &ctx.request_id).await {
+            tracing::debug!(request_id = %ctx.request_id, error = %write_err, "could not send error response");
+        }
+        FailToProxy {
+            error_code: err.status(),
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        let status = session
+            .response_written()
+            .map_or(0, |resp| resp.status.as_u16());
+        let route = ctx.route.as_ref().map_or("unmatched", |r| &*r.template);
+        let environment = ctx
+            .key
+            .as_deref()
+            .map_or("none", |k| k.environment.as_str());
+        metrics::record_request(route, status, environment, ctx.started.elapsed());
+        if let Some(reason) = ctx.auth_failure {
+            metrics::record_auth_failure(reason);
+        }
+        if let Some(e) = e {
+            tracing::warn!(request_id = %ctx.request_id, status, route, error = %e, "request failed");
+        }
+    }
+}

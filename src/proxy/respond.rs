@@ -1,0 +1,80 @@
+//! Answers the gateway writes itself: errors, probes and simulated responses.
+//!
+//! Unlike Pingora's `respond_error`, these keep the client connection alive when the unread
+//! request body is small enough to drain.
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use std::time::Duration;
+
+use crate::error::ApiError;
+
+/// Name of the request-id header on every response.
+pub const REQUEST_ID: &str = "Service-Request-Id";
+
+/// Largest unread request body drained so the connection can be reused after an early answer.
+const DRAIN_LIMIT: usize = 64 * 1024;
+/// Longest wait for that body; a client slower than this loses the connection instead.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Writes a complete JSON response.
+pub async fn json(
+    session: &mut Session,
+    status: u16,
+    body: Vec<u8>,
+    request_id: &str,
+    extra: &[(&'static str, String)],
+) -> pingora::Result<()> {
+    if session.response_written().is_some() {
+        // Headers already went out (e.g. a failure mid-body): nothing valid can follow.
+        return Ok(());
+    }
+    let mut resp = ResponseHeader::build(status, Some(4 + extra.len()))?;
+    resp.insert_header(CONTENT_TYPE, "application/json")?;
+    resp.insert_header(CONTENT_LENGTH, body.len())?;
+    resp.insert_header(REQUEST_ID, request_id)?;
+    for (name, value) in extra {
+        resp.insert_header(*name, value.as_str())?;
+    }
+    keep_alive_if_cheap(session);
+    session.write_response_header(Box::new(resp), false).await?;
+    session
+        .write_response_body(Some(Bytes::from(body)), true)
+        .await
+}
+
+/// Writes `err` with the SPEC's error body.
+pub async fn error(session: &mut Session, err: &ApiError, request_id: &str) -> pingora::Result<()> {
+    let retry_after = err.retry_after().map(|s| ("Retry-After", s.to_string()));
+    json(
+        session,
+        err.status(),
+        err.body(request_id),
+        request_id,
+        retry_after.as_slice(),
+    )
+    .await
+}
+
+/// Pingora drains the unread request body before reusing a connection. Allow that only for a
+/// small, declared body; a large or chunked one closes the connection instead.
+fn keep_alive_if_cheap(session: &mut Session) {
+    if session.is_body_done() {
+        return;
+    }
+    let declared = session
+        .req_header()
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let remaining = declared.map(|len| len.saturating_sub(session.body_bytes_read()));
+    if matches!(remaining, Some(n) if n <= DRAIN_LIMIT) {
+        session.set_close_on_response_before_downstream_finish(false);
+        session.set_total_drain_timeout(Some(DRAIN_TIMEOUT));
+    } else {
+        session.set_keepalive(None);
+    }
+}

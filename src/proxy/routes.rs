@@ -1,0 +1,137 @@
+//! The route table: which `/v1` operations are served, and the scope and price of each.
+
+use http::Method;
+use std::sync::Arc;
+
+use crate::config::RouteConfig;
+use crate::metering::Credits;
+
+/// One served operation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// The method it answers.
+    pub method: Method,
+    /// The path template, e.g. `/v1/agents/runs/{id}/approve`; also the metrics label.
+    pub template: Box<str>,
+    /// The scope a key needs.
+    pub scope: Box<str>,
+    /// Credits charged when the backend reports none.
+    pub price: Credits,
+}
+
+/// Method + path → [`Route`], with a radix tree per method.
+#[derive(Debug)]
+pub struct RouteTable {
+    routes: Vec<Arc<Route>>,
+    by_method: Vec<(Method, matchit::Router<usize>)>,
+}
+
+impl RouteTable {
+    /// Builds the table; fails on a bad method or two routes claiming the same path.
+    pub fn new(configs: &[RouteConfig]) -> Result<Self, String> {
+        let mut table = RouteTable {
+            routes: Vec::with_capacity(configs.len()),
+            by_method: Vec::new(),
+        };
+        for config in configs {
+            let method = config
+                .method
+                .to_ascii_uppercase()
+                .parse::<Method>()
+                .map_err(|_| format!("'{}' is not an HTTP method", config.method))?;
+            let index = table.routes.len();
+            let router = match table.by_method.iter_mut().find(|(m, _)| *m == method) {
+                Some((_, router)) => router,
+                None => {
+                    table
+                        .by_method
+                        .push((method.clone(), matchit::Router::new()));
+                    &mut table.by_method.last_mut().expect("just pushed").1
+                }
+            };
+            router
+                .insert(config.path.as_str(), index)
+                .map_err(|e| format!("{} {}: {e}", method, config.path))?;
+            table.routes.push(Arc::new(Route {
+                method,
+                template: config.path.as_str().into(),
+                scope: config.scope.as_str().into(),
+                price: config.price,
+            }));
+        }
+        Ok(table)
+    }
+
+    /// The route serving `method` on `path`, if any.
+    #[inline]
+    pub fn find(&self, method: &Method, path: &str) -> Option<&Arc<Route>> {
+        let (_, router) = self.by_method.iter().find(|(m, _)| m == method)?;
+        let matched = router.at(path).ok()?;
+        // `{id}` must name something: `/v1/agents/runs//approve` is not a route.
+        if matched.params.iter().any(|(_, value)| value.is_empty()) {
+            return None;
+        }
+        self.routes.get(*matched.value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::default_routes;
+
+    #[test]
+    fn default_table_serves_the_spec_routes() {
+        let t = RouteTable::new(&default_routes()).unwrap();
+        let cases = [
+            (Method::GET, "/v1/models", "models:read"),
+            (
+                Method::POST,
+                "/v1/chat/completions",
+                "chat.completions:create",
+            ),
+            (Method::POST, "/v1/images/generations", "images:create"),
+            (Method::POST, "/v1/images/batches", "images:create"),
+            (Method::POST, "/v1/videos", "videos:create"),
+            (Method::POST, "/v1/audio/speech", "voice:create"),
+            (Method::POST, "/v1/agents/runs", "agents:run"),
+            (
+                Method::POST,
+                "/v1/agents/runs/run_123/approve",
+                "agents:run",
+            ),
+        ];
+        for (method, path, scope) in cases {
+            let route = t.find(&method, path).unwrap_or_else(|| panic!("{path}"));
+            assert_eq!(&*route.scope, scope, "{path}");
+        }
+        assert_eq!(
+            &*t.find(&Method::POST, "/v1/agents/runs/r1/approve")
+                .unwrap()
+                .template,
+            "/v1/agents/runs/{id}/approve"
+        );
+    }
+
+    #[test]
+    fn unknown_paths_and_methods_do_not_match() {
+        let t = RouteTable::new(&default_routes()).unwrap();
+        assert!(t.find(&Method::GET, "/v1/chat/completions").is_none());
+        assert!(t.find(&Method::POST, "/v1/chat").is_none());
+        assert!(t.find(&Method::POST, "/v1/chat/completions/x").is_none());
+        assert!(t.find(&Method::GET, "/v1/models/").is_none());
+        assert!(t.find(&Method::POST, "/v1/agents/runs//approve").is_none());
+        assert!(t.find(&Method::DELETE, "/v1/models").is_none());
+        assert!(t.find(&Method::GET, "").is_none());
+    }
+
+    #[test]
+    fn conflicting_routes_are_refused() {
+        let mut routes = default_routes();
+        routes.push(routes[0].clone());
+        assert!(RouteTable::new(&routes).is_err());
+        let mut bad = default_routes();
+        bad[0].method = "G ET".into();
+        assert!(RouteTable::new(&bad).is_err());
+    }
+}

@@ -1,0 +1,141 @@
+//! Upstreams: where a request goes, and what the backend is told about it.
+//!
+//! Addresses are resolved once at start-up (Pingora's `HttpPeer::new` would resolve, blocking,
+//! on every request and panic on failure). `svc_test_` keys can never be sent to the live
+//! backend: [`Upstreams::target`] has no path from `Test` to `Live`.
+
+use pingora::http::RequestHeader;
+use pingora::upstreams::peer::{HttpPeer, Peer};
+use std::time::Duration;
+
+use crate::config::{resolve, UpstreamConfig};
+use crate::keys::{Environment, KeyRecord};
+
+/// Identity headers the gateway sets on every forwarded request (client values are replaced).
+pub const IDENTITY_HEADERS: [&str; 4] = [
+    "service-workspace",
+    "service-key-id",
+    "service-environment",
+    "service-request-id",
+];
+
+/// Where a request is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The production backend.
+    Live,
+    /// The sandbox backend, for test keys.
+    Sandbox,
+    /// The gateway's built-in simulated backend.
+    Simulated,
+}
+
+/// The configured backends, pre-resolved.
+pub struct Upstreams {
+    live: Option<HttpPeer>,
+    sandbox: Option<HttpPeer>,
+}
+
+impl Upstreams {
+    /// Resolves the configured addresses; fails naming the one that does not resolve.
+    pub fn from_config(config: &UpstreamConfig) -> Result<Self, String> {
+        let peer = |addr: &Option<String>| -> Result<Option<HttpPeer>, String> {
+            let Some(addr) = addr else { return Ok(None) };
+            let sockaddr = resolve(addr)?;
+            let mut peer = HttpPeer::new(sockaddr, false, String::new());
+            let options = peer.get_mut_peer_options().expect("HttpPeer has options");
+            options.connection_timeout = Some(Duration::from_millis(config.connect_timeout_ms));
+            options.total_connection_timeout =
+                Some(Duration::from_millis(config.connect_timeout_ms));
+            options.read_timeout = Some(Duration::from_millis(config.read_timeout_ms));
+            options.write_timeout = Some(Duration::from_millis(config.write_timeout_ms));
+            options.idle_timeout = Some(Duration::from_secs(60));
+            Ok(Some(peer))
+        };
+        Ok(Self {
+            live: peer(&config.live)?,
+            sandbox: peer(&config.sandbox)?,
+        })
+    }
+
+    /// Where requests of a key in `env` go.
+    pub fn target(&self, env: Environment) -> Target {
+        match env {
+            Environment::Live | Environment::Scoped if self.live.is_some() => Target::Live,
+            Environment::Test if self.sandbox.is_some() => Target::Sandbox,
+            _ => Target::Simulated,
+        }
+    }
+
+    /// The peer for a forwarding target; `None` for [`Target::Simulated`].
+    pub fn peer(&self, target: Target) -> Option<&HttpPeer> {
+        match target {
+            Target::Live => self.live.as_ref(),
+            Target::Sandbox => self.sandbox.as_ref(),
+            Target::Simulated => None,
+        }
+    }
+}
+
+/// Rewrites the request for the backend: drops the credential, states who is calling.
+pub fn set_identity_headers(
+    req: &mut RequestHeader,
+    key: &KeyRecord,
+    request_id: &str,
+) -> pingora::Result<()> {
+    req.remove_header(&http::header::AUTHORIZATION);
+    let [workspace, key_id, environment, request] = IDENTITY_HEADERS;
+    req.insert_header(workspace, key.workspace.as_str())?;
+    req.insert_header(key_id, key.id.as_str())?;
+    req.insert_header(environment, key.environment.as_str())?;
+    req.insert_header(request, request_id)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstreams(live: bool, sandbox: bool) -> Upstreams {
+        Upstreams::from_config(&UpstreamConfig {
+            live: live.then(|| "127.0.0.1:9000".to_string()),
+            sandbox: sandbox.then(|| "127.0.0.1:9001".to_string()),
+            ..UpstreamConfig::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn test_keys_never_target_live() {
+        for (live, sandbox) in [(true, true), (true, false), (false, true), (false, false)] {
+            let u = upstreams(live, sandbox);
+            assert_ne!(u.target(Environment::Test), Target::Live);
+        }
+        assert_eq!(
+            upstreams(true, false).target(Environment::Test),
+            Target::Simulated
+        );
+        assert_eq!(
+            upstreams(true, true).target(Environment::Test),
+            Target::Sandbox
+        );
+        assert_eq!(
+            upstreams(true, true).target(Environment::Live),
+            Target::Live
+        );
+        assert_eq!(
+            upstreams(false, true).target(Environment::Live),
+            Target::Simulated
+        );
+        assert!(upstreams(false, false).peer(Target::Simulated).is_none());
+    }
+
+    #[test]
+    fn unresolvable_addresses_are_refused() {
+        let err = Upstreams::from_config(&UpstreamConfig {
+            live: Some("no-such-host.invalid:80".into()),
+            ..UpstreamConfig::default()
+        });
+        assert!(err.is_err());
+    }
+}

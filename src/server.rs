@@ -1,0 +1,126 @@
+//! Wiring: builds the store, the gateway, the admin API and the metrics listener from a
+//! validated [`Config`] and runs them in one Pingora server until SIGTERM / SIGINT.
+
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::{RunArgs, Server};
+use pingora::services::background::background_service;
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use crate::admin::{self, AdminService, AdminState};
+use crate::config::{Config, StoreKind, DEMO_ADMIN_TOKEN};
+use crate::metrics;
+use crate::proxy::routes::RouteTable;
+use crate::proxy::upstream::Upstreams;
+use crate::proxy::Gateway;
+use crate::store::{MemoryStore, Store};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener address is taken or not ours to bind.
+    #[error("cannot listen on {addr} ({key}): {source}")]
+    Bind {
+        /// The config key of the listener.
+        key: &'static str,
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Part of the configuration could not be turned into a running component.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Options of `svcgate serve` that are not configuration.
+#[derive(Debug, Default, Clone)]
+pub struct ServeOptions {
+    /// Take the listeners over from a running svcgate (graceful upgrade).
+    pub upgrade: bool,
+}
+
+/// Runs the gateway until it is told to stop.
+pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
+    metrics::init();
+    let store: Arc<dyn Store> = match config.store.kind {
+        StoreKind::Memory => Arc::new(MemoryStore::with_demo_workspace()),
+        StoreKind::Redis => {
+            return Err(StartError::Config(
+                "store.kind = \"redis\" is not available in this build yet".into(),
+            ))
+        }
+    };
+    let routes = RouteTable::new(&config.routes()).map_err(StartError::Config)?;
+    let upstreams = Upstreams::from_config(&config.upstream).map_err(StartError::Config)?;
+
+    // Pingora binds its listeners after start-up and retries a taken port silently; check
+    // first so a conflict fails at once with the key to change. In an upgrade the old
+    // process still holds the ports and hands them over, so there is nothing to check.
+    let server_cfg = &config.server;
+    let admin_listener = bind("server.admin_listen", &server_cfg.admin_listen)?;
+    if !options.upgrade {
+        drop(bind("server.listen", &server_cfg.listen)?);
+        drop(bind("server.metrics_listen", &server_cfg.metrics_listen)?);
+    }
+
+    let threads = match server_cfg.threads {
+        0 => std::thread::available_parallelism().map_or(2, usize::from),
+        n => n,
+    };
+    let conf = ServerConf {
+        threads,
+        grace_period_seconds: Some(server_cfg.shutdown_grace_seconds),
+        graceful_shutdown_timeout_seconds: Some(server_cfg.shutdown_timeout_seconds),
+        upgrade_sock: server_cfg.upgrade_sock.clone(),
+        ..ServerConf::default()
+    };
+    let opt = Opt {
+        upgrade: options.upgrade,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    server.bootstrap();
+
+    let gateway = Gateway::new(store.clone(), routes, upstreams);
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        gateway,
+        "svcgate gateway",
+    );
+    proxy.add_tcp(&server_cfg.listen);
+
+    let admin_router = admin::router(AdminState::new(store, &server_cfg.admin_token));
+    let admin = background_service("admin API", AdminService::new(admin_listener, admin_router));
+
+    let mut prometheus = pingora_prometheus::prometheus_http_service();
+    prometheus.add_tcp(&server_cfg.metrics_listen);
+
+    server.add_service(proxy);
+    server.add_service(admin);
+    server.add_service(prometheus);
+
+    if server_cfg.admin_token == DEMO_ADMIN_TOKEN {
+        tracing::warn!("the admin API uses the demo token; set SVCGATE_SERVER_ADMIN_TOKEN");
+    }
+    tracing::info!(
+        gateway = %server_cfg.listen,
+        admin = %server_cfg.admin_listen,
+        metrics = %server_cfg.metrics_listen,
+        store = ?config.store.kind,
+        live_upstream = config.upstream.live.as_deref().unwrap_or("simulated"),
+        sandbox_upstream = config.upstream.sandbox.as_deref().unwrap_or("simulated"),
+        "svcgate serving"
+    );
+    server.run(RunArgs::default());
+    tracing::info!("svcgate stopped");
+    Ok(())
+}
+
+fn bind(key: &'static str, addr: &str) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr).map_err(|source| StartError::Bind {
+        key,
+        addr: addr.to_string(),
+        source,
+    })
+}

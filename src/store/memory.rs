@@ -1,0 +1,219 @@
+//! An in-process store: the zero-config demo and unit tests. State lives and dies with the
+//! process, so it serves exactly one gateway replica.
+
+use async_trait::async_trait;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use super::{KeyChange, Store, StoreError};
+use crate::ids::unix_now;
+use crate::keys::{KeyHash, KeyRecord, Workspace};
+
+/// The workspace the demo store starts with, so a newcomer can create a key at once.
+pub const DEMO_WORKSPACE: &str = "ws_demo";
+
+#[derive(Default)]
+struct Inner {
+    workspaces: HashMap<String, Workspace>,
+    keys: HashMap<String, Arc<KeyRecord>>,
+    ids_by_hash: HashMap<KeyHash, String>,
+}
+
+/// Workspaces and keys in process memory.
+#[derive(Default)]
+pub struct MemoryStore {
+    inner: RwLock<Inner>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A store holding the workspace [`DEMO_WORKSPACE`].
+    pub fn with_demo_workspace() -> Self {
+        let store = Self::new();
+        store.write().workspaces.insert(
+            DEMO_WORKSPACE.to_string(),
+            Workspace {
+                id: DEMO_WORKSPACE.to_string(),
+                name: "Demo workspace".to_string(),
+                admin_emails: Vec::new(),
+                monthly_credits: None,
+                credits_low_threshold: None,
+                created_at: unix_now(),
+            },
+        );
+        store
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps half-updated (every write is a
+        // single insert), so a poisoned lock is still consistent.
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn create_workspace(&self, workspace: &Workspace) -> Result<(), StoreError> {
+        let mut inner = self.write();
+        if inner.workspaces.contains_key(&workspace.id) {
+            return Err(StoreError::Conflict(format!(
+                "workspace {} exists",
+                workspace.id
+            )));
+        }
+        inner
+            .workspaces
+            .insert(workspace.id.clone(), workspace.clone());
+        Ok(())
+    }
+
+    async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError> {
+        Ok(self.read().workspaces.get(id).cloned())
+    }
+
+    async fn insert_key(&self, key: &KeyRecord) -> Result<(), StoreError> {
+        let mut inner = self.write();
+        if inner.keys.contains_key(&key.id) || inner.ids_by_hash.contains_key(&key.hash) {
+            return Err(StoreError::Conflict(format!("key {} exists", key.id)));
+        }
+        inner.ids_by_hash.insert(key.hash, key.id.clone());
+        inner.keys.insert(key.id.clone(), Arc::new(key.clone()));
+        Ok(())
+    }
+
+    async fn key_by_hash(&self, hash: &KeyHash) -> Result<Option<Arc<KeyRecord>>, StoreError> {
+        let inner = self.read();
+        Ok(inner
+            .ids_by_hash
+            .get(hash)
+            .and_then(|id| inner.keys.get(id))
+            .cloned())
+    }
+
+    async fn key_by_id(&self, id: &str) -> Result<Option<Arc<KeyRecord>>, StoreError> {
+        Ok(self.read().keys.get(id).cloned())
+    }
+
+    async fn keys_in_workspace(&self, workspace: &str) -> Result<Vec<Arc<KeyRecord>>, StoreError> {
+        let mut keys: Vec<_> = self
+            .read()
+            .keys
+            .values()
+            .filter(|k| k.workspace == workspace)
+            .cloned()
+            .collect();
+        keys.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(keys)
+    }
+
+    async fn update_key(
+        &self,
+        id: &str,
+        change: KeyChange<'_>,
+    ) -> Result<Option<Arc<KeyRecord>>, StoreError> {
+        let mut inner = self.write();
+        let Some(current) = inner.keys.get(id) else {
+            return Ok(None);
+        };
+        let mut next = KeyRecord::clone(current);
+        change(&mut next);
+        // Identity fields are fixed: a change that touched them is ignored for those fields.
+        next.id = current.id.clone();
+        next.workspace = current.workspace.clone();
+        next.hash = current.hash;
+        let next = Arc::new(next);
+        inner.keys.insert(id.to_string(), next.clone());
+        Ok(Some(next))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{format, Environment, KeyStatus, Scopes};
+
+    fn key(workspace: &str, created_at: u64) -> KeyRecord {
+        let new = format::generate(Environment::Live);
+        KeyRecord {
+            id: crate::ids::new_id("key"),
+            workspace: workspace.into(),
+            name: "k".into(),
+            environment: Environment::Live,
+            scopes: Scopes::new(["models:read"]),
+            monthly_budget: None,
+            status: KeyStatus::Active,
+            created_at,
+            grace_until: None,
+            prefix: "svc_live_".into(),
+            last4: format::last4(&new.value).into(),
+            hash: new.hash,
+        }
+    }
+
+    #[tokio::test]
+    async fn keys_are_found_by_hash_id_and_workspace() {
+        let store = MemoryStore::with_demo_workspace();
+        assert!(store.workspace(DEMO_WORKSPACE).await.unwrap().is_some());
+        let a = key(DEMO_WORKSPACE, 2);
+        let b = key(DEMO_WORKSPACE, 1);
+        let other = key("ws_other", 0);
+        for k in [&a, &b, &other] {
+            store.insert_key(k).await.unwrap();
+        }
+        assert_eq!(*store.key_by_hash(&a.hash).await.unwrap().unwrap(), a);
+        assert_eq!(*store.key_by_id(&b.id).await.unwrap().unwrap(), b);
+        let ids: Vec<_> = store
+            .keys_in_workspace(DEMO_WORKSPACE)
+            .await
+            .unwrap()
+            .iter()
+            .map(|k| k.id.clone())
+            .collect();
+        assert_eq!(ids, [b.id.clone(), a.id.clone()]);
+        assert!(store
+            .key_by_hash(&KeyHash::of("nope"))
+            .await
+            .unwrap()
+            .is_none());
+        assert!(matches!(
+            store.insert_key(&a).await,
+            Err(StoreError::Conflict(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn update_changes_the_record_but_not_its_identity() {
+        let store = MemoryStore::new();
+        let a = key("ws_1", 0);
+        store.insert_key(&a).await.unwrap();
+        let updated = store
+            .update_key(&a.id, &|k: &mut KeyRecord| {
+                k.status = KeyStatus::Revoked;
+                k.workspace = "ws_evil".into();
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(updated.status, KeyStatus::Revoked);
+        assert_eq!(updated.workspace, "ws_1");
+        let by_hash = store.key_by_hash(&a.hash).await.unwrap().unwrap();
+        assert_eq!(by_hash.status, KeyStatus::Revoked);
+        assert!(store
+            .update_key("key_missing", &|_: &mut KeyRecord| {})
+            .await
+            .unwrap()
+            .is_none());
+    }
+}

@@ -1,0 +1,62 @@
+//! The shared state of a deployment: workspaces and keys (and, later, counters, endpoints and
+//! the event log), behind one async trait.
+//!
+//! Implementations: [`MemoryStore`] for the zero-config demo and unit tests; Redis for
+//! production. Every method is one round trip to the backing store, so the request path never
+//! chains several of them.
+
+mod memory;
+
+use async_trait::async_trait;
+use std::sync::Arc;
+
+use crate::keys::{KeyHash, KeyRecord, Workspace};
+pub use memory::MemoryStore;
+
+/// Why a store call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached; the caller may retry later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The write conflicts with existing data (for example a duplicate id).
+    #[error("conflict: {0}")]
+    Conflict(String),
+}
+
+/// A change applied to a key record. It may run more than once (optimistic retries), so it
+/// must only depend on the record it is given.
+pub type KeyChange<'a> = &'a (dyn Fn(&mut KeyRecord) + Send + Sync);
+
+/// Shared, persistent state.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Checks that the store answers.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Creates a workspace; fails with [`StoreError::Conflict`] if the id exists.
+    async fn create_workspace(&self, workspace: &Workspace) -> Result<(), StoreError>;
+
+    /// A workspace by id.
+    async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError>;
+
+    /// Stores a new key, indexed by id, by hash and under its workspace.
+    async fn insert_key(&self, key: &KeyRecord) -> Result<(), StoreError>;
+
+    /// The key whose value hashes to `hash`: the request path's lookup.
+    async fn key_by_hash(&self, hash: &KeyHash) -> Result<Option<Arc<KeyRecord>>, StoreError>;
+
+    /// A key by id.
+    async fn key_by_id(&self, id: &str) -> Result<Option<Arc<KeyRecord>>, StoreError>;
+
+    /// Every key of a workspace, oldest first.
+    async fn keys_in_workspace(&self, workspace: &str) -> Result<Vec<Arc<KeyRecord>>, StoreError>;
+
+    /// Applies `change` to the key atomically and returns the new record, or `None` if there is
+    /// no such key. The id, workspace and hash of a key never change.
+    async fn update_key(
+        &self,
+        id: &str,
+        change: KeyChange<'_>,
+    ) -> Result<Option<Arc<KeyRecord>>, StoreError>;
+}
