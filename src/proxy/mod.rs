@@ -240,6 +240,9 @@ impl ProxyHttp for Gateway {
             ) => ApiError::UpstreamUnavailable("the backend is unreachable".into()),
             _ => ApiError::Upstream("the backend failed to answer".into()),
         };
+        // Pingora does not reuse a client connection after a failed proxy attempt, so the
+        // answer must say `Connection: close` rather than invite a reuse that would be reset.
+        session.set_keepalive(None);
         if let Err(write_err) = respond::error(session, &err, &ctx.request_id).await {
             tracing::debug!(request_id = %ctx.request_id, error = %write_err, "could not send error response");
         }

@@ -61,7 +61,8 @@ pub async fn error(session: &mut Session, err: &ApiError, request_id: &str) -> p
 /// Pingora drains the unread request body before reusing a connection. Allow that only for a
 /// small, declared body; a large or chunked one closes the connection instead.
 fn keep_alive_if_cheap(session: &mut Session) {
-    if session.is_body_done() {
+    // Already closing (HTTP/1.0, `Connection: close`, or a failed proxy attempt): stay closed.
+    if session.get_keepalive().is_none() || session.is_body_done() {
         return;
     }
     let declared = session

@@ -1,0 +1,260 @@
+//! The admin API, as an operator's dashboard would use it.
+
+mod common;
+
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn admin_calls_need_the_admin_token() {
+    let gw = Gateway::builder().start().await;
+    let url = format!("{}/admin/v1/keys?workspace={DEMO_WS}", gw.admin);
+    let resp = gw.http.get(&url).send().await.unwrap();
+    assert_error(resp, 401, "authentication_error").await;
+    let resp = gw.http.get(&url).bearer_auth("wrong").send().await.unwrap();
+    assert_error(resp, 401, "authentication_error").await;
+    let resp = gw
+        .http
+        .get(&url)
+        .bearer_auth(format!("{ADMIN_TOKEN}x"))
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 401, "authentication_error").await;
+    let resp = gw
+        .http
+        .get(&url)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Probes need no token.
+    for path in ["/healthz", "/readyz"] {
+        let resp = gw
+            .http
+            .get(format!("{}{path}", gw.admin))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+}
+
+#[tokio::test]
+async fn workspaces_are_created_and_validated() {
+    let gw = Gateway::builder().start().await;
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/workspaces")
+        .json(&json!({"name": "Acme", "admin_emails": ["ops@acme.example"], "monthly_credits": 1000, "credits_low_threshold": 100}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let ws: Value = resp.json().await.unwrap();
+    assert!(ws["id"].as_str().unwrap().starts_with("ws_"));
+    assert_eq!(ws["monthly_credits"], 1000.0);
+
+    // A key in the new workspace works on the gateway.
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/keys")
+        .json(&json!({"workspace": ws["id"], "environment": "live", "scopes": ["models:read"]}))
+        .send()
+        .await
+        .unwrap();
+    let key: Value = resp.json().await.unwrap();
+    let resp = gw
+        .request(Method::GET, "/v1/models")
+        .bearer_auth(key["key"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    for bad in [
+        json!({"name": ""}),
+        json!({"name": "x", "admin_emails": ["not-an-email"]}),
+        json!({"name": "x", "monthly_credits": -5}),
+        json!({"name": "x", "surprise": 1}),
+        json!({"admin_emails": []}),
+    ] {
+        let resp = gw
+            .admin_request(Method::POST, "/admin/v1/workspaces")
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert_error(resp, 400, "invalid_request_error").await;
+    }
+}
+
+#[tokio::test]
+async fn a_key_is_shown_once_and_then_only_by_prefix_and_last4() {
+    let gw = Gateway::builder().start().await;
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/keys")
+        .json(&json!({"workspace": DEMO_WS, "environment": "test", "scopes": ["images:create"], "name": "ci", "monthly_budget": 12.5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let created: Value = resp.json().await.unwrap();
+    let key = created["key"].as_str().unwrap().to_string();
+    assert!(key.starts_with("svc_test_"));
+    assert_eq!(created["prefix"], "svc_test_");
+    assert_eq!(created["last4"], &key[key.len() - 4..]);
+    assert_eq!(created["environment"], "test");
+    assert_eq!(created["scopes"], json!(["images:create"]));
+    assert_eq!(created["monthly_budget"], 12.5);
+    assert_eq!(created["status"], "active");
+    assert_eq!(created["name"], "ci");
+    let id = created["id"].as_str().unwrap();
+
+    let shown = gw
+        .admin_request(Method::GET, &format!("/admin/v1/keys/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let listed = gw
+        .admin_request(Method::GET, &format!("/admin/v1/keys?workspace={DEMO_WS}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for text in [&shown, &listed] {
+        assert!(text.contains(id));
+        assert!(!text.contains(&key), "full key shown again");
+        assert!(
+            !text.contains(&key[9..20]),
+            "part of the key body shown again"
+        );
+        assert!(!text.contains("hash"), "digest exposed: {text}");
+    }
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1);
+    assert!(!gw.logs().contains(&key), "the key reached the log");
+}
+
+#[tokio::test]
+async fn patching_scopes_and_budget_takes_effect() {
+    let gw = Gateway::builder().start().await;
+    let (id, key) = gw.create_key("live", &["models:read"]).await;
+    assert_error(gw.chat(&key).await, 403, "permission_error").await;
+
+    let resp = gw
+        .admin_request(Method::PATCH, &format!("/admin/v1/keys/{id}"))
+        .json(&json!({"scopes": ["models:read", "chat.completions:create"], "monthly_budget": 50}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let patched: Value = resp.json().await.unwrap();
+    assert_eq!(patched["monthly_budget"], 50.0);
+    assert_eq!(gw.chat(&key).await.status(), 200);
+
+    // `null` clears the budget; an absent field leaves it alone.
+    let patched: Value = gw
+        .admin_request(Method::PATCH, &format!("/admin/v1/keys/{id}"))
+        .json(&json!({"monthly_budget": null}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(patched["monthly_budget"], Value::Null);
+    assert_eq!(patched["scopes"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn revoke_marks_the_key_revoked() {
+    let gw = Gateway::builder().start().await;
+    let (id, _) = gw.create_key("live", &["models:read"]).await;
+    let resp = gw
+        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/revoke"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["status"], "revoked");
+}
+
+#[tokio::test]
+async fn bad_admin_input_gets_spec_errors() {
+    let gw = Gateway::builder().start().await;
+    let bad_keys = [
+        json!({"workspace": DEMO_WS, "environment": "scoped", "scopes": ["a:b"]}),
+        json!({"workspace": DEMO_WS, "environment": "prod", "scopes": ["a:b"]}),
+        json!({"workspace": DEMO_WS, "environment": "live", "scopes": []}),
+        json!({"workspace": DEMO_WS, "environment": "live", "scopes": ["nope"]}),
+        json!({"workspace": DEMO_WS, "environment": "live"}),
+        json!({"workspace": DEMO_WS, "environment": "live", "scopes": ["a:b"], "monthly_budget": "lots"}),
+        json!([1, 2, 3]),
+    ];
+    for body in bad_keys {
+        let resp = gw
+            .admin_request(Method::POST, "/admin/v1/keys")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_error(resp, 400, "invalid_request_error").await;
+    }
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/keys")
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request_error").await;
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/keys")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request_error").await;
+
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/keys")
+        .json(&json!({"workspace": "ws_missing", "environment": "live", "scopes": ["a:b"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 404, "not_found").await;
+    for (method, path) in [
+        (Method::GET, "/admin/v1/keys/key_missing"),
+        (Method::POST, "/admin/v1/keys/key_missing/revoke"),
+        (Method::GET, "/admin/v1/nothing"),
+    ] {
+        let resp = gw.admin_request(method, path).send().await.unwrap();
+        assert_error(resp, 404, "not_found").await;
+    }
+    let resp = gw
+        .admin_request(Method::PATCH, "/admin/v1/keys/key_missing")
+        .json(&json!({"scopes": ["a:b"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 404, "not_found").await;
+    let resp = gw
+        .admin_request(Method::GET, "/admin/v1/keys")
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request_error").await;
+    let resp = gw
+        .admin_request(Method::DELETE, "/admin/v1/keys")
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 405, "invalid_request_error").await;
+}

@@ -1,0 +1,170 @@
+//! The `svcgate` command line: start-up errors, the keys CLI, and shutdown.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::process::Stdio;
+use std::time::Duration;
+
+fn run_keys(gw: &Gateway, args: &[&str]) -> std::process::Output {
+    svcgate_command()
+        .args([
+            "keys",
+            "--admin-url",
+            &gw.admin,
+            "--admin-token",
+            ADMIN_TOKEN,
+        ])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn keys_cli_creates_lists_shows_and_revokes() {
+    let gw = Gateway::builder().start().await;
+    let out = run_keys(
+        &gw,
+        &[
+            "create",
+            "--workspace",
+            DEMO_WS,
+            "--scope",
+            "chat.completions:create,models:read",
+            "--name",
+            "cli",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let created: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let key = created["key"].as_str().unwrap().to_string();
+    let id = created["id"].as_str().unwrap().to_string();
+    assert_eq!(created["scopes"].as_array().unwrap().len(), 2);
+    assert_eq!(gw.chat(&key).await.status(), 200);
+
+    let out = run_keys(&gw, &["list", "--workspace", DEMO_WS]);
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["data"][0]["id"], id.as_str());
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(&key));
+
+    let out = run_keys(&gw, &["show", &id]);
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["status"], "active");
+
+    let out = run_keys(&gw, &["revoke", &id]);
+    assert!(out.status.success());
+    assert_eq!(gw.chat(&key).await.status(), 401);
+
+    let out = run_keys(&gw, &["show", "key_missing"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
+}
+
+#[tokio::test]
+async fn keys_cli_with_a_wrong_token_fails_cleanly() {
+    let gw = Gateway::builder().start().await;
+    let out = svcgate_command()
+        .args([
+            "keys",
+            "--admin-url",
+            &gw.admin,
+            "--admin-token",
+            "wrong",
+            "list",
+            "--workspace",
+            DEMO_WS,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("authentication_error"));
+}
+
+#[test]
+fn a_bad_config_exits_non_zero_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("[server]\nlisten = \"not-an-address\"\n", "server.listen"),
+        ("[server]\nthreads = \"two\"\n", "server.threads"),
+        ("[store]\nkind = \"postgres\"\n", "store.kind"),
+        (
+            "[upstream]\nlive = \"no-such-host.invalid:9000\"\n",
+            "upstream.live",
+        ),
+        (
+            "[[routes]]\nmethod = \"GET\"\npath = \"/models\"\nscope = \"models:read\"\n",
+            "routes[0].path",
+        ),
+        ("[server\n", "not valid TOML"),
+    ];
+    for (text, expected) in cases {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = svcgate_command()
+            .args(["serve", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "for {text:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{expected} not in {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let out = svcgate_command()
+        .args(["serve", "--config", "/nonexistent/svcgate.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+
+    let out = svcgate_command()
+        .args(["serve"])
+        .env("SVCGATE_SERVER_THREADS", "many")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SVCGATE_SERVER_THREADS"));
+}
+
+#[test]
+fn a_taken_port_fails_fast_with_a_clear_message() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let started = std::time::Instant::now();
+    let out = svcgate_command()
+        .args(["serve"])
+        .env("SVCGATE_SERVER_LISTEN", format!("127.0.0.1:{port}"))
+        .env(
+            "SVCGATE_SERVER_ADMIN_LISTEN",
+            format!("127.0.0.1:{}", free_port()),
+        )
+        .env(
+            "SVCGATE_SERVER_METRICS_LISTEN",
+            format!("127.0.0.1:{}", free_port()),
+        )
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("server.listen"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn sigterm_stops_the_gateway_promptly() {
+    let mut gw = Gateway::builder().start().await;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &gw.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (exit, _took) = gw
+        .wait_exit(Duration::from_secs(10))
+        .expect("gateway exits after SIGTERM");
+    assert!(exit.success(), "{exit:?}\n{}", gw.logs());
+}

@@ -1,0 +1,316 @@
+//! Test harness: a real `svcgate` process on loopback ports, real backends that record what
+//! they receive, and an admin client. Each test starts its own gateway, so tests share nothing.
+#![allow(dead_code)]
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::IntoResponse;
+use serde_json::{json, Value};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The admin token every test gateway uses.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+/// The workspace the in-memory store starts with.
+pub const DEMO_WS: &str = "ws_demo";
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// What a backend received.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: Method,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// A backend on loopback that records every request and answers with JSON and a
+/// `Service-Credits` header.
+pub struct RecordingUpstream {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Recorded>>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl RecordingUpstream {
+    pub async fn start(name: &'static str) -> Self {
+        let seen: Arc<Mutex<Vec<Recorded>>> = Arc::default();
+        let state = (seen.clone(), name);
+        let app = axum::Router::new()
+            .fallback(
+                |State((seen, name)): State<(Arc<Mutex<Vec<Recorded>>>, &'static str)>,
+                 method: Method,
+                 uri: Uri,
+                 headers: HeaderMap,
+                 body: Bytes| async move {
+                    seen.lock().unwrap().push(Recorded {
+                        method,
+                        path: uri.path().to_string(),
+                        headers,
+                        body,
+                    });
+                    (
+                        [
+                            ("content-type", "application/json"),
+                            ("service-credits", "0.5"),
+                        ],
+                        axum::Json(json!({"upstream": name})),
+                    )
+                        .into_response()
+                },
+            )
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self {
+            addr,
+            seen,
+            _task: task,
+        }
+    }
+
+    /// Everything received so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// A backend that accepts connections and closes them without answering.
+pub async fn broken_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(stream);
+        }
+    });
+    addr
+}
+
+/// Builder for a gateway process.
+#[derive(Default)]
+pub struct GatewayBuilder {
+    live: Option<SocketAddr>,
+    sandbox: Option<SocketAddr>,
+    extra_toml: String,
+}
+
+impl GatewayBuilder {
+    pub fn live(mut self, addr: SocketAddr) -> Self {
+        self.live = Some(addr);
+        self
+    }
+
+    pub fn sandbox(mut self, addr: SocketAddr) -> Self {
+        self.sandbox = Some(addr);
+        self
+    }
+
+    /// Extra TOML appended to the generated config (whole sections).
+    pub fn toml(mut self, extra: &str) -> Self {
+        self.extra_toml.push_str(extra);
+        self.extra_toml.push('\n');
+        self
+    }
+
+    pub async fn start(self) -> Gateway {
+        let dir = tempfile::tempdir().unwrap();
+        let (listen, admin, metrics) = (free_port(), free_port(), free_port());
+        let mut upstream =
+            String::from("[upstream]\nconnect_timeout_ms = 500\nread_timeout_ms = 3000\n");
+        if let Some(a) = self.live {
+            upstream.push_str(&format!("live = \"{a}\"\n"));
+        }
+        if let Some(a) = self.sandbox {
+            upstream.push_str(&format!("sandbox = \"{a}\"\n"));
+        }
+        let config = format!(
+            "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+             metrics_listen = \"127.0.0.1:{metrics}\"\nadmin_token = \"{ADMIN_TOKEN}\"\n\
+             threads = 2\nshutdown_grace_seconds = 0\nshutdown_timeout_seconds = 1\n\
+             upgrade_sock = \"{sock}\"\n{upstream}{extra}",
+            sock = dir.path().join("upgrade.sock").display(),
+            extra = self.extra_toml,
+        );
+        let config_path = dir.path().join("svcgate.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let log_path = dir.path().join("svcgate.log");
+        let child = svcgate_command()
+            .args(["serve", "--config"])
+            .arg(&config_path)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .expect("svcgate starts");
+        let gw = Gateway {
+            child: Some(child),
+            base: format!("http://127.0.0.1:{listen}"),
+            admin: format!("http://127.0.0.1:{admin}"),
+            metrics: format!("http://127.0.0.1:{metrics}"),
+            http: reqwest::Client::new(),
+            log_path,
+            _dir: dir,
+        };
+        gw.wait_ready().await;
+        gw
+    }
+}
+
+/// `svcgate` with no `SVCGATE_*` variables inherited from the developer's shell.
+pub fn svcgate_command() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_svcgate"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("SVCGATE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RUST_LOG", "info");
+    cmd
+}
+
+/// A running gateway process, killed on drop.
+pub struct Gateway {
+    child: Option<Child>,
+    /// Gateway base URL.
+    pub base: String,
+    /// Admin API base URL.
+    pub admin: String,
+    /// Metrics base URL.
+    pub metrics: String,
+    pub http: reqwest::Client,
+    log_path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Gateway {
+    pub fn builder() -> GatewayBuilder {
+        GatewayBuilder::default()
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let admin_up = self
+                .http
+                .get(format!("{}/healthz", self.admin))
+                .send()
+                .await;
+            let gw_up = self.http.get(format!("{}/healthz", self.base)).send().await;
+            if matches!((admin_up, gw_up), (Ok(a), Ok(g)) if a.status() == 200 && g.status() == 200)
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gateway did not start; log:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The process's log output so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// The child process, for signals.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Waits for the process to exit and returns how long that took.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<(std::process::ExitStatus, Duration)> {
+        let started = Instant::now();
+        let child = self.child.as_mut().unwrap();
+        while started.elapsed() < limit {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some((status, started.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// A request to the gateway.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.base))
+    }
+
+    /// A request to the admin API with the admin token.
+    pub fn admin_request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.admin))
+            .bearer_auth(ADMIN_TOKEN)
+    }
+
+    /// Creates a key through the admin API; returns (id, full key value).
+    pub async fn create_key(&self, environment: &str, scopes: &[&str]) -> (String, String) {
+        let resp = self
+            .admin_request(reqwest::Method::POST, "/admin/v1/keys")
+            .json(&json!({"workspace": DEMO_WS, "environment": environment, "scopes": scopes}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        let body: Value = resp.json().await.unwrap();
+        (
+            body["id"].as_str().unwrap().to_string(),
+            body["key"].as_str().unwrap().to_string(),
+        )
+    }
+
+    /// `POST /v1/chat/completions` with `key`.
+    pub async fn chat(&self, key: &str) -> reqwest::Response {
+        self.request(reqwest::Method::POST, "/v1/chat/completions")
+            .bearer_auth(key)
+            .json(&json!({"model": "m1", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Asserts an error answer: status, `error.code`, and a request id equal to the header's.
+pub async fn assert_error(resp: reqwest::Response, status: u16, code: &str) -> Value {
+    assert_eq!(resp.status().as_u16(), status, "status");
+    let header = resp
+        .headers()
+        .get("service-request-id")
+        .expect("Service-Request-Id header")
+        .to_str()
+        .unwrap()
+        .to_string();
+    let body: Value = resp.json().await.expect("JSON error body");
+    assert_eq!(body["error"]["code"], code, "code in {body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .is_some_and(|m| !m.is_empty()));
+    assert_eq!(body["error"]["request_id"], header.as_str());
+    assert!(header.starts_with("req_"));
+    body
+}
