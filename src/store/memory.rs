@@ -2,27 +2,45 @@
 //! process, so it serves exactly one gateway replica.
 
 use async_trait::async_trait;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
+use tokio::sync::Notify;
 
-use super::{KeyChange, Store, StoreError};
+use super::{KeyChange, KeyChanges, Store, StoreError};
 use crate::ids::unix_now;
 use crate::keys::{KeyHash, KeyRecord, Workspace};
 
 /// The workspace the demo store starts with, so a newcomer can create a key at once.
 pub const DEMO_WORKSPACE: &str = "ws_demo";
 
+/// How many key changes are remembered for [`Store::key_changes_since`].
+const CHANGE_LOG_LEN: usize = 10_000;
+
 #[derive(Default)]
 struct Inner {
     workspaces: HashMap<String, Workspace>,
     keys: HashMap<String, Arc<KeyRecord>>,
     ids_by_hash: HashMap<KeyHash, String>,
+    epoch: u64,
+    /// `(epoch, hash)` of the latest changes, oldest first.
+    changes: VecDeque<(u64, KeyHash)>,
+}
+
+impl Inner {
+    fn record_change(&mut self, hash: KeyHash) {
+        self.epoch += 1;
+        if self.changes.len() == CHANGE_LOG_LEN {
+            self.changes.pop_front();
+        }
+        self.changes.push_back((self.epoch, hash));
+    }
 }
 
 /// Workspaces and keys in process memory.
 #[derive(Default)]
 pub struct MemoryStore {
     inner: RwLock<Inner>,
+    changed: Arc<Notify>,
 }
 
 impl MemoryStore {
@@ -90,6 +108,9 @@ impl Store for MemoryStore {
         }
         inner.ids_by_hash.insert(key.hash, key.id.clone());
         inner.keys.insert(key.id.clone(), Arc::new(key.clone()));
+        inner.record_change(key.hash);
+        drop(inner);
+        self.changed.notify_one();
         Ok(())
     }
 
@@ -135,7 +156,35 @@ impl Store for MemoryStore {
         next.hash = current.hash;
         let next = Arc::new(next);
         inner.keys.insert(id.to_string(), next.clone());
+        inner.record_change(next.hash);
+        drop(inner);
+        self.changed.notify_one();
         Ok(Some(next))
+    }
+
+    async fn key_changes_since(&self, epoch: u64) -> Result<KeyChanges, StoreError> {
+        let inner = self.read();
+        let oldest = inner.changes.front().map_or(inner.epoch + 1, |(e, _)| *e);
+        let changed = if epoch > inner.epoch || epoch + 1 < oldest {
+            None
+        } else {
+            Some(
+                inner
+                    .changes
+                    .iter()
+                    .filter(|(e, _)| *e > epoch)
+                    .map(|(_, h)| *h)
+                    .collect(),
+            )
+        };
+        Ok(KeyChanges {
+            epoch: inner.epoch,
+            changed,
+        })
+    }
+
+    fn key_change_signal(&self) -> Arc<Notify> {
+        self.changed.clone()
     }
 }
 

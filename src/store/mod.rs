@@ -6,12 +6,16 @@
 //! chains several of them.
 
 mod memory;
+mod redis;
 
 use async_trait::async_trait;
 use std::sync::Arc;
+use tokio::sync::Notify;
 
 use crate::keys::{KeyHash, KeyRecord, Workspace};
+
 pub use memory::MemoryStore;
+pub use redis::RedisStore;
 
 /// Why a store call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,6 +31,16 @@ pub enum StoreError {
 /// A change applied to a key record. It may run more than once (optimistic retries), so it
 /// must only depend on the record it is given.
 pub type KeyChange<'a> = &'a (dyn Fn(&mut KeyRecord) + Send + Sync);
+
+/// Which keys changed after a given epoch of the key registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyChanges {
+    /// The registry's current epoch; pass it to the next call.
+    pub epoch: u64,
+    /// Digests of the keys that changed, or `None` when the history no longer reaches back
+    /// that far (or the store was reset): every cached key must then be dropped.
+    pub changed: Option<Vec<KeyHash>>,
+}
 
 /// Shared, persistent state.
 #[async_trait]
@@ -59,4 +73,11 @@ pub trait Store: Send + Sync + 'static {
         id: &str,
         change: KeyChange<'_>,
     ) -> Result<Option<Arc<KeyRecord>>, StoreError>;
+
+    /// Key changes after `epoch`. Every write to a key (insert, update) advances the epoch, so
+    /// a cache that remembers the epoch it has seen can catch up on anything it missed.
+    async fn key_changes_since(&self, epoch: u64) -> Result<KeyChanges, StoreError>;
+
+    /// Woken (best effort) whenever a key changes, on this replica or any other.
+    fn key_change_signal(&self) -> Arc<Notify>;
 }

@@ -1,0 +1,403 @@
+//! The Redis store: state shared by every gateway replica.
+//!
+//! Layout (every name starts with the configured namespace `ns`):
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `ns:ws:<id>` | string | workspace JSON |
+//! | `{ns:keys}:h:<sha256 hex>` | string | key record JSON, by digest (the request path's lookup) |
+//! | `{ns:keys}:id:<key id>` | string | digest hex, by key id |
+//! | `{ns:keys}:ws:<workspace>` | sorted set | key ids of a workspace, scored by creation time |
+//! | `{ns:keys}:epoch` | integer | bumped by every key write |
+//! | `{ns:keys}:log` | stream | one entry `<epoch>-0 h=<digest>` per key write, capped |
+//! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
+//!
+//! The key registry shares one hash tag, `{ns:keys}`, so that a write, the epoch bump, the log
+//! entry and the notification happen in one Lua script, atomically, on Redis Cluster too. At
+//! about 500 bytes a key, one slot holds millions of keys; counters and events spread over
+//! other slots.
+
+use async_trait::async_trait;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script, Value};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+use super::{KeyChange, KeyChanges, Store, StoreError};
+use crate::keys::{KeyHash, KeyRecord, Workspace};
+
+/// Log entries kept for replicas catching up after a disconnect.
+const CHANGE_LOG_LEN: usize = 100_000;
+/// Most changes one catch-up reads; a replica further behind drops its whole cache instead.
+const CATCH_UP_MAX: u64 = 10_000;
+/// Optimistic update attempts before giving up on a hot key.
+const UPDATE_ATTEMPTS: usize = 16;
+
+/// Names of everything this store keeps in Redis.
+#[derive(Debug, Clone)]
+struct Layout {
+    ns: String,
+    registry: String,
+}
+
+impl Layout {
+    fn new(ns: &str) -> Self {
+        Self {
+            ns: ns.to_string(),
+            registry: format!("{{{ns}:keys}}"),
+        }
+    }
+    fn workspace(&self, id: &str) -> String {
+        format!("{}:ws:{id}", self.ns)
+    }
+    fn key_by_hash(&self, hash: &KeyHash) -> String {
+        format!("{}:h:{}", self.registry, hash.to_hex())
+    }
+    fn key_by_id(&self, id: &str) -> String {
+        format!("{}:id:{id}", self.registry)
+    }
+    fn workspace_keys(&self, workspace: &str) -> String {
+        format!("{}:ws:{workspace}", self.registry)
+    }
+    fn epoch(&self) -> String {
+        format!("{}:epoch", self.registry)
+    }
+    fn log(&self) -> String {
+        format!("{}:log", self.registry)
+    }
+    fn channel(&self) -> String {
+        format!("{}:keys:changed", self.ns)
+    }
+}
+
+/// Inserts a key record and its indexes, then records the change.
+/// KEYS: record, id index, workspace set, epoch, log. ARGV: json, hash hex, id, created_at,
+/// channel, log length. Returns the new epoch, or -1 if the key or id exists.
+static INSERT_KEY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
+local e = redis.call('INCR', KEYS[4])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], e .. '-0', 'h', ARGV[2])
+redis.call('PUBLISH', ARGV[5], e)
+return e
+",
+    )
+});
+
+/// Replaces a key record if it still holds what the caller read (compare-and-set), then
+/// records the change. KEYS: record, epoch, log. ARGV: expected json, new json, hash hex,
+/// channel, log length. Returns the new epoch, or -1 if the record changed meanwhile.
+static UPDATE_KEY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+redis.call('SET', KEYS[1], ARGV[2])
+local e = redis.call('INCR', KEYS[2])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], e .. '-0', 'h', ARGV[3])
+redis.call('PUBLISH', ARGV[4], e)
+return e
+",
+    )
+});
+
+/// Reads the changes after an epoch. KEYS: epoch, log. ARGV: since, max.
+/// Returns `{epoch}` (nothing new), `{epoch, 'reset'}` (history gone), or
+/// `{epoch, hash, hash, …}`.
+static CHANGES_SINCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local since = tonumber(ARGV[1])
+if cur == since then return {cur} end
+if cur < since or cur - since > tonumber(ARGV[2]) then return {cur, 'reset'} end
+local first = (since + 1) .. '-0'
+local entries = redis.call('XRANGE', KEYS[2], first, '+', 'COUNT', ARGV[2])
+if #entries == 0 or entries[1][1] ~= first then return {cur, 'reset'} end
+local out = {cur}
+for _, entry in ipairs(entries) do out[#out + 1] = entry[2][2] end
+return out
+",
+    )
+});
+
+/// Workspaces and keys in Redis.
+pub struct RedisStore {
+    conn: ConnectionManager,
+    layout: Layout,
+    changed: Arc<Notify>,
+}
+
+impl RedisStore {
+    /// Connects lazily (the gateway starts, and reports not-ready, while Redis is down) and
+    /// starts the change listener. Must run inside the Tokio runtime that will drive the
+    /// connection for the life of the process.
+    pub fn connect(url: &str, namespace: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url)
+            .map_err(|e| StoreError::Unavailable(format!("bad Redis URL: {e}")))?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(500)))
+            .set_response_timeout(Some(Duration::from_millis(500)))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(2));
+        let conn =
+            ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(unavailable)?;
+        let layout = Layout::new(namespace);
+        let changed = Arc::new(Notify::new());
+        tokio::spawn(listen_for_changes(
+            client,
+            layout.channel(),
+            changed.clone(),
+        ));
+        Ok(Self {
+            conn,
+            layout,
+            changed,
+        })
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
+        let raw: Option<String> = self.conn().get(key).await.map_err(unavailable)?;
+        raw.map(|s| decode(key, &s)).transpose()
+    }
+}
+
+/// Subscribes to the change channel and wakes the key cache for every message, and once after
+/// every (re)subscription so anything missed while disconnected is caught up.
+async fn listen_for_changes(client: redis::Client, channel: String, changed: Arc<Notify>) {
+    use futures_util::StreamExt;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
+                Ok(()) => {
+                    backoff = Duration::from_millis(100);
+                    changed.notify_one();
+                    let mut messages = pubsub.on_message();
+                    while messages.next().await.is_some() {
+                        changed.notify_one();
+                    }
+                    tracing::warn!("key change subscription lost; reconnecting");
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot subscribe to key changes"),
+            },
+            Err(e) => tracing::debug!(error = %e, "cannot connect for key changes"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn decode<T: serde::de::DeserializeOwned>(key: &str, raw: &str) -> Result<T, StoreError> {
+    serde_json::from_str(raw)
+        .map_err(|e| StoreError::Unavailable(format!("unreadable record at {key}: {e}")))
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("records serialize")
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        let _: String = redis::cmd("PING")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn create_workspace(&self, workspace: &Workspace) -> Result<(), StoreError> {
+        let created: bool = self
+            .conn()
+            .set_nx(self.layout.workspace(&workspace.id), encode(workspace))
+            .await
+            .map_err(unavailable)?;
+        if created {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict(format!(
+                "workspace {} exists",
+                workspace.id
+            )))
+        }
+    }
+
+    async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError> {
+        self.get_json(&self.layout.workspace(id)).await
+    }
+
+    async fn insert_key(&self, key: &KeyRecord) -> Result<(), StoreError> {
+        let l = &self.layout;
+        let epoch: i64 = INSERT_KEY
+            .key(l.key_by_hash(&key.hash))
+            .key(l.key_by_id(&key.id))
+            .key(l.workspace_keys(&key.workspace))
+            .key(l.epoch())
+            .key(l.log())
+            .arg(encode(key))
+            .arg(key.hash.to_hex())
+            .arg(&key.id)
+            .arg(key.created_at)
+            .arg(l.channel())
+            .arg(CHANGE_LOG_LEN)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        if epoch < 0 {
+            return Err(StoreError::Conflict(format!("key {} exists", key.id)));
+        }
+        Ok(())
+    }
+
+    async fn key_by_hash(&self, hash: &KeyHash) -> Result<Option<Arc<KeyRecord>>, StoreError> {
+        Ok(self
+            .get_json::<KeyRecord>(&self.layout.key_by_hash(hash))
+            .await?
+            .map(Arc::new))
+    }
+
+    async fn key_by_id(&self, id: &str) -> Result<Option<Arc<KeyRecord>>, StoreError> {
+        let hash: Option<String> = self
+            .conn()
+            .get(self.layout.key_by_id(id))
+            .await
+            .map_err(unavailable)?;
+        match hash.as_deref().and_then(KeyHash::from_hex) {
+            Some(hash) => self.key_by_hash(&hash).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn keys_in_workspace(&self, workspace: &str) -> Result<Vec<Arc<KeyRecord>>, StoreError> {
+        let mut conn = self.conn();
+        let ids: Vec<String> = conn
+            .zrange(self.layout.workspace_keys(workspace), 0, -1)
+            .await
+            .map_err(unavailable)?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let id_keys: Vec<String> = ids.iter().map(|id| self.layout.key_by_id(id)).collect();
+        let hashes: Vec<Option<String>> = conn.mget(&id_keys).await.map_err(unavailable)?;
+        let record_keys: Vec<String> = hashes
+            .iter()
+            .flatten()
+            .filter_map(|h| KeyHash::from_hex(h))
+            .map(|h| self.layout.key_by_hash(&h))
+            .collect();
+        if record_keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let records: Vec<Option<String>> = conn.mget(&record_keys).await.map_err(unavailable)?;
+        records
+            .into_iter()
+            .zip(&record_keys)
+            .filter_map(|(raw, key)| raw.map(|raw| decode::<KeyRecord>(key, &raw).map(Arc::new)))
+            .collect()
+    }
+
+    async fn update_key(
+        &self,
+        id: &str,
+        change: KeyChange<'_>,
+    ) -> Result<Option<Arc<KeyRecord>>, StoreError> {
+        let hash: Option<String> = self
+            .conn()
+            .get(self.layout.key_by_id(id))
+            .await
+            .map_err(unavailable)?;
+        let Some(hash) = hash.as_deref().and_then(KeyHash::from_hex) else {
+            return Ok(None);
+        };
+        let record_key = self.layout.key_by_hash(&hash);
+        for _ in 0..UPDATE_ATTEMPTS {
+            let raw: Option<String> = self.conn().get(&record_key).await.map_err(unavailable)?;
+            let Some(raw) = raw else { return Ok(None) };
+            let current: KeyRecord = decode(&record_key, &raw)?;
+            let mut next = current.clone();
+            change(&mut next);
+            next.id = current.id;
+            next.workspace = current.workspace;
+            next.hash = current.hash;
+            let epoch: i64 = UPDATE_KEY
+                .key(&record_key)
+                .key(self.layout.epoch())
+                .key(self.layout.log())
+                .arg(&raw)
+                .arg(encode(&next))
+                .arg(hash.to_hex())
+                .arg(self.layout.channel())
+                .arg(CHANGE_LOG_LEN)
+                .invoke_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            if epoch >= 0 {
+                return Ok(Some(Arc::new(next)));
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "key {id} is changing too often; retry"
+        )))
+    }
+
+    async fn key_changes_since(&self, epoch: u64) -> Result<KeyChanges, StoreError> {
+        let reply: Vec<Value> = CHANGES_SINCE
+            .key(self.layout.epoch())
+            .key(self.layout.log())
+            .arg(epoch)
+            .arg(CATCH_UP_MAX)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let mut items = reply.into_iter();
+        let current = match items.next() {
+            Some(Value::Int(e)) if e >= 0 => e as u64,
+            other => {
+                return Err(StoreError::Unavailable(format!(
+                    "unexpected change-log reply: {other:?}"
+                )))
+            }
+        };
+        let mut changed = Vec::new();
+        for item in items {
+            let text = match &item {
+                Value::BulkString(b) => std::str::from_utf8(b).unwrap_or_default(),
+                Value::SimpleString(s) => s.as_str(),
+                _ => "",
+            };
+            if text == "reset" {
+                return Ok(KeyChanges {
+                    epoch: current,
+                    changed: None,
+                });
+            }
+            if let Some(hash) = KeyHash::from_hex(text) {
+                changed.push(hash);
+            }
+        }
+        Ok(KeyChanges {
+            epoch: current,
+            changed: Some(changed),
+        })
+    }
+
+    fn key_change_signal(&self) -> Arc<Notify> {
+        self.changed.clone()
+    }
+}

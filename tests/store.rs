@@ -1,0 +1,189 @@
+//! One suite of store behaviour, run against the in-memory store and against a real Redis.
+
+mod common;
+
+use common::*;
+use std::sync::Arc;
+use std::time::Duration;
+use svcgate::ids::{new_id, unix_now};
+use svcgate::keys::KeyHash;
+use svcgate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes, Workspace};
+use svcgate::store::{MemoryStore, RedisStore, Store, StoreError};
+
+fn workspace() -> Workspace {
+    Workspace {
+        id: new_id("ws"),
+        name: "Acme".into(),
+        admin_emails: vec!["ops@acme.example".into()],
+        monthly_credits: None,
+        credits_low_threshold: None,
+        created_at: unix_now(),
+    }
+}
+
+fn key(workspace: &str, created_at: u64) -> KeyRecord {
+    keys::issue(
+        KeyParams {
+            workspace: workspace.into(),
+            environment: Environment::Live,
+            scopes: Scopes::new(["models:read"]),
+            name: "k".into(),
+            monthly_budget: None,
+        },
+        created_at,
+    )
+    .1
+}
+
+async fn workspaces_round_trip(store: Arc<dyn Store>) {
+    let ws = workspace();
+    store.create_workspace(&ws).await.unwrap();
+    assert_eq!(store.workspace(&ws.id).await.unwrap(), Some(ws.clone()));
+    assert!(matches!(
+        store.create_workspace(&ws).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(store.workspace("ws_missing").await.unwrap(), None);
+}
+
+async fn keys_are_found_every_way(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let (a, b) = (key(&ws, 20), key(&ws, 10));
+    let elsewhere = key(&new_id("ws"), 0);
+    for k in [&a, &b, &elsewhere] {
+        store.insert_key(k).await.unwrap();
+    }
+    assert_eq!(*store.key_by_hash(&a.hash).await.unwrap().unwrap(), a);
+    assert_eq!(*store.key_by_id(&b.id).await.unwrap().unwrap(), b);
+    let listed: Vec<String> = store
+        .keys_in_workspace(&ws)
+        .await
+        .unwrap()
+        .iter()
+        .map(|k| k.id.clone())
+        .collect();
+    assert_eq!(listed, [b.id.clone(), a.id.clone()], "oldest first");
+    assert!(store
+        .key_by_hash(&KeyHash::of("x"))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(store.key_by_id("key_missing").await.unwrap().is_none());
+    assert!(store.keys_in_workspace("ws_none").await.unwrap().is_empty());
+    assert!(matches!(
+        store.insert_key(&a).await,
+        Err(StoreError::Conflict(_))
+    ));
+}
+
+async fn updates_keep_identity_and_are_seen_by_hash(store: Arc<dyn Store>) {
+    let k = key(&new_id("ws"), 1);
+    store.insert_key(&k).await.unwrap();
+    let updated = store
+        .update_key(&k.id, &|r: &mut KeyRecord| {
+            r.status = KeyStatus::Revoked;
+            r.workspace = "ws_evil".into();
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(updated.status, KeyStatus::Revoked);
+    assert_eq!(updated.workspace, k.workspace);
+    let by_hash = store.key_by_hash(&k.hash).await.unwrap().unwrap();
+    assert_eq!(by_hash.status, KeyStatus::Revoked);
+    assert!(store
+        .update_key("key_missing", &|_: &mut KeyRecord| {})
+        .await
+        .unwrap()
+        .is_none());
+}
+
+async fn concurrent_updates_lose_nothing(store: Arc<dyn Store>) {
+    let k = key(&new_id("ws"), 1);
+    store.insert_key(&k).await.unwrap();
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let store = store.clone();
+            let id = k.id.clone();
+            tokio::spawn(async move {
+                let scope = format!("scope{i}:use");
+                store
+                    .update_key(&id, &move |r: &mut KeyRecord| {
+                        let mut names: Vec<String> = r.scopes.iter().map(String::from).collect();
+                        names.push(scope.clone());
+                        r.scopes = Scopes::new(names);
+                    })
+                    .await
+                    .unwrap()
+                    .unwrap();
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let r = store.key_by_id(&k.id).await.unwrap().unwrap();
+    assert_eq!(r.scopes.iter().count(), 13, "{:?}", r.scopes);
+}
+
+async fn changes_are_logged_by_epoch(store: Arc<dyn Store>) {
+    let start = store.key_changes_since(0).await.unwrap().epoch;
+    let nothing = store.key_changes_since(start).await.unwrap();
+    assert_eq!(nothing.changed, Some(vec![]));
+
+    let signal = store.key_change_signal();
+    let a = key(&new_id("ws"), 1);
+    let b = key(&new_id("ws"), 1);
+    store.insert_key(&a).await.unwrap();
+    store.insert_key(&b).await.unwrap();
+    store
+        .update_key(&a.id, &|r: &mut KeyRecord| r.status = KeyStatus::Revoked)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(2), signal.notified())
+        .await
+        .expect("change signal fires");
+
+    let changes = store.key_changes_since(start).await.unwrap();
+    assert_eq!(changes.epoch, start + 3);
+    assert_eq!(changes.changed, Some(vec![a.hash, b.hash, a.hash]));
+    let later = store.key_changes_since(start + 2).await.unwrap();
+    assert_eq!(later.changed, Some(vec![a.hash]));
+    // An epoch from the future (the store was reset) means: drop everything.
+    let future = store.key_changes_since(start + 1000).await.unwrap();
+    assert_eq!(future.changed, None);
+}
+
+macro_rules! store_suite {
+    ($($name:ident),*) => {
+        mod memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(Arc::new(MemoryStore::new())).await;
+                }
+            )*
+        }
+        mod redis {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let ns = TestNamespace::new();
+                    let store = RedisStore::connect(&redis_url(), &ns.name).unwrap();
+                    store.ping().await.expect("Redis answers at REDIS_URL");
+                    super::$name(Arc::new(store)).await;
+                }
+            )*
+        }
+    };
+}
+
+store_suite!(
+    workspaces_round_trip,
+    keys_are_found_every_way,
+    updates_keep_identity_and_are_seen_by_hash,
+    concurrent_updates_lose_nothing,
+    changes_are_logged_by_epoch
+);
