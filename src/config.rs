@@ -92,6 +92,26 @@ pub struct StoreConfig {
     pub url: String,
     /// Prefix of every Redis key.
     pub namespace: String,
+    /// How long cached keys keep working after the store stops answering (seconds).
+    pub cache_staleness_seconds: u64,
+    /// How long an unknown key is remembered as unknown (seconds).
+    pub negative_cache_seconds: u64,
+    /// Most unknown keys remembered.
+    pub negative_cache_entries: usize,
+    /// How often the key cache checks the change log when no notification arrives (ms).
+    pub sync_interval_ms: u64,
+}
+
+impl StoreConfig {
+    /// The key cache settings.
+    pub fn cache(&self) -> crate::store::CacheConfig {
+        crate::store::CacheConfig {
+            max_staleness: std::time::Duration::from_secs(self.cache_staleness_seconds),
+            negative_ttl: std::time::Duration::from_secs(self.negative_cache_seconds),
+            negative_capacity: self.negative_cache_entries,
+            poll_interval: std::time::Duration::from_millis(self.sync_interval_ms),
+        }
+    }
 }
 
 impl Default for StoreConfig {
@@ -100,6 +120,10 @@ impl Default for StoreConfig {
             kind: StoreKind::Memory,
             url: "redis://127.0.0.1:6379/0".into(),
             namespace: "svcgate".into(),
+            cache_staleness_seconds: 60,
+            negative_cache_seconds: 30,
+            negative_cache_entries: 100_000,
+            sync_interval_ms: 1_000,
         }
     }
 }
@@ -341,9 +365,14 @@ impl Config {
             }
         }
         if self.store.kind == StoreKind::Redis {
+            if let Err(e) = redis::Client::open(self.store.url.as_str()) {
+                problems.push(Problem::new("store.url", format!("not a Redis URL: {e}")));
+            }
+        }
+        if self.store.sync_interval_ms == 0 {
             problems.push(Problem::new(
-                "store.kind",
-                "the Redis store is not available in this build yet; use \"memory\"",
+                "store.sync_interval_ms",
+                "must be greater than 0",
             ));
         }
         if self.store.namespace.is_empty()

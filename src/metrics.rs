@@ -38,11 +38,21 @@ static AUTH_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+static KEY_LOOKUPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "svcgate_key_cache_lookups_total",
+        "Key lookups on the request path, by outcome (hit, negative_hit, miss).",
+        &["outcome"]
+    )
+    .expect("metric registers once")
+});
+
 /// Registers every metric so `/metrics` lists them before the first request.
 pub fn init() {
     LazyLock::force(&REQUESTS);
     LazyLock::force(&REQUEST_DURATION);
     LazyLock::force(&AUTH_FAILURES);
+    LazyLock::force(&KEY_LOOKUPS);
 }
 
 /// Counts one answered request.
@@ -59,4 +69,9 @@ pub fn record_request(route: &str, status: u16, environment: &str, elapsed: Dura
 /// Counts one authentication failure.
 pub fn record_auth_failure(reason: &str) {
     AUTH_FAILURES.with_label_values(&[reason]).inc();
+}
+
+/// Counts one key lookup by cache outcome.
+pub fn record_key_lookup(outcome: &'static str) {
+    KEY_LOOKUPS.with_label_values(&[outcome]).inc();
 }

@@ -13,7 +13,7 @@ use crate::metrics;
 use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
-use crate::store::{MemoryStore, Store};
+use crate::store::{KeyCache, MemoryStore, RedisStore, Store};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -43,14 +43,29 @@ pub struct ServeOptions {
 /// Runs the gateway until it is told to stop.
 pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     metrics::init();
+    // The store's connections, its change listener and the key cache's follower live on a
+    // runtime of their own, which outlives every Pingora service runtime.
+    let store_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("svcgate-store")
+        .enable_all()
+        .build()
+        .map_err(|e| StartError::Config(format!("cannot start the store runtime: {e}")))?;
     let store: Arc<dyn Store> = match config.store.kind {
         StoreKind::Memory => Arc::new(MemoryStore::with_demo_workspace()),
         StoreKind::Redis => {
-            return Err(StartError::Config(
-                "store.kind = \"redis\" is not available in this build yet".into(),
-            ))
+            let _guard = store_runtime.enter();
+            Arc::new(
+                RedisStore::connect(&config.store.url, &config.store.namespace)
+                    .map_err(|e| StartError::Config(format!("store.url: {e}")))?,
+            )
         }
     };
+    let keys = Arc::new(KeyCache::new(store.clone(), config.store.cache()));
+    if let Err(e) = store_runtime.block_on(keys.sync()) {
+        tracing::warn!(error = %e, "key store unreachable at start; not ready until it answers");
+    }
+    store_runtime.spawn(keys.clone().follow());
     let routes = RouteTable::new(&config.routes()).map_err(StartError::Config)?;
     let upstreams = Upstreams::from_config(&config.upstream).map_err(StartError::Config)?;
 
@@ -82,7 +97,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
-    let gateway = Gateway::new(store.clone(), routes, upstreams);
+    let gateway = Gateway::new(keys.clone(), routes, upstreams);
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
         gateway,
@@ -90,7 +105,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     );
     proxy.add_tcp(&server_cfg.listen);
 
-    let admin_router = admin::router(AdminState::new(store, &server_cfg.admin_token));
+    let admin_router = admin::router(AdminState::new(keys, &server_cfg.admin_token));
     let admin = background_service("admin API", AdminService::new(admin_listener, admin_router));
 
     let mut prometheus = pingora_prometheus::prometheus_http_service();
@@ -113,6 +128,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         "svcgate serving"
     );
     server.run(RunArgs::default());
+    store_runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     tracing::info!("svcgate stopped");
     Ok(())
 }

@@ -107,6 +107,7 @@ pub(super) async fn create(
         unix_now(),
     );
     state.store.insert_key(&record).await?;
+    state.refresh_keys().await;
     tracing::info!(key_id = %record.id, workspace = %record.workspace, "key created");
     let mut view = KeyView::from(&record);
     view.key = Some(new_key.value);
@@ -191,6 +192,7 @@ pub(super) async fn patch(
         })
         .await?
         .ok_or_else(|| no_such_key(&id))?;
+    state.refresh_keys().await;
     Ok(Json(KeyView::from(&*updated)))
 }
 
@@ -206,6 +208,7 @@ pub(super) async fn revoke(
         })
         .await?
         .ok_or_else(|| no_such_key(&id))?;
+    state.refresh_keys().await;
     tracing::info!(key_id = %revoked.id, workspace = %revoked.workspace, "key revoked");
     Ok(Json(KeyView::from(&*revoked)))
 }

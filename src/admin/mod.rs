@@ -21,7 +21,7 @@ use subtle::ConstantTimeEq;
 use crate::error::ApiError;
 use crate::ids::request_id;
 use crate::proxy::respond::REQUEST_ID;
-use crate::store::Store;
+use crate::store::{KeyCache, Store};
 pub use service::AdminService;
 
 /// What every admin handler can reach.
@@ -29,16 +29,27 @@ pub use service::AdminService;
 pub struct AdminState {
     /// Shared state.
     pub store: Arc<dyn Store>,
+    /// This replica's key cache, brought up to date after every key change made here.
+    keys: Arc<KeyCache>,
     /// SHA-256 of the admin token, compared in constant time.
     token_digest: [u8; 32],
 }
 
 impl AdminState {
     /// State for a router guarded by `admin_token`.
-    pub fn new(store: Arc<dyn Store>, admin_token: &str) -> Self {
+    pub fn new(keys: Arc<KeyCache>, admin_token: &str) -> Self {
         Self {
-            store,
+            store: keys.store().clone(),
+            keys,
             token_digest: Sha256::digest(admin_token.as_bytes()).into(),
+        }
+    }
+
+    /// Brings this replica's cache up to date, so a change made here applies to the very next
+    /// request (other replicas follow through the store's change signal).
+    async fn refresh_keys(&self) {
+        if let Err(e) = self.keys.sync().await {
+            tracing::warn!(error = %e, "key cache not refreshed after a change");
         }
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::error::ApiError;
 use crate::keys::format::{self, MAX_KEY_LEN};
 use crate::keys::{KeyFormatError, KeyHash, KeyRecord, Rejection};
-use crate::store::Store;
+use crate::store::{CacheOutcome, KeyCache};
 
 /// Why a request is not authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,15 +75,15 @@ pub fn bearer_token(header: Option<&HeaderValue>) -> Result<&str, AuthFailure> {
     std::str::from_utf8(token).map_err(|_| AuthFailure::Format(KeyFormatError::Charset))
 }
 
-/// Resolves bearer tokens to key records.
+/// Resolves bearer tokens to key records, through the key cache.
 pub struct Authenticator {
-    store: Arc<dyn Store>,
+    keys: Arc<KeyCache>,
 }
 
 impl Authenticator {
-    /// An authenticator reading from `store`.
-    pub fn new(store: Arc<dyn Store>) -> Self {
-        Self { store }
+    /// An authenticator reading from `keys`.
+    pub fn new(keys: Arc<KeyCache>) -> Self {
+        Self { keys }
     }
 
     /// Authenticates one request's `Authorization` header at unix second `now`.
@@ -95,12 +95,17 @@ impl Authenticator {
         let token = bearer_token(header)?;
         format::parse(token).map_err(AuthFailure::Format)?;
         let hash = KeyHash::of(token);
-        let record = self
-            .store
-            .key_by_hash(&hash)
+        let (record, outcome) = self
+            .keys
+            .get(&hash)
             .await
-            .map_err(|_| AuthFailure::StoreUnavailable)?
-            .ok_or(AuthFailure::Unknown)?;
+            .map_err(|_| AuthFailure::StoreUnavailable)?;
+        crate::metrics::record_key_lookup(match outcome {
+            CacheOutcome::Hit => "hit",
+            CacheOutcome::NegativeHit => "negative_hit",
+            CacheOutcome::Miss => "miss",
+        });
+        let record = record.ok_or(AuthFailure::Unknown)?;
         if !record.hash.ct_eq(&hash) {
             return Err(AuthFailure::Unknown);
         }

@@ -25,7 +25,7 @@ use crate::error::ApiError;
 use crate::ids::{request_id, unix_now};
 use crate::keys::KeyRecord;
 use crate::metrics;
-use crate::store::Store;
+use crate::store::{KeyCache, Store};
 use auth::Authenticator;
 use routes::{Route, RouteTable};
 use upstream::{Target, Upstreams};
@@ -64,12 +64,12 @@ enum Admission {
 
 impl Gateway {
     /// Assembles the gateway.
-    pub fn new(store: Arc<dyn Store>, routes: RouteTable, upstreams: Upstreams) -> Self {
+    pub fn new(keys: Arc<KeyCache>, routes: RouteTable, upstreams: Upstreams) -> Self {
         Self {
-            auth: Authenticator::new(store.clone()),
+            store: keys.store().clone(),
+            auth: Authenticator::new(keys),
             routes,
             upstreams,
-            store,
         }
     }
 

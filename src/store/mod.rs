@@ -5,6 +5,7 @@
 //! production. Every method is one round trip to the backing store, so the request path never
 //! chains several of them.
 
+mod cache;
 mod memory;
 mod redis;
 
@@ -14,6 +15,7 @@ use tokio::sync::Notify;
 
 use crate::keys::{KeyHash, KeyRecord, Workspace};
 
+pub use cache::{CacheConfig, CacheOutcome, KeyCache};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
 

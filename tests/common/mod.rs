@@ -107,10 +107,18 @@ pub async fn broken_upstream() -> SocketAddr {
 pub struct GatewayBuilder {
     live: Option<SocketAddr>,
     sandbox: Option<SocketAddr>,
+    redis: Option<(String, String)>,
+    store_toml: String,
     extra_toml: String,
 }
 
 impl GatewayBuilder {
+    /// Use the Redis store at `url` under `namespace`.
+    pub fn redis(mut self, url: &str, namespace: &str) -> Self {
+        self.redis = Some((url.to_string(), namespace.to_string()));
+        self
+    }
+
     pub fn live(mut self, addr: SocketAddr) -> Self {
         self.live = Some(addr);
         self
@@ -118,6 +126,13 @@ impl GatewayBuilder {
 
     pub fn sandbox(mut self, addr: SocketAddr) -> Self {
         self.sandbox = Some(addr);
+        self
+    }
+
+    /// Extra `[store]` keys (with the Redis store).
+    pub fn store_settings(mut self, toml: &str) -> Self {
+        self.store_toml.push_str(toml);
+        self.store_toml.push('\n');
         self
     }
 
@@ -139,8 +154,15 @@ impl GatewayBuilder {
         if let Some(a) = self.sandbox {
             upstream.push_str(&format!("sandbox = \"{a}\"\n"));
         }
+        let store = match &self.redis {
+            Some((url, ns)) => format!(
+                "[store]\nkind = \"redis\"\nurl = \"{url}\"\nnamespace = \"{ns}\"\n{}\n",
+                self.store_toml
+            ),
+            None => String::new(),
+        };
         let config = format!(
-            "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+            "{store}[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
              metrics_listen = \"127.0.0.1:{metrics}\"\nadmin_token = \"{ADMIN_TOKEN}\"\n\
              threads = 2\nshutdown_grace_seconds = 0\nshutdown_timeout_seconds = 1\n\
              upgrade_sock = \"{sock}\"\n{upstream}{extra}",
@@ -259,11 +281,34 @@ impl Gateway {
             .bearer_auth(ADMIN_TOKEN)
     }
 
-    /// Creates a key through the admin API; returns (id, full key value).
+    /// Creates a key in the demo workspace; returns (id, full key value).
     pub async fn create_key(&self, environment: &str, scopes: &[&str]) -> (String, String) {
+        self.create_key_in(DEMO_WS, environment, scopes).await
+    }
+
+    /// Creates a workspace through the admin API and returns its id.
+    pub async fn create_workspace(&self) -> String {
+        let resp = self
+            .admin_request(reqwest::Method::POST, "/admin/v1/workspaces")
+            .json(&json!({"name": "Test", "admin_emails": ["ops@example.com"]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        let body: Value = resp.json().await.unwrap();
+        body["id"].as_str().unwrap().to_string()
+    }
+
+    /// Creates a key through the admin API; returns (id, full key value).
+    pub async fn create_key_in(
+        &self,
+        workspace: &str,
+        environment: &str,
+        scopes: &[&str],
+    ) -> (String, String) {
         let resp = self
             .admin_request(reqwest::Method::POST, "/admin/v1/keys")
-            .json(&json!({"workspace": DEMO_WS, "environment": environment, "scopes": scopes}))
+            .json(&json!({"workspace": workspace, "environment": environment, "scopes": scopes}))
             .send()
             .await
             .unwrap();
@@ -351,4 +396,102 @@ impl Drop for TestNamespace {
             }
         }
     }
+}
+
+/// A `redis-server` of the test's own on a free port, so a test can stop and restart it.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    pub async fn start() -> Self {
+        let mut server = Self {
+            port: free_port(),
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+        };
+        server.resume().await;
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts it (again) on the same port, with the data it had (an RDB dump is kept).
+    pub async fn resume(&mut self) {
+        assert!(self.child.is_none());
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dbfilename",
+                "dump.rdb",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (.ci/install)");
+        self.child = Some(child);
+        let client = redis::Client::open(self.url()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                if redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Saves its data and stops it.
+    pub async fn stop(&mut self) {
+        if let Ok(client) = redis::Client::open(self.url()) {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                let _: redis::RedisResult<String> = redis::cmd("SAVE").query_async(&mut conn).await;
+            }
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Polls `check` until it returns true or `limit` passes; returns how long it took.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if check().await {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
 }

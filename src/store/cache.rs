@@ -1,0 +1,285 @@
+//! The in-process key cache: the request path's view of the key registry.
+//!
+//! A warm request is answered from memory with no store round trip. The cache stays correct
+//! by following the store's change log: every key write advances an epoch and names the key's
+//! digest; a sync (woken by the store's change signal — Redis pub/sub — and by a periodic poll
+//! that catches anything the signal missed) drops exactly the entries that changed.
+//!
+//! When the store is unreachable, cached answers are served for a bounded time since the last
+//! successful sync (`max_staleness`); past that, and for keys not cached, lookups fail with
+//! [`StoreError::Unavailable`] (503 on the request path, never a 401 for a key that may be
+//! valid).
+
+use dashmap::DashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Store, StoreError};
+use crate::keys::{KeyHash, KeyRecord};
+
+/// Tuning of a [`KeyCache`].
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// How long cached answers outlive the last successful sync when the store is down.
+    pub max_staleness: Duration,
+    /// How long an unknown digest is remembered as unknown.
+    pub negative_ttl: Duration,
+    /// Most unknown digests remembered; the set is emptied when full.
+    pub negative_capacity: usize,
+    /// How often to check the change log when no signal arrives.
+    pub poll_interval: Duration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            max_staleness: Duration::from_secs(60),
+            negative_ttl: Duration::from_secs(30),
+            negative_capacity: 100_000,
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Cache hit/miss counts, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// Answered from memory.
+    Hit,
+    /// Answered "unknown" from memory.
+    NegativeHit,
+    /// Fetched from the store.
+    Miss,
+}
+
+/// Key records by digest, kept in step with the store.
+pub struct KeyCache {
+    store: Arc<dyn Store>,
+    known: DashMap<KeyHash, Arc<KeyRecord>>,
+    unknown: DashMap<KeyHash, Instant>,
+    /// The store epoch the cache has caught up to.
+    epoch: AtomicU64,
+    /// Bumped before entries are dropped, so a fetch that raced a change does not re-insert
+    /// what it read before the change.
+    generation: AtomicU64,
+    /// Milliseconds after `origin` of the last successful sync; 0 = never.
+    synced_at_ms: AtomicU64,
+    origin: Instant,
+    config: CacheConfig,
+}
+
+impl KeyCache {
+    /// An empty cache in front of `store`. Call [`KeyCache::sync`] once, then run
+    /// [`KeyCache::follow`] in the background.
+    pub fn new(store: Arc<dyn Store>, config: CacheConfig) -> Self {
+        Self {
+            store,
+            known: DashMap::new(),
+            unknown: DashMap::new(),
+            epoch: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            synced_at_ms: AtomicU64::new(0),
+            origin: Instant::now(),
+            config,
+        }
+    }
+
+    /// The store behind the cache.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The key whose value hashes to `hash`, or `None` if there is none.
+    pub async fn get(
+        &self,
+        hash: &KeyHash,
+    ) -> Result<(Option<Arc<KeyRecord>>, CacheOutcome), StoreError> {
+        if self.is_fresh() {
+            if let Some(record) = self.known.get(hash) {
+                return Ok((Some(record.clone()), CacheOutcome::Hit));
+            }
+            if let Some(seen) = self.unknown.get(hash) {
+                if seen.elapsed() < self.config.negative_ttl {
+                    return Ok((None, CacheOutcome::NegativeHit));
+                }
+            }
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        let record = self.store.key_by_hash(hash).await?;
+        if self.generation.load(Ordering::Acquire) == generation {
+            match &record {
+                Some(r) => {
+                    self.unknown.remove(hash);
+                    self.known.insert(*hash, r.clone());
+                }
+                None => {
+                    if self.unknown.len() >= self.config.negative_capacity {
+                        self.unknown.clear();
+                    }
+                    self.unknown.insert(*hash, Instant::now());
+                }
+            }
+        }
+        Ok((record, CacheOutcome::Miss))
+    }
+
+    /// Whether the last successful sync is recent enough to trust cached answers.
+    pub fn is_fresh(&self) -> bool {
+        let synced = self.synced_at_ms.load(Ordering::Acquire);
+        synced != 0
+            && self.now_ms().saturating_sub(synced) <= self.config.max_staleness.as_millis() as u64
+    }
+
+    /// Number of cached keys.
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    /// Whether no key is cached.
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
+    }
+
+    /// Catches up with the store's change log once.
+    pub async fn sync(&self) -> Result<(), StoreError> {
+        let since = self.epoch.load(Ordering::Acquire);
+        let changes = self.store.key_changes_since(since).await?;
+        match changes.changed {
+            None => {
+                self.generation.fetch_add(1, Ordering::AcqRel);
+                self.known.clear();
+                self.unknown.clear();
+            }
+            Some(hashes) if !hashes.is_empty() => {
+                self.generation.fetch_add(1, Ordering::AcqRel);
+                for hash in &hashes {
+                    self.known.remove(hash);
+                    self.unknown.remove(hash);
+                }
+            }
+            Some(_) => {}
+        }
+        self.epoch.store(changes.epoch, Ordering::Release);
+        self.synced_at_ms
+            .store(self.now_ms().max(1), Ordering::Release);
+        Ok(())
+    }
+
+    /// Follows the store's changes for the life of the process: syncs on every change signal
+    /// and at least every `poll_interval`.
+    pub async fn follow(self: Arc<Self>) {
+        let signal = self.store.key_change_signal();
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = signal.notified() => {}
+                _ = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+            match self.sync().await {
+                Ok(()) if failing => {
+                    failing = false;
+                    tracing::info!("key store reachable again; cache in sync");
+                }
+                Ok(()) => {}
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "key store unreachable; serving cached keys");
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{self, Environment, KeyParams, KeyStatus, Scopes};
+    use crate::store::MemoryStore;
+
+    fn new_key() -> KeyRecord {
+        let (_, record) = keys::issue(
+            KeyParams {
+                workspace: "ws_1".into(),
+                environment: Environment::Live,
+                scopes: Scopes::new(["a:b"]),
+                name: String::new(),
+                monthly_budget: None,
+            },
+            0,
+        );
+        record
+    }
+
+    #[tokio::test]
+    async fn hits_after_the_first_lookup_and_drops_changed_keys() {
+        let store = Arc::new(MemoryStore::new());
+        let cache = KeyCache::new(store.clone(), CacheConfig::default());
+        cache.sync().await.unwrap();
+        let k = new_key();
+        store.insert_key(&k).await.unwrap();
+        cache.sync().await.unwrap();
+
+        let (r, outcome) = cache.get(&k.hash).await.unwrap();
+        assert_eq!(outcome, CacheOutcome::Miss);
+        assert_eq!(r.unwrap().status, KeyStatus::Active);
+        let (_, outcome) = cache.get(&k.hash).await.unwrap();
+        assert_eq!(outcome, CacheOutcome::Hit);
+
+        store
+            .update_key(&k.id, &|r: &mut KeyRecord| r.status = KeyStatus::Revoked)
+            .await
+            .unwrap();
+        cache.sync().await.unwrap();
+        let (r, outcome) = cache.get(&k.hash).await.unwrap();
+        assert_eq!(outcome, CacheOutcome::Miss);
+        assert_eq!(r.unwrap().status, KeyStatus::Revoked);
+    }
+
+    #[tokio::test]
+    async fn unknown_digests_are_remembered_until_the_key_appears() {
+        let store = Arc::new(MemoryStore::new());
+        let cache = KeyCache::new(store.clone(), CacheConfig::default());
+        cache.sync().await.unwrap();
+        let k = new_key();
+        assert_eq!(cache.get(&k.hash).await.unwrap().1, CacheOutcome::Miss);
+        assert_eq!(
+            cache.get(&k.hash).await.unwrap().1,
+            CacheOutcome::NegativeHit
+        );
+        store.insert_key(&k).await.unwrap();
+        cache.sync().await.unwrap();
+        let (r, _) = cache.get(&k.hash).await.unwrap();
+        assert!(r.is_some());
+    }
+
+    #[tokio::test]
+    async fn the_negative_set_stays_bounded() {
+        let store = Arc::new(MemoryStore::new());
+        let config = CacheConfig {
+            negative_capacity: 10,
+            ..CacheConfig::default()
+        };
+        let cache = KeyCache::new(store, config);
+        cache.sync().await.unwrap();
+        for i in 0..100 {
+            cache.get(&KeyHash::of(&format!("k{i}"))).await.unwrap();
+        }
+        assert!(cache.unknown.len() <= 10);
+    }
+
+    #[tokio::test]
+    async fn nothing_is_trusted_before_the_first_sync() {
+        let store = Arc::new(MemoryStore::new());
+        let cache = KeyCache::new(store, CacheConfig::default());
+        assert!(!cache.is_fresh());
+        let h = KeyHash::of("x");
+        assert_eq!(cache.get(&h).await.unwrap().1, CacheOutcome::Miss);
+        assert_eq!(cache.get(&h).await.unwrap().1, CacheOutcome::Miss);
+    }
+}
