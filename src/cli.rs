@@ -93,6 +93,22 @@ enum KeysCommand {
         /// Key id (`key_…`).
         id: String,
     },
+    /// Issue a successor key; the old one keeps working for the grace period.
+    Rotate {
+        /// Key id (`key_…`).
+        id: String,
+        /// Grace period in seconds (default: the server's `keys.rotation_grace_seconds`).
+        #[arg(long)]
+        grace_period_seconds: Option<u64>,
+        /// Makes a retried rotation return the same new key.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// End a rotated key's grace period now.
+    EndGrace {
+        /// Key id (`key_…`) of the rotated (old) key.
+        id: String,
+    },
 }
 
 /// Runs the parsed command line and returns the process exit code.
@@ -176,6 +192,24 @@ async fn keys(admin: &AdminArgs, command: KeysCommand) -> Result<Value, String> 
             .query(&[("workspace", workspace)]),
         KeysCommand::Show { id } => client.get(format!("{base}/admin/v1/keys/{id}")),
         KeysCommand::Revoke { id } => client.post(format!("{base}/admin/v1/keys/{id}/revoke")),
+        KeysCommand::Rotate {
+            id,
+            grace_period_seconds,
+            idempotency_key,
+        } => {
+            let mut body = json!({});
+            if let Some(grace) = grace_period_seconds {
+                body["grace_period_seconds"] = json!(grace);
+            }
+            let request = client
+                .post(format!("{base}/admin/v1/keys/{id}/rotate"))
+                .json(&body);
+            match idempotency_key {
+                Some(k) => request.header("Idempotency-Key", k),
+                None => request,
+            }
+        }
+        KeysCommand::EndGrace { id } => client.post(format!("{base}/admin/v1/keys/{id}/end-grace")),
     };
     let response = request
         .bearer_auth(&admin.admin_token)

@@ -105,7 +105,11 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     );
     proxy.add_tcp(&server_cfg.listen);
 
-    let admin_router = admin::router(AdminState::new(keys, &server_cfg.admin_token));
+    let admin_router = admin::router(AdminState::new(
+        keys,
+        &server_cfg.admin_token,
+        config.keys.rotation_grace_seconds,
+    ));
     let admin = background_service("admin API", AdminService::new(admin_listener, admin_router));
 
     let mut prometheus = pingora_prometheus::prometheus_http_service();

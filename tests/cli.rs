@@ -168,3 +168,42 @@ async fn sigterm_stops_the_gateway_promptly() {
         .expect("gateway exits after SIGTERM");
     assert!(exit.success(), "{exit:?}\n{}", gw.logs());
 }
+
+#[tokio::test]
+async fn keys_cli_rotates_and_ends_the_grace_period() {
+    let gw = Gateway::builder().start().await;
+    let (id, old_key) = gw.create_key("live", &["chat.completions:create"]).await;
+    let out = run_keys(
+        &gw,
+        &[
+            "rotate",
+            &id,
+            "--grace-period-seconds",
+            "600",
+            "--idempotency-key",
+            "k1",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rotated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let again: Value =
+        serde_json::from_slice(&run_keys(&gw, &["rotate", &id, "--idempotency-key", "k1"]).stdout)
+            .unwrap();
+    assert_eq!(rotated["key"], again["key"]);
+    let new_key = rotated["key"].as_str().unwrap();
+    assert_eq!(gw.chat(&old_key).await.status(), 200);
+    assert_eq!(gw.chat(new_key).await.status(), 200);
+
+    let out = run_keys(&gw, &["end-grace", &id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(gw.chat(&old_key).await.status(), 401);
+    assert_eq!(gw.chat(new_key).await.status(), 200);
+}

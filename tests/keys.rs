@@ -216,3 +216,238 @@ async fn a_revocation_made_while_a_replica_was_cut_off_is_caught_up() {
     .await
     .expect("replica b catches up on the revocation it may have missed");
 }
+
+async fn rotate(
+    gw: &Gateway,
+    id: &str,
+    body: serde_json::Value,
+    idem: Option<&str>,
+) -> reqwest::Response {
+    let mut req = gw
+        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/rotate"))
+        .json(&body);
+    if let Some(k) = idem {
+        req = req.header("Idempotency-Key", k);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_rotated_key_works_until_its_grace_period_ends() {
+    let ns = TestNamespace::new();
+    let a = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let b = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let ws = a.create_workspace().await;
+    let (old_id, old_key) = a
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    assert_eq!(b.chat(&old_key).await.status(), 200);
+
+    let resp = rotate(
+        &a,
+        &old_id,
+        serde_json::json!({"grace_period_seconds": 2}),
+        None,
+    )
+    .await;
+    assert_eq!(resp.status(), 201);
+    let new: serde_json::Value = resp.json().await.unwrap();
+    let new_key = new["key"].as_str().unwrap().to_string();
+    assert_ne!(new_key, old_key);
+    assert_eq!(new["rotated_from"], old_id.as_str());
+    assert_eq!(
+        new["scopes"],
+        serde_json::json!(["chat.completions:create"])
+    );
+
+    let old: serde_json::Value = a
+        .admin_request(Method::GET, &format!("/admin/v1/keys/{old_id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(old["status"], "rotating");
+    assert!(old["grace_until"].as_u64().is_some());
+    assert_eq!(old["rotated_to"], new["id"]);
+
+    for gw in [&a, &b] {
+        assert_eq!(gw.chat(&old_key).await.status(), 200, "old key in grace");
+        assert_eq!(gw.chat(&new_key).await.status(), 200, "new key");
+    }
+    for gw in [&a, &b] {
+        eventually(Duration::from_secs(6), || async {
+            gw.chat(&old_key).await.status() == 401
+        })
+        .await
+        .expect("the old key stops working after its grace period");
+        assert_eq!(gw.chat(&new_key).await.status(), 200);
+    }
+    let body = assert_error(a.chat(&old_key).await, 401, "authentication_error").await;
+    assert!(body["error"]["message"].as_str().unwrap().contains("grace"));
+}
+
+#[tokio::test]
+async fn a_retried_rotation_with_an_idempotency_key_returns_the_same_key() {
+    let ns = TestNamespace::new();
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (id, _) = gw.create_key_in(&ws, "test", &["models:read"]).await;
+
+    let first: serde_json::Value = rotate(&gw, &id, serde_json::json!({}), Some("retry-1"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let resp = rotate(&gw, &id, serde_json::json!({}), Some("retry-1")).await;
+    assert_eq!(resp.status(), 201);
+    let second: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(first["id"], second["id"]);
+    assert_eq!(first["key"], second["key"]);
+    assert!(first["key"].as_str().unwrap().starts_with("svc_test_"));
+
+    // Without the same idempotency key, the old key is no longer active: nothing is minted.
+    let resp = rotate(&gw, &id, serde_json::json!({}), Some("retry-2")).await;
+    assert_error(resp, 400, "invalid_request_error").await;
+    let resp = rotate(&gw, &id, serde_json::json!({}), None).await;
+    assert_error(resp, 400, "invalid_request_error").await;
+    let listed: serde_json::Value = gw
+        .admin_request(Method::GET, &format!("/admin/v1/keys?workspace={ws}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn an_operator_can_end_a_grace_period_early() {
+    let ns = TestNamespace::new();
+    let a = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let b = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let ws = a.create_workspace().await;
+    let (id, key) = a
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    let resp = rotate(&a, &id, serde_json::json!({}), None).await;
+    let new: serde_json::Value = resp.json().await.unwrap();
+    let old: serde_json::Value = a
+        .admin_request(Method::GET, &format!("/admin/v1/keys/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let default_grace = old["grace_until"].as_u64().unwrap() - new["created_at"].as_u64().unwrap();
+    assert!(
+        (86_399..=86_401).contains(&default_grace),
+        "{default_grace}"
+    );
+    assert_eq!(b.chat(&key).await.status(), 200);
+
+    let resp = a
+        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/end-grace"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(a.chat(&key).await.status(), 401);
+    eventually(Duration::from_secs(5), || async {
+        b.chat(&key).await.status() == 401
+    })
+    .await
+    .expect("the other replica follows");
+    assert_eq!(b.chat(new["key"].as_str().unwrap()).await.status(), 200);
+}
+
+#[tokio::test]
+async fn bad_rotations_change_nothing() {
+    let ns = TestNamespace::new();
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (id, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    let (revoked_id, _) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    gw.admin_request(Method::POST, &format!("/admin/v1/keys/{revoked_id}/revoke"))
+        .send()
+        .await
+        .unwrap();
+
+    let resp = rotate(&gw, "key_missing", serde_json::json!({}), None).await;
+    assert_error(resp, 404, "not_found").await;
+    for body in [
+        serde_json::json!({"grace_period_seconds": -1}),
+        serde_json::json!({"grace_period_seconds": 99_999_999}),
+        serde_json::json!({"grace_period_seconds": "soon"}),
+        serde_json::json!({"grace": 5}),
+        serde_json::json!([1]),
+    ] {
+        let resp = rotate(&gw, &id, body, None).await;
+        assert_error(resp, 400, "invalid_request_error").await;
+    }
+    let resp = gw
+        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/rotate"))
+        .header(
+            "Idempotency-Key",
+            reqwest::header::HeaderValue::from_bytes("ключ".as_bytes()).unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request_error").await;
+    let resp = rotate(&gw, &revoked_id, serde_json::json!({}), None).await;
+    assert_error(resp, 400, "invalid_request_error").await;
+    let resp = gw
+        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/end-grace"))
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request_error").await;
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/keys/key_missing/end-grace")
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 404, "not_found").await;
+
+    // Nothing was half-written: the same two keys, the first still active and working.
+    let listed: serde_json::Value = gw
+        .admin_request(Method::GET, &format!("/admin/v1/keys?workspace={ws}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let data = listed["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    let first = data.iter().find(|k| k["id"] == id.as_str()).unwrap();
+    assert_eq!(first["status"], "active");
+    assert!(first.get("rotated_to").is_none());
+    assert_eq!(gw.chat(&key).await.status(), 200);
+}

@@ -154,6 +154,71 @@ async fn changes_are_logged_by_epoch(store: Arc<dyn Store>) {
     assert_eq!(future.changed, None);
 }
 
+async fn rotation_is_atomic_and_idempotent(store: Arc<dyn Store>) {
+    use svcgate::store::Rotation;
+    let old = key(&new_id("ws"), 1);
+    store.insert_key(&old).await.unwrap();
+    let (_, fresh) = keys::issue(
+        KeyParams {
+            workspace: old.workspace.clone(),
+            environment: Environment::Live,
+            scopes: old.scopes.clone(),
+            name: String::new(),
+            monthly_budget: None,
+        },
+        2,
+    );
+    let mut successor = fresh;
+    successor.rotated_from = Some(old.id.clone());
+    let start = store.key_changes_since(0).await.unwrap().epoch;
+
+    match store.rotate_key(&old.id, &successor, 500).await.unwrap() {
+        Rotation::Rotated { old: rotated } => {
+            assert_eq!(rotated.status, KeyStatus::Rotating);
+            assert_eq!(rotated.grace_until, Some(500));
+            assert_eq!(rotated.rotated_to.as_deref(), Some(successor.id.as_str()));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        store.rotate_key(&old.id, &successor, 900).await.unwrap(),
+        Rotation::AlreadyRotated
+    );
+    let mut other = successor.clone();
+    other.id = new_id("key");
+    other.hash = KeyHash::of("another");
+    assert_eq!(
+        store.rotate_key(&old.id, &other, 900).await.unwrap(),
+        Rotation::NotRotatable(KeyStatus::Rotating)
+    );
+    assert_eq!(
+        store.rotate_key("key_missing", &other, 900).await.unwrap(),
+        Rotation::NotFound
+    );
+    let stored_old = store.key_by_id(&old.id).await.unwrap().unwrap();
+    assert_eq!(
+        stored_old.grace_until,
+        Some(500),
+        "the retry changed nothing"
+    );
+    assert_eq!(
+        *store.key_by_hash(&successor.hash).await.unwrap().unwrap(),
+        successor
+    );
+    assert_eq!(
+        store.keys_in_workspace(&old.workspace).await.unwrap().len(),
+        2
+    );
+    let changes = store.key_changes_since(start).await.unwrap();
+    assert_eq!(changes.changed, Some(vec![old.hash, successor.hash]));
+}
+
+async fn secrets_are_created_once_and_shared(store: Arc<dyn Store>) {
+    let a = store.secret("rotation").await.unwrap();
+    assert_eq!(store.secret("rotation").await.unwrap(), a);
+    assert_ne!(store.secret("tokens").await.unwrap(), a);
+}
+
 macro_rules! store_suite {
     ($($name:ident),*) => {
         mod memory {
@@ -185,5 +250,7 @@ store_suite!(
     keys_are_found_every_way,
     updates_keep_identity_and_are_seen_by_hash,
     concurrent_updates_lose_nothing,
-    changes_are_logged_by_epoch
+    changes_are_logged_by_epoch,
+    rotation_is_atomic_and_idempotent,
+    secrets_are_created_once_and_shared
 );

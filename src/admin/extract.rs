@@ -6,18 +6,27 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 
-/// A JSON body; any problem with it is a 400 `invalid_request_error`.
+/// A JSON object body; any problem with it is a 400 `invalid_request_error`.
 pub struct JsonBody<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        axum::Json::<T>::from_request(req, state)
+        let axum::Json(value) = axum::Json::<serde_json::Value>::from_request(req, state)
             .await
-            .map(|axum::Json(v)| JsonBody(v))
-            .map_err(|e| ApiError::invalid(e.body_text()))
+            .map_err(|e| ApiError::invalid(e.body_text()))?;
+        from_object(value).map(JsonBody)
     }
+}
+
+/// Reads `T` from a JSON object. serde would also accept an array for a struct (`[1]` as the
+/// first field); an API body is an object or it is wrong.
+pub fn from_object<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::invalid("the request body must be a JSON object"));
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::invalid(format!("invalid body: {e}")))
 }
 
 /// Query parameters; any problem with them is a 400 `invalid_request_error`.

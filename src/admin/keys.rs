@@ -1,17 +1,20 @@
 //! `/admin/v1/keys…`: issue, list, show, change and revoke keys.
 
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::Json;
+use http::HeaderMap;
 use http::StatusCode;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::extract::{JsonBody, QueryParams};
+use super::extract::{from_object, JsonBody, QueryParams};
 use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::unix_now;
 use crate::keys::scopes::is_valid_scope;
-use crate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
+use crate::keys::{self, format, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
 use crate::metering::Credits;
+use crate::store::Rotation;
 
 /// A key as the admin API shows it: never the value, never the digest.
 #[derive(Serialize)]
@@ -31,6 +34,10 @@ pub(super) struct KeyView {
     created_at: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     grace_until: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rotated_from: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rotated_to: Option<String>,
 }
 
 impl From<&KeyRecord> for KeyView {
@@ -48,6 +55,8 @@ impl From<&KeyRecord> for KeyView {
             status: k.status,
             created_at: k.created_at,
             grace_until: k.grace_until,
+            rotated_from: k.rotated_from.clone(),
+            rotated_to: k.rotated_to.clone(),
         }
     }
 }
@@ -211,6 +220,133 @@ pub(super) async fn revoke(
     state.refresh_keys().await;
     tracing::info!(key_id = %revoked.id, workspace = %revoked.workspace, "key revoked");
     Ok(Json(KeyView::from(&*revoked)))
+}
+
+/// Longest grace period a rotation may ask for: 30 days.
+const MAX_GRACE_SECONDS: u64 = 30 * 86_400;
+/// Name of the store secret that idempotent rotations derive new keys from.
+const ROTATION_SECRET: &str = "rotation";
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RotateKey {
+    #[serde(default)]
+    grace_period_seconds: Option<u64>,
+}
+
+/// `POST /admin/v1/keys/{id}/rotate`: issues the successor key (shown this once) and keeps the
+/// old key working for the grace period. With an `Idempotency-Key` header, a retry returns the
+/// same successor: its value is derived from the store's rotation secret, the old key's id and
+/// the idempotency key, so it is reproduced rather than stored.
+pub(super) async fn rotate(
+    State(state): State<AdminState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<KeyView>), ApiError> {
+    let params: RotateKey = if body.iter().all(u8::is_ascii_whitespace) {
+        RotateKey::default()
+    } else {
+        let value = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid(format!("invalid JSON: {e}")))?;
+        from_object(value)?
+    };
+    let grace = params
+        .grace_period_seconds
+        .unwrap_or(state.rotation_grace_seconds);
+    if grace > MAX_GRACE_SECONDS {
+        return Err(ApiError::invalid(format!(
+            "grace_period_seconds must be at most {MAX_GRACE_SECONDS}"
+        )));
+    }
+    let idempotency_key = idempotency_key(&headers)?;
+    let old = state
+        .store
+        .key_by_id(&id)
+        .await?
+        .ok_or_else(|| no_such_key(&id))?;
+    let new_key = match idempotency_key {
+        Some(idem) => {
+            let secret = state.store.secret(ROTATION_SECRET).await?;
+            format::derive(
+                old.environment,
+                &secret,
+                &[b"rotate", old.id.as_bytes(), idem.as_bytes()],
+            )
+        }
+        None => format::generate(old.environment),
+    };
+    let now = unix_now();
+    let successor = keys::successor(&old, &new_key, now);
+    let record = match state
+        .store
+        .rotate_key(&old.id, &successor, now.saturating_add(grace))
+        .await?
+    {
+        Rotation::Rotated { .. } => {
+            tracing::info!(key_id = %old.id, successor = %successor.id, grace, "key rotated");
+            successor
+        }
+        Rotation::AlreadyRotated => {
+            let existing = state
+                .store
+                .key_by_hash(&new_key.hash)
+                .await?
+                .ok_or_else(|| ApiError::not_found("the rotated key no longer exists"))?;
+            KeyRecord::clone(&existing)
+        }
+        Rotation::NotFound => return Err(no_such_key(&id)),
+        Rotation::NotRotatable(status) => {
+            return Err(ApiError::invalid(format!(
+                "only an active key can be rotated; this one is {}",
+                status.as_str()
+            )))
+        }
+    };
+    state.refresh_keys().await;
+    let mut view = KeyView::from(&record);
+    view.key = Some(new_key.value);
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    match value.to_str() {
+        Ok(v) if !v.is_empty() && v.len() <= 255 => Ok(Some(v.to_string())),
+        _ => Err(ApiError::invalid(
+            "Idempotency-Key must be 1-255 visible ASCII characters",
+        )),
+    }
+}
+
+/// `POST /admin/v1/keys/{id}/end-grace`: a rotated key stops working now.
+pub(super) async fn end_grace(
+    State(state): State<AdminState>,
+    Path(id): Path<String>,
+) -> Result<Json<KeyView>, ApiError> {
+    let current = state
+        .store
+        .key_by_id(&id)
+        .await?
+        .ok_or_else(|| no_such_key(&id))?;
+    if current.status != KeyStatus::Rotating {
+        return Err(ApiError::invalid("only a rotating key has a grace period"));
+    }
+    let now = unix_now();
+    let updated = state
+        .store
+        .update_key(&id, &|k: &mut KeyRecord| {
+            if k.status == KeyStatus::Rotating {
+                k.grace_until = Some(k.grace_until.map_or(now, |g| g.min(now)));
+            }
+        })
+        .await?
+        .ok_or_else(|| no_such_key(&id))?;
+    state.refresh_keys().await;
+    tracing::info!(key_id = %updated.id, "rotation grace period ended");
+    Ok(Json(KeyView::from(&*updated)))
 }
 
 fn no_such_key(id: &str) -> ApiError {

@@ -31,16 +31,19 @@ pub struct AdminState {
     pub store: Arc<dyn Store>,
     /// This replica's key cache, brought up to date after every key change made here.
     keys: Arc<KeyCache>,
+    /// Grace period of a rotation that names none (seconds).
+    rotation_grace_seconds: u64,
     /// SHA-256 of the admin token, compared in constant time.
     token_digest: [u8; 32],
 }
 
 impl AdminState {
     /// State for a router guarded by `admin_token`.
-    pub fn new(keys: Arc<KeyCache>, admin_token: &str) -> Self {
+    pub fn new(keys: Arc<KeyCache>, admin_token: &str, rotation_grace_seconds: u64) -> Self {
         Self {
             store: keys.store().clone(),
             keys,
+            rotation_grace_seconds,
             token_digest: Sha256::digest(admin_token.as_bytes()).into(),
         }
     }
@@ -67,6 +70,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/keys", post(keys::create).get(keys::list))
         .route("/keys/{id}", get(keys::show).patch(keys::patch))
         .route("/keys/{id}/revoke", post(keys::revoke))
+        .route("/keys/{id}/rotate", post(keys::rotate))
+        .route("/keys/{id}/end-grace", post(keys::end_grace))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .nest("/admin/v1", api)

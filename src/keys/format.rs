@@ -9,7 +9,10 @@
 //! (and lets secret scanners recognise our keys with few false positives). Keys are only ever
 //! stored as their SHA-256 digest, [`KeyHash`].
 
+use hmac::{Hmac, Mac};
 use rand::distr::{Alphanumeric, SampleString};
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 use sha2::{Digest, Sha256};
 use std::fmt;
 use subtle::ConstantTimeEq;
@@ -75,10 +78,28 @@ impl fmt::Debug for NewKey {
 
 /// Generates a new key for `env`.
 pub fn generate(env: Environment) -> NewKey {
+    let mut seed = [0u8; 32];
+    rand::rng().fill_bytes(&mut seed);
+    from_seed(env, seed)
+}
+
+/// Derives a key from `secret` and `context`: the same inputs give the same key, which lets a
+/// retried operation (an idempotent rotation) hand back the key it created without the key
+/// ever being stored. Without the secret the result is as unpredictable as [`generate`]'s.
+pub fn derive(env: Environment, secret: &[u8], context: &[&[u8]]) -> NewKey {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    for part in context {
+        mac.update(&(part.len() as u64).to_be_bytes());
+        mac.update(part);
+    }
+    from_seed(env, mac.finalize().into_bytes().into())
+}
+
+fn from_seed(env: Environment, seed: [u8; 32]) -> NewKey {
     let prefix = env.key_prefix();
     let mut value = String::with_capacity(prefix.len() + BODY_LEN);
     value.push_str(prefix);
-    Alphanumeric.append_string(&mut rand::rng(), &mut value, RANDOM_LEN);
+    Alphanumeric.append_string(&mut ChaCha20Rng::from_seed(seed), &mut value, RANDOM_LEN);
     let sum = checksum(value.as_bytes());
     value.push_str(std::str::from_utf8(&sum).expect("base62 is ASCII"));
     let hash = KeyHash::of(&value);
@@ -189,6 +210,25 @@ mod tests {
             assert_eq!(parse(&key.value), Ok(env));
             assert_eq!(key.hash, KeyHash::of(&key.value));
         }
+    }
+
+    #[test]
+    fn derived_keys_are_stable_and_depend_on_every_input() {
+        let a = derive(Environment::Live, b"secret", &[b"key_1", b"idem"]);
+        assert_eq!(parse(&a.value), Ok(Environment::Live));
+        let again = derive(Environment::Live, b"secret", &[b"key_1", b"idem"]);
+        assert_eq!(a.value, again.value);
+        for other in [
+            derive(Environment::Live, b"secret2", &[b"key_1", b"idem"]),
+            derive(Environment::Live, b"secret", &[b"key_2", b"idem"]),
+            derive(Environment::Live, b"secret", &[b"key_1", b"idem2"]),
+            // Length-prefixing keeps part boundaries distinct.
+            derive(Environment::Live, b"secret", &[b"key_1i", b"dem"]),
+        ] {
+            assert_ne!(a.value, other.value);
+        }
+        let test = derive(Environment::Test, b"secret", &[b"key_1", b"idem"]);
+        assert!(test.value.starts_with("svc_test_"));
     }
 
     #[test]

@@ -59,6 +59,17 @@ pub enum KeyStatus {
     Revoked,
 }
 
+impl KeyStatus {
+    /// The name used in JSON and messages.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Rotating => "rotating",
+            Self::Revoked => "revoked",
+        }
+    }
+}
+
 /// Why a well-formed, known key is not accepted right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rejection {
@@ -108,6 +119,12 @@ pub struct KeyRecord {
     pub last4: String,
     /// SHA-256 digest of the key value.
     pub hash: KeyHash,
+    /// For a rotation's new key, the key it replaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotated_from: Option<String>,
+    /// For a rotated key, the key that replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotated_to: Option<String>,
 }
 
 impl KeyRecord {
@@ -155,8 +172,31 @@ pub fn issue(params: KeyParams, now: u64) -> (NewKey, KeyRecord) {
         prefix: params.environment.key_prefix().to_string(),
         last4: format::last4(&key.value).to_string(),
         hash: key.hash,
+        rotated_from: None,
+        rotated_to: None,
     };
     (key, record)
+}
+
+/// The record of the key that replaces `old` in a rotation: same workspace, environment,
+/// scopes, name and budget.
+pub fn successor(old: &KeyRecord, key: &NewKey, now: u64) -> KeyRecord {
+    KeyRecord {
+        id: crate::ids::new_id("key"),
+        workspace: old.workspace.clone(),
+        name: old.name.clone(),
+        environment: old.environment,
+        scopes: old.scopes.clone(),
+        monthly_budget: old.monthly_budget,
+        status: KeyStatus::Active,
+        created_at: now,
+        grace_until: None,
+        prefix: old.environment.key_prefix().to_string(),
+        last4: format::last4(&key.value).to_string(),
+        hash: key.hash,
+        rotated_from: Some(old.id.clone()),
+        rotated_to: None,
+    }
 }
 
 /// A workspace: the owner of keys, endpoints and budgets.
@@ -198,6 +238,8 @@ mod tests {
             prefix: Environment::Live.key_prefix().into(),
             last4: format::last4(&key.value).into(),
             hash: key.hash,
+            rotated_from: None,
+            rotated_to: None,
         }
     }
 

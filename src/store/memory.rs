@@ -6,9 +6,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 
-use super::{KeyChange, KeyChanges, Store, StoreError};
+use super::{KeyChange, KeyChanges, Rotation, Store, StoreError};
 use crate::ids::unix_now;
+use crate::keys::KeyStatus;
 use crate::keys::{KeyHash, KeyRecord, Workspace};
+use rand::RngCore;
 
 /// The workspace the demo store starts with, so a newcomer can create a key at once.
 pub const DEMO_WORKSPACE: &str = "ws_demo";
@@ -24,6 +26,7 @@ struct Inner {
     epoch: u64,
     /// `(epoch, hash)` of the latest changes, oldest first.
     changes: VecDeque<(u64, KeyHash)>,
+    secrets: HashMap<String, [u8; 32]>,
 }
 
 impl Inner {
@@ -186,6 +189,51 @@ impl Store for MemoryStore {
     fn key_change_signal(&self) -> Arc<Notify> {
         self.changed.clone()
     }
+
+    async fn rotate_key(
+        &self,
+        old_id: &str,
+        successor: &KeyRecord,
+        grace_until: u64,
+    ) -> Result<Rotation, StoreError> {
+        let mut inner = self.write();
+        if inner.ids_by_hash.contains_key(&successor.hash) {
+            return Ok(Rotation::AlreadyRotated);
+        }
+        let Some(old) = inner.keys.get(old_id) else {
+            return Ok(Rotation::NotFound);
+        };
+        if old.status != KeyStatus::Active {
+            return Ok(Rotation::NotRotatable(old.status));
+        }
+        let mut rotated = KeyRecord::clone(old);
+        rotated.status = KeyStatus::Rotating;
+        rotated.grace_until = Some(grace_until);
+        rotated.rotated_to = Some(successor.id.clone());
+        let rotated = Arc::new(rotated);
+        inner.keys.insert(old_id.to_string(), rotated.clone());
+        inner.record_change(rotated.hash);
+        inner
+            .ids_by_hash
+            .insert(successor.hash, successor.id.clone());
+        inner
+            .keys
+            .insert(successor.id.clone(), Arc::new(successor.clone()));
+        inner.record_change(successor.hash);
+        drop(inner);
+        self.changed.notify_one();
+        Ok(Rotation::Rotated { old: rotated })
+    }
+
+    async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
+        let mut inner = self.write();
+        let secret = inner.secrets.entry(name.to_string()).or_insert_with(|| {
+            let mut bytes = [0u8; 32];
+            rand::rng().fill_bytes(&mut bytes);
+            bytes
+        });
+        Ok(*secret)
+    }
 }
 
 #[cfg(test)]
@@ -208,6 +256,8 @@ mod tests {
             prefix: "svc_live_".into(),
             last4: format::last4(&new.value).into(),
             hash: new.hash,
+            rotated_from: None,
+            rotated_to: None,
         }
     }
 

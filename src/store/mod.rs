@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use std::sync::Arc;
 use tokio::sync::Notify;
 
-use crate::keys::{KeyHash, KeyRecord, Workspace};
+use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
 
 pub use cache::{CacheConfig, CacheOutcome, KeyCache};
 pub use memory::MemoryStore;
@@ -42,6 +42,22 @@ pub struct KeyChanges {
     /// Digests of the keys that changed, or `None` when the history no longer reaches back
     /// that far (or the store was reset): every cached key must then be dropped.
     pub changed: Option<Vec<KeyHash>>,
+}
+
+/// What [`Store::rotate_key`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rotation {
+    /// The old key is now rotating until its grace period ends; the successor is stored.
+    Rotated {
+        /// The old key's new record.
+        old: Arc<KeyRecord>,
+    },
+    /// The successor already exists: this is a retry of a rotation that went through.
+    AlreadyRotated,
+    /// There is no such key.
+    NotFound,
+    /// The key is not active (already rotating, or revoked).
+    NotRotatable(KeyStatus),
 }
 
 /// Shared, persistent state.
@@ -82,4 +98,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Woken (best effort) whenever a key changes, on this replica or any other.
     fn key_change_signal(&self) -> Arc<Notify>;
+
+    /// Rotates key `old_id` to `successor` atomically: the old key becomes `rotating` until
+    /// `grace_until`, pointing at the successor, and the successor is inserted.
+    async fn rotate_key(
+        &self,
+        old_id: &str,
+        successor: &KeyRecord,
+        grace_until: u64,
+    ) -> Result<Rotation, StoreError>;
+
+    /// A 32-byte secret shared by every replica, created on first use.
+    async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError>;
 }

@@ -10,6 +10,7 @@
 //! | `{ns:keys}:ws:<workspace>` | sorted set | key ids of a workspace, scored by creation time |
 //! | `{ns:keys}:epoch` | integer | bumped by every key write |
 //! | `{ns:keys}:log` | stream | one entry `<epoch>-0 h=<digest>` per key write, capped |
+//! | `ns:secret:<name>` | string | a shared secret (hex), created on first use |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
 //!
 //! The key registry shares one hash tag, `{ns:keys}`, so that a write, the epoch bump, the log
@@ -24,8 +25,9 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-use super::{KeyChange, KeyChanges, Store, StoreError};
-use crate::keys::{KeyHash, KeyRecord, Workspace};
+use super::{KeyChange, KeyChanges, Rotation, Store, StoreError};
+use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
+use rand::RngCore;
 
 /// Log entries kept for replicas catching up after a disconnect.
 const CHANGE_LOG_LEN: usize = 100_000;
@@ -66,6 +68,9 @@ impl Layout {
     fn log(&self) -> String {
         format!("{}:log", self.registry)
     }
+    fn secret(&self, name: &str) -> String {
+        format!("{}:secret:{name}", self.ns)
+    }
     fn channel(&self) -> String {
         format!("{}:keys:changed", self.ns)
     }
@@ -100,6 +105,31 @@ redis.call('SET', KEYS[1], ARGV[2])
 local e = redis.call('INCR', KEYS[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], e .. '-0', 'h', ARGV[3])
 redis.call('PUBLISH', ARGV[4], e)
+return e
+",
+    )
+});
+
+/// Rotates a key: the old record (if unchanged) becomes the rotating one, the successor and its
+/// indexes are inserted, and both changes are recorded. KEYS: old record, successor record,
+/// successor id index, workspace set, epoch, log. ARGV: expected old json, rotated old json,
+/// successor json, old hash hex, successor hash hex, successor id, created_at, channel, log
+/// length. Returns the epoch, -1 if the old record changed meanwhile, -2 if the successor
+/// exists already.
+static ROTATE_KEY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[2]) == 1 then return -2 end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[3], ARGV[5])
+redis.call('ZADD', KEYS[4], ARGV[7], ARGV[6])
+local e = redis.call('INCR', KEYS[5])
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[4])
+e = redis.call('INCR', KEYS[5])
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[5])
+redis.call('PUBLISH', ARGV[8], e)
 return e
 ",
     )
@@ -399,5 +429,94 @@ impl Store for RedisStore {
 
     fn key_change_signal(&self) -> Arc<Notify> {
         self.changed.clone()
+    }
+
+    async fn rotate_key(
+        &self,
+        old_id: &str,
+        successor: &KeyRecord,
+        grace_until: u64,
+    ) -> Result<Rotation, StoreError> {
+        let l = &self.layout;
+        let hash: Option<String> = self
+            .conn()
+            .get(l.key_by_id(old_id))
+            .await
+            .map_err(unavailable)?;
+        let Some(old_hash) = hash.as_deref().and_then(KeyHash::from_hex) else {
+            return Ok(Rotation::NotFound);
+        };
+        let old_key = l.key_by_hash(&old_hash);
+        let successor_key = l.key_by_hash(&successor.hash);
+        for _ in 0..UPDATE_ATTEMPTS {
+            let raw: Option<String> = self.conn().get(&old_key).await.map_err(unavailable)?;
+            let Some(raw) = raw else {
+                return Ok(Rotation::NotFound);
+            };
+            let old: KeyRecord = decode(&old_key, &raw)?;
+            if old.status != KeyStatus::Active {
+                let exists: bool = self
+                    .conn()
+                    .exists(&successor_key)
+                    .await
+                    .map_err(unavailable)?;
+                return Ok(if exists {
+                    Rotation::AlreadyRotated
+                } else {
+                    Rotation::NotRotatable(old.status)
+                });
+            }
+            let mut rotated = old.clone();
+            rotated.status = KeyStatus::Rotating;
+            rotated.grace_until = Some(grace_until);
+            rotated.rotated_to = Some(successor.id.clone());
+            let epoch: i64 = ROTATE_KEY
+                .key(&old_key)
+                .key(&successor_key)
+                .key(l.key_by_id(&successor.id))
+                .key(l.workspace_keys(&successor.workspace))
+                .key(l.epoch())
+                .key(l.log())
+                .arg(&raw)
+                .arg(encode(&rotated))
+                .arg(encode(successor))
+                .arg(old_hash.to_hex())
+                .arg(successor.hash.to_hex())
+                .arg(&successor.id)
+                .arg(successor.created_at)
+                .arg(l.channel())
+                .arg(CHANGE_LOG_LEN)
+                .invoke_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            match epoch {
+                -2 => return Ok(Rotation::AlreadyRotated),
+                -1 => continue,
+                _ => {
+                    return Ok(Rotation::Rotated {
+                        old: Arc::new(rotated),
+                    })
+                }
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "key {old_id} is changing too often; retry"
+        )))
+    }
+
+    async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
+        let key = self.layout.secret(name);
+        let mut fresh = [0u8; 32];
+        rand::rng().fill_bytes(&mut fresh);
+        let mut conn = self.conn();
+        let _: bool = conn
+            .set_nx(&key, hex::encode(fresh))
+            .await
+            .map_err(unavailable)?;
+        let stored: String = conn.get(&key).await.map_err(unavailable)?;
+        let mut secret = [0u8; 32];
+        hex::decode_to_slice(stored.trim(), &mut secret)
+            .map_err(|_| StoreError::Unavailable(format!("unreadable secret at {key}")))?;
+        Ok(secret)
     }
 }
