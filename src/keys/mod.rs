@@ -77,6 +77,10 @@ pub enum Rejection {
     Revoked,
     /// The key was rotated and its grace period is over.
     GraceExpired,
+    /// A scoped token past its expiry.
+    Expired,
+    /// A scoped token whose parent key is gone, revoked or past its grace period.
+    ParentInvalid,
 }
 
 impl Rejection {
@@ -85,6 +89,8 @@ impl Rejection {
         match self {
             Self::Revoked => "revoked",
             Self::GraceExpired => "grace_expired",
+            Self::Expired => "token_expired",
+            Self::ParentInvalid => "parent_invalid",
         }
     }
 }
@@ -125,11 +131,49 @@ pub struct KeyRecord {
     /// For a rotated key, the key that replaces it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rotated_to: Option<String>,
+    /// For a scoped token, what it was minted from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scoped: Option<Box<ScopedGrant>>,
+}
+
+/// What makes a scoped token (`svc_scoped_…`): minted from a parent key, for a subset of its
+/// scopes, until `expires_at`. It is accepted only while its parent is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScopedGrant {
+    /// The parent key's id: the key requests are attributed and billed to.
+    pub parent_id: String,
+    /// The parent key's digest, to check the parent from the key cache.
+    pub parent_hash: KeyHash,
+    /// The parent's environment: where the token's requests go.
+    pub parent_environment: Environment,
+    /// Unix second the token stops working.
+    pub expires_at: u64,
+    /// Caller-supplied key/value pairs, copied into every audit record.
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
 impl KeyRecord {
-    /// Whether the key is accepted at unix second `now`.
+    /// The environment requests are served and billed in: a scoped token's parent's.
+    pub fn effective_environment(&self) -> Environment {
+        self.scoped
+            .as_ref()
+            .map_or(self.environment, |g| g.parent_environment)
+    }
+
+    /// The key requests are attributed to: the parent, for a scoped token.
+    pub fn billed_key_id(&self) -> &str {
+        self.scoped.as_ref().map_or(&self.id, |g| &g.parent_id)
+    }
+
+    /// Whether the key is accepted at unix second `now` (a scoped token's parent is checked
+    /// separately).
     pub fn check_usable(&self, now: u64) -> Result<(), Rejection> {
+        if let Some(grant) = &self.scoped {
+            if now >= grant.expires_at {
+                return Err(Rejection::Expired);
+            }
+        }
         match self.status {
             KeyStatus::Active => Ok(()),
             KeyStatus::Revoked => Err(Rejection::Revoked),
@@ -174,6 +218,42 @@ pub fn issue(params: KeyParams, now: u64) -> (NewKey, KeyRecord) {
         hash: key.hash,
         rotated_from: None,
         rotated_to: None,
+        scoped: None,
+    };
+    (key, record)
+}
+
+/// A scoped token minted from `parent`: its value (shown once) and its record.
+pub fn mint(
+    parent: &KeyRecord,
+    scopes: Scopes,
+    expires_in: u64,
+    metadata: serde_json::Map<String, serde_json::Value>,
+    now: u64,
+) -> (NewKey, KeyRecord) {
+    let key = format::generate(Environment::Scoped);
+    let record = KeyRecord {
+        id: crate::ids::new_id("tok"),
+        workspace: parent.workspace.clone(),
+        name: String::new(),
+        environment: Environment::Scoped,
+        scopes,
+        monthly_budget: None,
+        status: KeyStatus::Active,
+        created_at: now,
+        grace_until: None,
+        prefix: Environment::Scoped.key_prefix().to_string(),
+        last4: format::last4(&key.value).to_string(),
+        hash: key.hash,
+        rotated_from: None,
+        rotated_to: None,
+        scoped: Some(Box::new(ScopedGrant {
+            parent_id: parent.id.clone(),
+            parent_hash: parent.hash,
+            parent_environment: parent.effective_environment(),
+            expires_at: now.saturating_add(expires_in),
+            metadata,
+        })),
     };
     (key, record)
 }
@@ -196,6 +276,7 @@ pub fn successor(old: &KeyRecord, key: &NewKey, now: u64) -> KeyRecord {
         hash: key.hash,
         rotated_from: Some(old.id.clone()),
         rotated_to: None,
+        scoped: None,
     }
 }
 
@@ -240,7 +321,21 @@ mod tests {
             hash: key.hash,
             rotated_from: None,
             rotated_to: None,
+            scoped: None,
         }
+    }
+
+    #[test]
+    fn scoped_tokens_expire_and_inherit_the_parent_environment() {
+        let mut parent = record(KeyStatus::Active, None);
+        parent.environment = Environment::Test;
+        let (value, token) = mint(&parent, Scopes::new(["a:b"]), 60, Default::default(), 100);
+        assert!(value.value.starts_with("svc_scoped_"));
+        assert_eq!(token.effective_environment(), Environment::Test);
+        assert_eq!(token.billed_key_id(), parent.id);
+        assert_eq!(token.check_usable(159), Ok(()));
+        assert_eq!(token.check_usable(160), Err(Rejection::Expired));
+        assert_eq!(parent.billed_key_id(), parent.id);
     }
 
     #[test]

@@ -55,6 +55,10 @@ impl From<AuthFailure> for ApiError {
             AuthFailure::Rejected(Rejection::GraceExpired) => {
                 "this API key was rotated and its grace period has ended"
             }
+            AuthFailure::Rejected(Rejection::Expired) => "this scoped token has expired",
+            AuthFailure::Rejected(Rejection::ParentInvalid) => {
+                "the key this scoped token was minted from is no longer valid"
+            }
             AuthFailure::StoreUnavailable => {
                 return ApiError::ServiceUnavailable(
                     "the key store is unreachable; retry shortly".into(),
@@ -91,13 +95,40 @@ impl Authenticator {
         &self,
         header: Option<&HeaderValue>,
         now: u64,
-    ) -> Result<Arc<KeyRecord>, AuthFailure> {
+    ) -> Result<Authenticated, AuthFailure> {
         let token = bearer_token(header)?;
         format::parse(token).map_err(AuthFailure::Format)?;
         let hash = KeyHash::of(token);
+        let record = self.lookup(&hash).await?.ok_or(AuthFailure::Unknown)?;
+        if !record.hash.ct_eq(&hash) {
+            return Err(AuthFailure::Unknown);
+        }
+        record.check_usable(now).map_err(AuthFailure::Rejected)?;
+        if let Some(grant) = &record.scoped {
+            // A scoped token lives only as long as its parent: revoked, past grace or gone,
+            // and the token goes with it. The parent is almost always cached.
+            let parent = self
+                .lookup(&grant.parent_hash)
+                .await?
+                .ok_or(AuthFailure::Rejected(Rejection::ParentInvalid))?;
+            parent
+                .check_usable(now)
+                .map_err(|_| AuthFailure::Rejected(Rejection::ParentInvalid))?;
+            return Ok(Authenticated {
+                key: record,
+                parent: Some(parent),
+            });
+        }
+        Ok(Authenticated {
+            key: record,
+            parent: None,
+        })
+    }
+
+    async fn lookup(&self, hash: &KeyHash) -> Result<Option<Arc<KeyRecord>>, AuthFailure> {
         let (record, outcome) = self
             .keys
-            .get(&hash)
+            .get(hash)
             .await
             .map_err(|_| AuthFailure::StoreUnavailable)?;
         crate::metrics::record_key_lookup(match outcome {
@@ -105,12 +136,24 @@ impl Authenticator {
             CacheOutcome::NegativeHit => "negative_hit",
             CacheOutcome::Miss => "miss",
         });
-        let record = record.ok_or(AuthFailure::Unknown)?;
-        if !record.hash.ct_eq(&hash) {
-            return Err(AuthFailure::Unknown);
-        }
-        record.check_usable(now).map_err(AuthFailure::Rejected)?;
         Ok(record)
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone)]
+pub struct Authenticated {
+    /// The key or scoped token presented.
+    pub key: Arc<KeyRecord>,
+    /// For a scoped token, its parent key as it is now.
+    pub parent: Option<Arc<KeyRecord>>,
+}
+
+impl Authenticated {
+    /// Whether the caller may use `scope`: a scoped token needs it granted and still held by
+    /// its parent (a parent's scopes can shrink after minting).
+    pub fn allows(&self, scope: &str) -> bool {
+        self.key.scopes.allows(scope) && self.parent.as_ref().is_none_or(|p| p.scopes.allows(scope))
     }
 }
 

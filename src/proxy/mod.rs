@@ -7,10 +7,12 @@
 //! Data flows one way: each phase reads what the previous ones left in [`RequestCtx`].
 
 pub mod auth;
+mod body;
 pub mod policy;
 pub mod respond;
 pub mod routes;
 pub mod simulate;
+pub mod tokens;
 pub mod upstream;
 
 use async_trait::async_trait;
@@ -23,11 +25,10 @@ use std::time::Instant;
 
 use crate::error::ApiError;
 use crate::ids::{request_id, unix_now};
-use crate::keys::KeyRecord;
 use crate::metrics;
 use crate::store::{KeyCache, Store};
-use auth::Authenticator;
-use routes::{Route, RouteTable};
+use auth::{Authenticated, Authenticator};
+use routes::{Handler, Route, RouteTable};
 use upstream::{Target, Upstreams};
 
 /// Per-request state, filled in phase by phase.
@@ -36,8 +37,8 @@ pub struct RequestCtx {
     pub request_id: String,
     /// When the request arrived.
     pub started: Instant,
-    /// The authenticated key, once known.
-    pub key: Option<Arc<KeyRecord>>,
+    /// The authenticated caller, once known.
+    pub caller: Option<Authenticated>,
     /// The matched route, once known.
     pub route: Option<Arc<Route>>,
     /// Where the request is answered.
@@ -83,20 +84,25 @@ impl Gateway {
         if !path.starts_with("/v1/") {
             return self.answer_unversioned(session, ctx).await;
         }
-        let key = self
+        let caller = self
             .auth
             .authenticate(req.headers.get(http::header::AUTHORIZATION), unix_now())
             .await
             .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
-        ctx.key = Some(key.clone());
         let route = self
             .routes
             .find(&req.method, path)
             .ok_or_else(|| ApiError::not_found(format!("no route for {} {}", req.method, path)))?;
-        ctx.route = Some(route.clone());
-        policy::check_scope(&key, route)?;
+        let route = ctx.route.insert(route.clone()).clone();
+        let caller = ctx.caller.insert(caller);
+        policy::check_scope(caller, &route)?;
         policy::check_project(req.headers.get("service-project"))?;
-        ctx.target = self.upstreams.target(key.environment);
+        let environment = caller.key.effective_environment();
+        if route.handler == Handler::MintToken {
+            tokens::mint(session, caller, self.store.as_ref(), &ctx.request_id).await?;
+            return Ok(Admission::Answer);
+        }
+        ctx.target = self.upstreams.target(environment);
         if ctx.target != Target::Simulated {
             return Ok(Admission::Forward);
         }
@@ -104,9 +110,9 @@ impl Gateway {
             .await
             .map_err(|_| ApiError::invalid("could not read the request body"))?;
         let path = session.req_header().uri.path();
-        let body = simulate::response_body(route, key.environment, &summary, path);
+        let body = simulate::response_body(&route, environment, &summary, path);
         let body = serde_json::to_vec(&body).unwrap_or_default();
-        let price = match key.environment {
+        let price = match environment {
             crate::keys::Environment::Test => crate::metering::Credits::ZERO,
             _ => route.price,
         };
@@ -147,7 +153,7 @@ impl ProxyHttp for Gateway {
         RequestCtx {
             request_id: request_id(),
             started: Instant::now(),
-            key: None,
+            caller: None,
             route: None,
             target: Target::Simulated,
             auth_failure: None,
@@ -182,11 +188,11 @@ impl ProxyHttp for Gateway {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        let key = ctx
-            .key
-            .as_deref()
+        let caller = ctx
+            .caller
+            .as_ref()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "forwarding without a key"))?;
-        upstream::set_identity_headers(upstream_request, key, &ctx.request_id)
+        upstream::set_identity_headers(upstream_request, &caller.key, &ctx.request_id)
     }
 
     async fn response_filter(
@@ -258,9 +264,9 @@ impl ProxyHttp for Gateway {
             .map_or(0, |resp| resp.status.as_u16());
         let route = ctx.route.as_ref().map_or("unmatched", |r| &*r.template);
         let environment = ctx
-            .key
-            .as_deref()
-            .map_or("none", |k| k.environment.as_str());
+            .caller
+            .as_ref()
+            .map_or("none", |c| c.key.effective_environment().as_str());
         metrics::record_request(route, status, environment, ctx.started.elapsed());
         if let Some(reason) = ctx.auth_failure {
             metrics::record_auth_failure(reason);

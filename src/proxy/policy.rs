@@ -3,17 +3,17 @@
 
 use http::HeaderValue;
 
+use super::auth::Authenticated;
 use super::routes::Route;
 use crate::error::ApiError;
-use crate::keys::KeyRecord;
 
 /// Longest `Service-Project` value.
 pub const MAX_PROJECT_LEN: usize = 64;
 
 /// Refuses a key that lacks the route's scope.
 #[inline]
-pub fn check_scope(key: &KeyRecord, route: &Route) -> Result<(), ApiError> {
-    if key.scopes.allows(&route.scope) {
+pub fn check_scope(caller: &Authenticated, route: &Route) -> Result<(), ApiError> {
+    if caller.allows(&route.scope) {
         Ok(())
     } else {
         Err(ApiError::Permission(

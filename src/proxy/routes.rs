@@ -6,6 +6,19 @@ use std::sync::Arc;
 use crate::config::RouteConfig;
 use crate::metering::Credits;
 
+/// Who answers a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handler {
+    /// The backend (or the simulator).
+    Forward,
+    /// The gateway mints a scoped token (`POST /v1/tokens`).
+    MintToken,
+}
+
+/// Routes the gateway answers itself; configured routes cannot take their paths.
+const BUILT_IN: [(&str, &str, &str, Handler); 1] =
+    [("POST", "/v1/tokens", "tokens:create", Handler::MintToken)];
+
 /// One served operation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Route {
@@ -17,6 +30,8 @@ pub struct Route {
     pub scope: Box<str>,
     /// Credits charged when the backend reports none.
     pub price: Credits,
+    /// Who answers it.
+    pub handler: Handler,
 }
 
 /// Method + path → [`Route`], with a radix tree per method.
@@ -33,7 +48,19 @@ impl RouteTable {
             routes: Vec::with_capacity(configs.len()),
             by_method: Vec::new(),
         };
-        for config in configs {
+        let built_in = BUILT_IN.iter().map(|(method, path, scope, handler)| {
+            (
+                RouteConfig {
+                    method: method.to_string(),
+                    path: path.to_string(),
+                    scope: scope.to_string(),
+                    price: Credits::ZERO,
+                },
+                *handler,
+            )
+        });
+        let configured = configs.iter().map(|c| (c.clone(), Handler::Forward));
+        for (config, handler) in built_in.chain(configured) {
             let method = config
                 .method
                 .to_ascii_uppercase()
@@ -57,6 +84,7 @@ impl RouteTable {
                 template: config.path.as_str().into(),
                 scope: config.scope.as_str().into(),
                 price: config.price,
+                handler,
             }));
         }
         Ok(table)
@@ -123,6 +151,22 @@ mod tests {
         assert!(t.find(&Method::POST, "/v1/agents/runs//approve").is_none());
         assert!(t.find(&Method::DELETE, "/v1/models").is_none());
         assert!(t.find(&Method::GET, "").is_none());
+    }
+
+    #[test]
+    fn built_in_routes_cannot_be_taken_over() {
+        let t = RouteTable::new(&default_routes()).unwrap();
+        let tokens = t.find(&Method::POST, "/v1/tokens").unwrap();
+        assert_eq!(tokens.handler, Handler::MintToken);
+        assert_eq!(&*tokens.scope, "tokens:create");
+        let mut routes = default_routes();
+        routes.push(RouteConfig {
+            method: "POST".into(),
+            path: "/v1/tokens".into(),
+            scope: "x:y".into(),
+            price: Credits::ZERO,
+        });
+        assert!(RouteTable::new(&routes).is_err());
     }
 
     #[test]

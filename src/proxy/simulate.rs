@@ -22,16 +22,11 @@ pub struct RequestSummary {
 
 /// Reads (and so drains) up to [`BODY_LIMIT`] bytes of the request body and summarises it.
 pub async fn read_request(session: &mut Session) -> pingora::Result<RequestSummary> {
-    let mut body = Vec::new();
-    while let Some(chunk) = session.read_request_body().await? {
-        if body.len() + chunk.len() > BODY_LIMIT {
-            // Too large to summarise: answer anyway, but do not keep reading.
-            session.set_keepalive(None);
-            return Ok(RequestSummary::default());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(summarize(&body))
+    // Too large to summarise: answer anyway, with a generic shape.
+    Ok(super::body::read_bounded(session, BODY_LIMIT)
+        .await?
+        .map(|body| summarize(&body))
+        .unwrap_or_default())
 }
 
 fn summarize(body: &[u8]) -> RequestSummary {

@@ -12,11 +12,12 @@ use crate::config::{resolve, UpstreamConfig};
 use crate::keys::{Environment, KeyRecord};
 
 /// Identity headers the gateway sets on every forwarded request (client values are replaced).
-pub const IDENTITY_HEADERS: [&str; 4] = [
+pub const IDENTITY_HEADERS: [&str; 5] = [
     "service-workspace",
     "service-key-id",
     "service-environment",
     "service-request-id",
+    "service-token-id",
 ];
 
 /// Where a request is answered.
@@ -77,18 +78,26 @@ impl Upstreams {
     }
 }
 
-/// Rewrites the request for the backend: drops the credential, states who is calling.
+/// Rewrites the request for the backend: drops the credential, states who is calling. For a
+/// scoped token, `Service-Key-Id` names the parent key (the one billed) and `Service-Token-Id`
+/// the token.
 pub fn set_identity_headers(
     req: &mut RequestHeader,
     key: &KeyRecord,
     request_id: &str,
 ) -> pingora::Result<()> {
     req.remove_header(&http::header::AUTHORIZATION);
-    let [workspace, key_id, environment, request] = IDENTITY_HEADERS;
+    let [workspace, key_id, environment, request, token] = IDENTITY_HEADERS;
     req.insert_header(workspace, key.workspace.as_str())?;
-    req.insert_header(key_id, key.id.as_str())?;
-    req.insert_header(environment, key.environment.as_str())?;
+    req.insert_header(key_id, key.billed_key_id())?;
+    req.insert_header(environment, key.effective_environment().as_str())?;
     req.insert_header(request, request_id)?;
+    match &key.scoped {
+        Some(_) => req.insert_header(token, key.id.as_str())?,
+        None => {
+            req.remove_header(token);
+        }
+    }
     Ok(())
 }
 

@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use super::{Store, StoreError};
 use crate::keys::{KeyHash, KeyRecord};
 
+/// How often expired scoped tokens are swept out of the cache.
+const EXPIRY_SWEEP: Duration = Duration::from_secs(30);
+
 /// Tuning of a [`KeyCache`].
 #[derive(Debug, Clone)]
 pub struct CacheConfig {
@@ -166,12 +169,23 @@ impl KeyCache {
         Ok(())
     }
 
+    /// Drops scoped tokens that expired before unix second `now`.
+    pub fn evict_expired(&self, now: u64) {
+        self.known
+            .retain(|_, record| record.scoped.as_ref().is_none_or(|g| g.expires_at > now));
+    }
+
     /// Follows the store's changes for the life of the process: syncs on every change signal
-    /// and at least every `poll_interval`.
+    /// and at least every `poll_interval`, and sweeps out expired scoped tokens.
     pub async fn follow(self: Arc<Self>) {
         let signal = self.store.key_change_signal();
         let mut failing = false;
+        let mut last_sweep = Instant::now();
         loop {
+            if last_sweep.elapsed() >= EXPIRY_SWEEP {
+                self.evict_expired(crate::ids::unix_now());
+                last_sweep = Instant::now();
+            }
             tokio::select! {
                 _ = signal.notified() => {}
                 _ = tokio::time::sleep(self.config.poll_interval) => {}

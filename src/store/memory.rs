@@ -27,6 +27,8 @@ struct Inner {
     /// `(epoch, hash)` of the latest changes, oldest first.
     changes: VecDeque<(u64, KeyHash)>,
     secrets: HashMap<String, [u8; 32]>,
+    /// `(expires_at, id)` of scoped tokens, in minting order, for clean-up.
+    tokens: VecDeque<(u64, String)>,
 }
 
 impl Inner {
@@ -135,7 +137,7 @@ impl Store for MemoryStore {
             .read()
             .keys
             .values()
-            .filter(|k| k.workspace == workspace)
+            .filter(|k| k.workspace == workspace && k.scoped.is_none())
             .cloned()
             .collect();
         keys.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
@@ -225,6 +227,31 @@ impl Store for MemoryStore {
         Ok(Rotation::Rotated { old: rotated })
     }
 
+    async fn insert_token(&self, token: &KeyRecord, ttl_secs: u64) -> Result<(), StoreError> {
+        let now = unix_now();
+        let mut inner = self.write();
+        // Forget expired tokens, oldest first (lifetimes differ, so some linger a little).
+        while let Some((expires_at, _)) = inner.tokens.front() {
+            if *expires_at > now {
+                break;
+            }
+            if let Some((_, id)) = inner.tokens.pop_front() {
+                if let Some(old) = inner.keys.remove(&id) {
+                    inner.ids_by_hash.remove(&old.hash);
+                }
+            }
+        }
+        if inner.ids_by_hash.contains_key(&token.hash) {
+            return Err(StoreError::Conflict(format!("token {} exists", token.id)));
+        }
+        inner.ids_by_hash.insert(token.hash, token.id.clone());
+        inner.keys.insert(token.id.clone(), Arc::new(token.clone()));
+        inner
+            .tokens
+            .push_back((now.saturating_add(ttl_secs), token.id.clone()));
+        Ok(())
+    }
+
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
         let mut inner = self.write();
         let secret = inner.secrets.entry(name.to_string()).or_insert_with(|| {
@@ -258,6 +285,7 @@ mod tests {
             hash: new.hash,
             rotated_from: None,
             rotated_to: None,
+            scoped: None,
         }
     }
 

@@ -108,6 +108,10 @@ pub trait Store: Send + Sync + 'static {
         grace_until: u64,
     ) -> Result<Rotation, StoreError>;
 
+    /// Stores a scoped token (found by [`Store::key_by_hash`]) for `ttl_secs`, after which the
+    /// store forgets it.
+    async fn insert_token(&self, token: &KeyRecord, ttl_secs: u64) -> Result<(), StoreError>;
+
     /// A 32-byte secret shared by every replica, created on first use.
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError>;
 }

@@ -5,7 +5,7 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `ns:ws:<id>` | string | workspace JSON |
-//! | `{ns:keys}:h:<sha256 hex>` | string | key record JSON, by digest (the request path's lookup) |
+//! | `{ns:keys}:h:<sha256 hex>` | string | key or scoped-token record JSON, by digest (the request path's lookup); tokens expire with a TTL |
 //! | `{ns:keys}:id:<key id>` | string | digest hex, by key id |
 //! | `{ns:keys}:ws:<workspace>` | sorted set | key ids of a workspace, scored by creation time |
 //! | `{ns:keys}:epoch` | integer | bumped by every key write |
@@ -502,6 +502,22 @@ impl Store for RedisStore {
         Err(StoreError::Conflict(format!(
             "key {old_id} is changing too often; retry"
         )))
+    }
+
+    async fn insert_token(&self, token: &KeyRecord, ttl_secs: u64) -> Result<(), StoreError> {
+        let created: Option<String> = redis::cmd("SET")
+            .arg(self.layout.key_by_hash(&token.hash))
+            .arg(encode(token))
+            .arg("NX")
+            .arg("EX")
+            .arg(ttl_secs.max(1))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        match created {
+            Some(_) => Ok(()),
+            None => Err(StoreError::Conflict(format!("token {} exists", token.id))),
+        }
     }
 
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
