@@ -14,6 +14,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod ids;
 pub mod keys;
 pub mod logging;

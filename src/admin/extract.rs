@@ -20,6 +20,30 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// A JSON array body of `T` objects; any problem is a 400 `invalid_request_error`.
+pub struct JsonArray<T>(pub Vec<T>);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonArray<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let axum::Json(value) = axum::Json::<serde_json::Value>::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::invalid(e.body_text()))?;
+        let serde_json::Value::Array(items) = value else {
+            return Err(ApiError::invalid("the request body must be a JSON array"));
+        };
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| {
+                from_object(item).map_err(|e| ApiError::invalid(format!("item {i}: {e}")))
+            })
+            .collect::<Result<Vec<T>, ApiError>>()
+            .map(JsonArray)
+    }
+}
+
 /// Reads `T` from a JSON object. serde would also accept an array for a struct (`[1]` as the
 /// first field); an API body is an object or it is wrong.
 pub fn from_object<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {

@@ -5,6 +5,7 @@
 
 mod extract;
 mod keys;
+mod leaks;
 mod service;
 mod workspaces;
 
@@ -72,6 +73,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/keys/{id}/revoke", post(keys::revoke))
         .route("/keys/{id}/rotate", post(keys::rotate))
         .route("/keys/{id}/end-grace", post(keys::end_grace))
+        .route("/leaks", post(leaks::report))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .nest("/admin/v1", api)

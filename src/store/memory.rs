@@ -7,6 +7,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 
 use super::{KeyChange, KeyChanges, Rotation, Store, StoreError};
+use crate::events::Event;
 use crate::ids::unix_now;
 use crate::keys::KeyStatus;
 use crate::keys::{KeyHash, KeyRecord, Workspace};
@@ -29,6 +30,8 @@ struct Inner {
     secrets: HashMap<String, [u8; 32]>,
     /// `(expires_at, id)` of scoped tokens, in minting order, for clean-up.
     tokens: VecDeque<(u64, String)>,
+    /// The event log, oldest first.
+    events: Vec<Event>,
 }
 
 impl Inner {
@@ -79,6 +82,40 @@ impl MemoryStore {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl MemoryStore {
+    /// Every logged event, oldest first.
+    pub fn events(&self) -> Vec<Event> {
+        self.read().events.clone()
+    }
+
+    fn update(
+        &self,
+        id: &str,
+        change: KeyChange<'_>,
+        event: Option<&Event>,
+    ) -> Result<Option<Arc<KeyRecord>>, StoreError> {
+        let mut inner = self.write();
+        let Some(current) = inner.keys.get(id) else {
+            return Ok(None);
+        };
+        let mut next = KeyRecord::clone(current);
+        change(&mut next);
+        // Identity fields are fixed: a change that touched them is ignored for those fields.
+        next.id = current.id.clone();
+        next.workspace = current.workspace.clone();
+        next.hash = current.hash;
+        let next = Arc::new(next);
+        inner.keys.insert(id.to_string(), next.clone());
+        inner.record_change(next.hash);
+        if let Some(event) = event {
+            inner.events.push(event.clone());
+        }
+        drop(inner);
+        self.changed.notify_one();
+        Ok(Some(next))
     }
 }
 
@@ -149,22 +186,16 @@ impl Store for MemoryStore {
         id: &str,
         change: KeyChange<'_>,
     ) -> Result<Option<Arc<KeyRecord>>, StoreError> {
-        let mut inner = self.write();
-        let Some(current) = inner.keys.get(id) else {
-            return Ok(None);
-        };
-        let mut next = KeyRecord::clone(current);
-        change(&mut next);
-        // Identity fields are fixed: a change that touched them is ignored for those fields.
-        next.id = current.id.clone();
-        next.workspace = current.workspace.clone();
-        next.hash = current.hash;
-        let next = Arc::new(next);
-        inner.keys.insert(id.to_string(), next.clone());
-        inner.record_change(next.hash);
-        drop(inner);
-        self.changed.notify_one();
-        Ok(Some(next))
+        self.update(id, change, None)
+    }
+
+    async fn update_key_emitting(
+        &self,
+        id: &str,
+        change: KeyChange<'_>,
+        event: &Event,
+    ) -> Result<Option<Arc<KeyRecord>>, StoreError> {
+        self.update(id, change, Some(event))
     }
 
     async fn key_changes_since(&self, epoch: u64) -> Result<KeyChanges, StoreError> {
@@ -342,5 +373,32 @@ mod tests {
             .await
             .unwrap()
             .is_none());
+    }
+
+    #[tokio::test]
+    async fn an_emitting_update_logs_its_event_with_the_change() {
+        let store = MemoryStore::new();
+        let a = key("ws_1", 0);
+        store.insert_key(&a).await.unwrap();
+        let event = Event::new(
+            "key.auto_revoked",
+            "ws_1",
+            crate::keys::Environment::Live,
+            serde_json::json!({"key_id": a.id}),
+        );
+        store
+            .update_key_emitting(
+                &a.id,
+                &|k: &mut KeyRecord| k.status = KeyStatus::Revoked,
+                &event,
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.events(), vec![event]);
+        store
+            .update_key(&a.id, &|k: &mut KeyRecord| k.name = "x".into())
+            .await
+            .unwrap();
+        assert_eq!(store.events().len(), 1);
     }
 }

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use std::sync::Arc;
 use tokio::sync::Notify;
 
+use crate::events::Event;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
 
 pub use cache::{CacheConfig, CacheOutcome, KeyCache};
@@ -90,6 +91,15 @@ pub trait Store: Send + Sync + 'static {
         &self,
         id: &str,
         change: KeyChange<'_>,
+    ) -> Result<Option<Arc<KeyRecord>>, StoreError>;
+
+    /// [`Store::update_key`], and in the same atomic step appends `event` to the event log:
+    /// either both happen or neither.
+    async fn update_key_emitting(
+        &self,
+        id: &str,
+        change: KeyChange<'_>,
+        event: &Event,
     ) -> Result<Option<Arc<KeyRecord>>, StoreError>;
 
     /// Key changes after `epoch`. Every write to a key (insert, update) advances the epoch, so

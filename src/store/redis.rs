@@ -5,18 +5,19 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `ns:ws:<id>` | string | workspace JSON |
-//! | `{ns:keys}:h:<sha256 hex>` | string | key or scoped-token record JSON, by digest (the request path's lookup); tokens expire with a TTL |
-//! | `{ns:keys}:id:<key id>` | string | digest hex, by key id |
-//! | `{ns:keys}:ws:<workspace>` | sorted set | key ids of a workspace, scored by creation time |
-//! | `{ns:keys}:epoch` | integer | bumped by every key write |
-//! | `{ns:keys}:log` | stream | one entry `<epoch>-0 h=<digest>` per key write, capped |
+//! | `{ns}:events` | stream | the event log: fields `id`, `type`, `created`, `workspace`, `environment`, `data` (JSON) |
+//! | `{ns}:keys:h:<sha256 hex>` | string | key or scoped-token record JSON, by digest (the request path's lookup); tokens expire with a TTL |
+//! | `{ns}:keys:id:<key id>` | string | digest hex, by key id |
+//! | `{ns}:keys:ws:<workspace>` | sorted set | key ids of a workspace, scored by creation time |
+//! | `{ns}:keys:epoch` | integer | bumped by every key write |
+//! | `{ns}:keys:log` | stream | one entry `<epoch>-0 h=<digest>` per key write, capped |
 //! | `ns:secret:<name>` | string | a shared secret (hex), created on first use |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
 //!
-//! The key registry shares one hash tag, `{ns:keys}`, so that a write, the epoch bump, the log
-//! entry and the notification happen in one Lua script, atomically, on Redis Cluster too. At
-//! about 500 bytes a key, one slot holds millions of keys; counters and events spread over
-//! other slots.
+//! The key registry and the event log share one hash tag, `{ns}`, so that a key write, the
+//! epoch bump, the change-log entry, an event it causes and the notification happen in one Lua
+//! script, atomically, on Redis Cluster too. At about 500 bytes a key, one slot holds millions
+//! of keys; high-volume counters go to other slots.
 
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{KeyChange, KeyChanges, Rotation, Store, StoreError};
+use crate::events::Event;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
 use rand::RngCore;
 
@@ -47,7 +49,7 @@ impl Layout {
     fn new(ns: &str) -> Self {
         Self {
             ns: ns.to_string(),
-            registry: format!("{{{ns}:keys}}"),
+            registry: format!("{{{ns}}}:keys"),
         }
     }
     fn workspace(&self, id: &str) -> String {
@@ -67,6 +69,9 @@ impl Layout {
     }
     fn log(&self) -> String {
         format!("{}:log", self.registry)
+    }
+    fn events(&self) -> String {
+        format!("{{{}}}:events", self.ns)
     }
     fn secret(&self, name: &str) -> String {
         format!("{}:secret:{name}", self.ns)
@@ -94,9 +99,11 @@ return e
     )
 });
 
-/// Replaces a key record if it still holds what the caller read (compare-and-set), then
-/// records the change. KEYS: record, epoch, log. ARGV: expected json, new json, hash hex,
-/// channel, log length. Returns the new epoch, or -1 if the record changed meanwhile.
+/// Replaces a key record if it still holds what the caller read (compare-and-set), records
+/// the change and, when given one, appends an event. KEYS: record, epoch, log, events.
+/// ARGV: expected json, new json, hash hex, channel, log length, then (optional) the event's
+/// id, type, created, workspace, environment, data. Returns the new epoch, or -1 if the record
+/// changed meanwhile.
 static UPDATE_KEY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -104,6 +111,10 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 redis.call('SET', KEYS[1], ARGV[2])
 local e = redis.call('INCR', KEYS[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], e .. '-0', 'h', ARGV[3])
+if ARGV[6] then
+  redis.call('XADD', KEYS[4], '*', 'id', ARGV[6], 'type', ARGV[7], 'created', ARGV[8],
+    'workspace', ARGV[9], 'environment', ARGV[10], 'data', ARGV[11])
+end
 redis.call('PUBLISH', ARGV[4], e)
 return e
 ",
@@ -192,6 +203,63 @@ impl RedisStore {
 
     fn conn(&self) -> ConnectionManager {
         self.conn.clone()
+    }
+
+    async fn update(
+        &self,
+        id: &str,
+        change: KeyChange<'_>,
+        event: Option<&Event>,
+    ) -> Result<Option<Arc<KeyRecord>>, StoreError> {
+        let hash: Option<String> = self
+            .conn()
+            .get(self.layout.key_by_id(id))
+            .await
+            .map_err(unavailable)?;
+        let Some(hash) = hash.as_deref().and_then(KeyHash::from_hex) else {
+            return Ok(None);
+        };
+        let record_key = self.layout.key_by_hash(&hash);
+        for _ in 0..UPDATE_ATTEMPTS {
+            let raw: Option<String> = self.conn().get(&record_key).await.map_err(unavailable)?;
+            let Some(raw) = raw else { return Ok(None) };
+            let current: KeyRecord = decode(&record_key, &raw)?;
+            let mut next = current.clone();
+            change(&mut next);
+            next.id = current.id;
+            next.workspace = current.workspace;
+            next.hash = current.hash;
+            let mut invocation = UPDATE_KEY.prepare_invoke();
+            invocation
+                .key(&record_key)
+                .key(self.layout.epoch())
+                .key(self.layout.log())
+                .key(self.layout.events())
+                .arg(&raw)
+                .arg(encode(&next))
+                .arg(hash.to_hex())
+                .arg(self.layout.channel())
+                .arg(CHANGE_LOG_LEN);
+            if let Some(event) = event {
+                invocation
+                    .arg(&event.id)
+                    .arg(&event.event_type)
+                    .arg(event.created)
+                    .arg(&event.workspace)
+                    .arg(event.environment.as_str())
+                    .arg(event.data.to_string());
+            }
+            let epoch: i64 = invocation
+                .invoke_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            if epoch >= 0 {
+                return Ok(Some(Arc::new(next)));
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "key {id} is changing too often; retry"
+        )))
     }
 
     async fn get_json<T: serde::de::DeserializeOwned>(
@@ -347,43 +415,16 @@ impl Store for RedisStore {
         id: &str,
         change: KeyChange<'_>,
     ) -> Result<Option<Arc<KeyRecord>>, StoreError> {
-        let hash: Option<String> = self
-            .conn()
-            .get(self.layout.key_by_id(id))
-            .await
-            .map_err(unavailable)?;
-        let Some(hash) = hash.as_deref().and_then(KeyHash::from_hex) else {
-            return Ok(None);
-        };
-        let record_key = self.layout.key_by_hash(&hash);
-        for _ in 0..UPDATE_ATTEMPTS {
-            let raw: Option<String> = self.conn().get(&record_key).await.map_err(unavailable)?;
-            let Some(raw) = raw else { return Ok(None) };
-            let current: KeyRecord = decode(&record_key, &raw)?;
-            let mut next = current.clone();
-            change(&mut next);
-            next.id = current.id;
-            next.workspace = current.workspace;
-            next.hash = current.hash;
-            let epoch: i64 = UPDATE_KEY
-                .key(&record_key)
-                .key(self.layout.epoch())
-                .key(self.layout.log())
-                .arg(&raw)
-                .arg(encode(&next))
-                .arg(hash.to_hex())
-                .arg(self.layout.channel())
-                .arg(CHANGE_LOG_LEN)
-                .invoke_async(&mut self.conn())
-                .await
-                .map_err(unavailable)?;
-            if epoch >= 0 {
-                return Ok(Some(Arc::new(next)));
-            }
-        }
-        Err(StoreError::Conflict(format!(
-            "key {id} is changing too often; retry"
-        )))
+        self.update(id, change, None).await
+    }
+
+    async fn update_key_emitting(
+        &self,
+        id: &str,
+        change: KeyChange<'_>,
+        event: &Event,
+    ) -> Result<Option<Arc<KeyRecord>>, StoreError> {
+        self.update(id, change, Some(event)).await
     }
 
     async fn key_changes_since(&self, epoch: u64) -> Result<KeyChanges, StoreError> {

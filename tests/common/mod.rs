@@ -386,7 +386,7 @@ impl Drop for TestNamespace {
         let Ok(mut conn) = client.get_connection() else {
             return;
         };
-        for pattern in [format!("{}:*", self.name), format!("{{{}:*", self.name)] {
+        for pattern in [format!("{}:*", self.name), format!("{{{}}}*", self.name)] {
             let keys: Vec<String> = redis::cmd("KEYS")
                 .arg(&pattern)
                 .query(&mut conn)
