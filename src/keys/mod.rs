@@ -7,6 +7,7 @@ pub mod format;
 pub mod scopes;
 
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 use crate::metering::Credits;
 pub use format::{KeyFormatError, KeyHash, NewKey};
@@ -153,7 +154,43 @@ pub struct ScopedGrant {
     pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
-impl KeyRecord {
+/// A key as the request path holds it: the fields a request needs and nothing more, with the
+/// workspace and scope set shared between keys. A million of these fit in a few hundred MB.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedKey {
+    /// `key_…` or, for a scoped token, `tok_…`.
+    pub id: Box<str>,
+    /// The workspace it belongs to.
+    pub workspace: Arc<str>,
+    /// Selected by the key's prefix.
+    pub environment: Environment,
+    /// What it may do.
+    pub scopes: Arc<Scopes>,
+    /// Lifecycle state.
+    pub status: KeyStatus,
+    /// For a rotated key, the unix second its grace period ends.
+    pub grace_until: Option<u64>,
+    /// Optional monthly spending cap.
+    pub monthly_budget: Option<Credits>,
+    /// For a scoped token, what it was minted from.
+    pub scoped: Option<Box<ScopedGrant>>,
+}
+
+impl CachedKey {
+    /// The request path's view of `record`, with `workspace` and `scopes` as given (shared).
+    pub fn new(record: &KeyRecord, workspace: Arc<str>, scopes: Arc<Scopes>) -> Self {
+        Self {
+            id: record.id.as_str().into(),
+            workspace,
+            environment: record.environment,
+            scopes,
+            status: record.status,
+            grace_until: record.grace_until,
+            monthly_budget: record.monthly_budget,
+            scoped: record.scoped.clone(),
+        }
+    }
+
     /// The environment requests are served and billed in: a scoped token's parent's.
     pub fn effective_environment(&self) -> Environment {
         self.scoped
@@ -182,6 +219,11 @@ impl KeyRecord {
                 _ => Err(Rejection::GraceExpired),
             },
         }
+    }
+
+    /// Whether the token has expired by unix second `now` (never, for a key).
+    pub fn expired(&self, now: u64) -> bool {
+        self.scoped.as_ref().is_some_and(|g| g.expires_at <= now)
     }
 }
 
@@ -223,9 +265,11 @@ pub fn issue(params: KeyParams, now: u64) -> (NewKey, KeyRecord) {
     (key, record)
 }
 
-/// A scoped token minted from `parent`: its value (shown once) and its record.
+/// A scoped token minted from `parent` (whose digest is `parent_hash`): its value (shown
+/// once) and its record.
 pub fn mint(
-    parent: &KeyRecord,
+    parent: &CachedKey,
+    parent_hash: KeyHash,
     scopes: Scopes,
     expires_in: u64,
     metadata: serde_json::Map<String, serde_json::Value>,
@@ -234,7 +278,7 @@ pub fn mint(
     let key = format::generate(Environment::Scoped);
     let record = KeyRecord {
         id: crate::ids::new_id("tok"),
-        workspace: parent.workspace.clone(),
+        workspace: parent.workspace.to_string(),
         name: String::new(),
         environment: Environment::Scoped,
         scopes,
@@ -248,8 +292,8 @@ pub fn mint(
         rotated_from: None,
         rotated_to: None,
         scoped: Some(Box::new(ScopedGrant {
-            parent_id: parent.id.clone(),
-            parent_hash: parent.hash,
+            parent_id: parent.id.to_string(),
+            parent_hash,
             parent_environment: parent.effective_environment(),
             expires_at: now.saturating_add(expires_in),
             metadata,
@@ -329,27 +373,46 @@ mod tests {
     fn scoped_tokens_expire_and_inherit_the_parent_environment() {
         let mut parent = record(KeyStatus::Active, None);
         parent.environment = Environment::Test;
-        let (value, token) = mint(&parent, Scopes::new(["a:b"]), 60, Default::default(), 100);
+        let parent = cached(&parent);
+        let parent_hash = KeyHash::of("parent");
+        let (value, token) = mint(
+            &parent,
+            parent_hash,
+            Scopes::new(["a:b"]),
+            60,
+            Default::default(),
+            100,
+        );
         assert!(value.value.starts_with("svc_scoped_"));
+        assert_eq!(token.scoped.as_ref().unwrap().parent_hash, parent_hash);
+        let token = cached(&token);
         assert_eq!(token.effective_environment(), Environment::Test);
-        assert_eq!(token.billed_key_id(), parent.id);
+        assert_eq!(token.billed_key_id(), &*parent.id);
         assert_eq!(token.check_usable(159), Ok(()));
         assert_eq!(token.check_usable(160), Err(Rejection::Expired));
-        assert_eq!(parent.billed_key_id(), parent.id);
+        assert!(token.expired(160) && !token.expired(159));
+        assert_eq!(parent.billed_key_id(), &*parent.id);
+    }
+
+    fn cached(r: &KeyRecord) -> CachedKey {
+        CachedKey::new(r, r.workspace.as_str().into(), Arc::new(r.scopes.clone()))
     }
 
     #[test]
     fn usability_follows_status_and_grace() {
-        assert_eq!(record(KeyStatus::Active, None).check_usable(10), Ok(()));
         assert_eq!(
-            record(KeyStatus::Revoked, None).check_usable(10),
+            cached(&record(KeyStatus::Active, None)).check_usable(10),
+            Ok(())
+        );
+        assert_eq!(
+            cached(&record(KeyStatus::Revoked, None)).check_usable(10),
             Err(Rejection::Revoked)
         );
-        let rotating = record(KeyStatus::Rotating, Some(100));
+        let rotating = cached(&record(KeyStatus::Rotating, Some(100)));
         assert_eq!(rotating.check_usable(99), Ok(()));
         assert_eq!(rotating.check_usable(100), Err(Rejection::GraceExpired));
         assert_eq!(
-            record(KeyStatus::Rotating, None).check_usable(0),
+            cached(&record(KeyStatus::Rotating, None)).check_usable(0),
             Err(Rejection::GraceExpired)
         );
     }

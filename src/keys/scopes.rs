@@ -7,7 +7,7 @@ pub type Scope = Box<str>;
 
 /// The set of scopes a key carries. Small (a handful of entries), so a linear scan beats
 /// hashing on the hot path.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Scopes(Vec<Scope>);
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::error::ApiError;
 use crate::keys::format::{self, MAX_KEY_LEN};
-use crate::keys::{KeyFormatError, KeyHash, KeyRecord, Rejection};
+use crate::keys::{CachedKey, KeyFormatError, KeyHash, Rejection};
 use crate::store::{CacheOutcome, KeyCache};
 
 /// Why a request is not authenticated.
@@ -99,10 +99,9 @@ impl Authenticator {
         let token = bearer_token(header)?;
         format::parse(token).map_err(AuthFailure::Format)?;
         let hash = KeyHash::of(token);
+        // Found by digest: the map compares digests, never the key itself, and a digest
+        // reveals nothing of the key.
         let record = self.lookup(&hash).await?.ok_or(AuthFailure::Unknown)?;
-        if !record.hash.ct_eq(&hash) {
-            return Err(AuthFailure::Unknown);
-        }
         record.check_usable(now).map_err(AuthFailure::Rejected)?;
         if let Some(grant) = &record.scoped {
             // A scoped token lives only as long as its parent: revoked, past grace or gone,
@@ -116,16 +115,18 @@ impl Authenticator {
                 .map_err(|_| AuthFailure::Rejected(Rejection::ParentInvalid))?;
             return Ok(Authenticated {
                 key: record,
+                hash,
                 parent: Some(parent),
             });
         }
         Ok(Authenticated {
             key: record,
+            hash,
             parent: None,
         })
     }
 
-    async fn lookup(&self, hash: &KeyHash) -> Result<Option<Arc<KeyRecord>>, AuthFailure> {
+    async fn lookup(&self, hash: &KeyHash) -> Result<Option<Arc<CachedKey>>, AuthFailure> {
         let (record, outcome) = self
             .keys
             .get(hash)
@@ -144,9 +145,11 @@ impl Authenticator {
 #[derive(Debug, Clone)]
 pub struct Authenticated {
     /// The key or scoped token presented.
-    pub key: Arc<KeyRecord>,
+    pub key: Arc<CachedKey>,
+    /// Its digest.
+    pub hash: KeyHash,
     /// For a scoped token, its parent key as it is now.
-    pub parent: Option<Arc<KeyRecord>>,
+    pub parent: Option<Arc<CachedKey>>,
 }
 
 impl Authenticated {

@@ -99,7 +99,14 @@ pub async fn mint(
         )));
     }
 
-    let (token, record) = keys::mint(parent, scopes, expires_in, metadata, unix_now());
+    let (token, record) = keys::mint(
+        parent,
+        caller.hash,
+        scopes,
+        expires_in,
+        metadata,
+        unix_now(),
+    );
     store.insert_token(&record, expires_in).await?;
     let grant = record.scoped.as_ref().expect("minted tokens carry a grant");
     let body = serde_json::to_vec(&MintResponse {

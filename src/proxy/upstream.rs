@@ -9,7 +9,7 @@ use pingora::upstreams::peer::{HttpPeer, Peer};
 use std::time::Duration;
 
 use crate::config::{resolve, UpstreamConfig};
-use crate::keys::{Environment, KeyRecord};
+use crate::keys::{CachedKey, Environment};
 
 /// Identity headers the gateway sets on every forwarded request (client values are replaced).
 pub const IDENTITY_HEADERS: [&str; 5] = [
@@ -83,17 +83,17 @@ impl Upstreams {
 /// the token.
 pub fn set_identity_headers(
     req: &mut RequestHeader,
-    key: &KeyRecord,
+    key: &CachedKey,
     request_id: &str,
 ) -> pingora::Result<()> {
     req.remove_header(&http::header::AUTHORIZATION);
     let [workspace, key_id, environment, request, token] = IDENTITY_HEADERS;
-    req.insert_header(workspace, key.workspace.as_str())?;
+    req.insert_header(workspace, &*key.workspace)?;
     req.insert_header(key_id, key.billed_key_id())?;
     req.insert_header(environment, key.effective_environment().as_str())?;
     req.insert_header(request, request_id)?;
     match &key.scoped {
-        Some(_) => req.insert_header(token, key.id.as_str())?,
+        Some(_) => req.insert_header(token, &*key.id)?,
         None => {
             req.remove_header(token);
         }

@@ -10,13 +10,13 @@
 //! [`StoreError::Unavailable`] (503 on the request path, never a 401 for a key that may be
 //! valid).
 
-use dashmap::DashMap;
+use dashmap::{DashMap, DashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Store, StoreError};
-use crate::keys::{KeyHash, KeyRecord};
+use crate::keys::{CachedKey, KeyHash, KeyRecord, Scopes};
 
 /// How often expired scoped tokens are swept out of the cache.
 const EXPIRY_SWEEP: Duration = Duration::from_secs(30);
@@ -59,8 +59,11 @@ pub enum CacheOutcome {
 /// Key records by digest, kept in step with the store.
 pub struct KeyCache {
     store: Arc<dyn Store>,
-    known: DashMap<KeyHash, Arc<KeyRecord>>,
+    known: DashMap<KeyHash, Arc<CachedKey>>,
     unknown: DashMap<KeyHash, Instant>,
+    /// One shared copy of each workspace id and each scope set: most keys share both.
+    workspaces: DashSet<Arc<str>>,
+    scope_sets: DashSet<Arc<Scopes>>,
     /// The store epoch the cache has caught up to.
     epoch: AtomicU64,
     /// Bumped before entries are dropped, so a fetch that raced a change does not re-insert
@@ -80,6 +83,8 @@ impl KeyCache {
             store,
             known: DashMap::new(),
             unknown: DashMap::new(),
+            workspaces: DashSet::new(),
+            scope_sets: DashSet::new(),
             epoch: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             synced_at_ms: AtomicU64::new(0),
@@ -97,7 +102,7 @@ impl KeyCache {
     pub async fn get(
         &self,
         hash: &KeyHash,
-    ) -> Result<(Option<Arc<KeyRecord>>, CacheOutcome), StoreError> {
+    ) -> Result<(Option<Arc<CachedKey>>, CacheOutcome), StoreError> {
         if self.is_fresh() {
             if let Some(record) = self.known.get(hash) {
                 return Ok((Some(record.clone()), CacheOutcome::Hit));
@@ -109,7 +114,11 @@ impl KeyCache {
             }
         }
         let generation = self.generation.load(Ordering::Acquire);
-        let record = self.store.key_by_hash(hash).await?;
+        let record = self
+            .store
+            .key_by_hash(hash)
+            .await?
+            .map(|r| Arc::new(self.compact(&r)));
         if self.generation.load(Ordering::Acquire) == generation {
             match &record {
                 Some(r) => {
@@ -125,6 +134,12 @@ impl KeyCache {
             }
         }
         Ok((record, CacheOutcome::Miss))
+    }
+
+    fn compact(&self, record: &KeyRecord) -> CachedKey {
+        let workspace = intern(&self.workspaces, record.workspace.as_str(), |w| w.into());
+        let scopes = intern(&self.scope_sets, &record.scopes, |s| Arc::new(s.clone()));
+        CachedKey::new(record, workspace, scopes)
     }
 
     /// Whether the last successful sync is recent enough to trust cached answers.
@@ -171,8 +186,7 @@ impl KeyCache {
 
     /// Drops scoped tokens that expired before unix second `now`.
     pub fn evict_expired(&self, now: u64) {
-        self.known
-            .retain(|_, record| record.scoped.as_ref().is_none_or(|g| g.expires_at > now));
+        self.known.retain(|_, key| !key.expired(now));
     }
 
     /// Follows the store's changes for the life of the process: syncs on every change signal
@@ -208,6 +222,21 @@ impl KeyCache {
     fn now_ms(&self) -> u64 {
         self.origin.elapsed().as_millis() as u64
     }
+}
+
+/// The shared copy of `value` in `set`, added on first sight.
+fn intern<T, Q>(set: &DashSet<Arc<T>>, value: &Q, make: impl FnOnce(&Q) -> Arc<T>) -> Arc<T>
+where
+    T: ?Sized + Eq + std::hash::Hash + std::borrow::Borrow<Q>,
+    Q: ?Sized + Eq + std::hash::Hash,
+    Arc<T>: std::borrow::Borrow<Q>,
+{
+    if let Some(shared) = set.get(value) {
+        return shared.clone();
+    }
+    let shared = make(value);
+    set.insert(shared.clone());
+    shared
 }
 
 #[cfg(test)]
