@@ -678,6 +678,18 @@ scope = "models:read"
             toml::to_string(&shipped.upstream).unwrap(),
             toml::to_string(&defaults.upstream).unwrap()
         );
+        assert_eq!(
+            toml::to_string(&shipped.store).unwrap(),
+            toml::to_string(&defaults.store).unwrap()
+        );
+        assert_eq!(
+            toml::to_string(&shipped.keys).unwrap(),
+            toml::to_string(&defaults.keys).unwrap()
+        );
+        assert_eq!(
+            toml::to_string(&shipped.log).unwrap(),
+            toml::to_string(&defaults.log).unwrap()
+        );
         assert_eq!(shipped.routes(), default_routes());
     }
 }
