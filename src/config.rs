@@ -31,6 +31,10 @@ pub struct Config {
     pub keys: KeysConfig,
     /// Logging.
     pub log: LogConfig,
+    /// Spend, audit and their flush to the store.
+    pub metering: MeteringConfig,
+    /// Per-key rate limits, by environment.
+    pub limits: LimitsConfig,
     /// The route table. Giving any `[[routes]]` replaces the whole default table.
     pub routes: Vec<RouteConfig>,
 }
@@ -197,6 +201,102 @@ impl Default for LogConfig {
         Self {
             format: LogFormat::Text,
             level: "info".into(),
+        }
+    }
+}
+
+/// `[metering]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeteringConfig {
+    /// How often spend, rate counts and audit records are sent to the store (ms).
+    pub flush_interval_ms: u64,
+    /// Where spend and audit records wait when the store cannot take them.
+    pub spool_dir: String,
+    /// Audit records held in memory while the store is unreachable, before spooling to disk.
+    pub audit_backlog: usize,
+    /// How long audit records are kept in Redis (days).
+    pub audit_retention_days: u64,
+    /// Monthly budgets of projects, set here rather than through the admin API.
+    pub project_budgets: Vec<ProjectBudgetConfig>,
+}
+
+impl Default for MeteringConfig {
+    fn default() -> Self {
+        Self {
+            flush_interval_ms: 200,
+            spool_dir: "data/spool".into(),
+            audit_backlog: 100_000,
+            audit_retention_days: 30,
+            project_budgets: Vec::new(),
+        }
+    }
+}
+
+/// One `[[metering.project_budgets]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectBudgetConfig {
+    /// `ws_…`
+    pub workspace: String,
+    /// The `Service-Project` value.
+    pub project: String,
+    /// Credits per calendar month (UTC).
+    pub monthly_budget: Credits,
+}
+
+/// `[limits]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Requests per minute of a live key, across every replica.
+    pub live_requests_per_minute: u32,
+    /// Requests a live key may send at once.
+    pub live_burst: u32,
+    /// Requests per minute of a test key.
+    pub test_requests_per_minute: u32,
+    /// Requests a test key may send at once.
+    pub test_burst: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            live_requests_per_minute: 6_000,
+            live_burst: 200,
+            test_requests_per_minute: 600,
+            test_burst: 50,
+        }
+    }
+}
+
+impl Config {
+    /// The meter's settings.
+    pub fn meter(&self) -> crate::metering::meter::MeterConfig {
+        use crate::metering::ratelimit::Limit;
+        crate::metering::meter::MeterConfig {
+            flush_interval: std::time::Duration::from_millis(self.metering.flush_interval_ms),
+            live_limit: Limit {
+                requests_per_minute: self.limits.live_requests_per_minute,
+                burst: self.limits.live_burst,
+            },
+            test_limit: Limit {
+                requests_per_minute: self.limits.test_requests_per_minute,
+                burst: self.limits.test_burst,
+            },
+            spool_dir: self.metering.spool_dir.clone().into(),
+            audit_backlog: self.metering.audit_backlog,
+            project_budgets: self
+                .metering
+                .project_budgets
+                .iter()
+                .map(|b| {
+                    (
+                        (b.workspace.clone(), b.project.clone()),
+                        b.monthly_budget.micros(),
+                    )
+                })
+                .collect(),
         }
     }
 }
@@ -407,6 +507,44 @@ impl Config {
         ] {
             if ms == 0 {
                 problems.push(Problem::new(key, "must be greater than 0"));
+            }
+        }
+        if self.metering.flush_interval_ms == 0 {
+            problems.push(Problem::new(
+                "metering.flush_interval_ms",
+                "must be greater than 0",
+            ));
+        }
+        if self.metering.spool_dir.trim().is_empty() {
+            problems.push(Problem::new("metering.spool_dir", "must not be empty"));
+        }
+        for (key, v) in [
+            (
+                "limits.live_requests_per_minute",
+                self.limits.live_requests_per_minute,
+            ),
+            ("limits.live_burst", self.limits.live_burst),
+            (
+                "limits.test_requests_per_minute",
+                self.limits.test_requests_per_minute,
+            ),
+            ("limits.test_burst", self.limits.test_burst),
+        ] {
+            if v == 0 {
+                problems.push(Problem::new(key, "must be greater than 0"));
+            }
+        }
+        for (i, b) in self.metering.project_budgets.iter().enumerate() {
+            if crate::proxy::policy::check_project(
+                http::HeaderValue::from_str(&b.project).ok().as_ref(),
+            )
+            .is_err()
+                || b.project.is_empty()
+            {
+                problems.push(Problem::new(
+                    format!("metering.project_budgets[{i}].project"),
+                    "must be 1-64 characters of [A-Za-z0-9._-]",
+                ));
             }
         }
         problems.extend(validate_routes(&self.routes()));
@@ -689,6 +827,14 @@ scope = "models:read"
         assert_eq!(
             toml::to_string(&shipped.log).unwrap(),
             toml::to_string(&defaults.log).unwrap()
+        );
+        assert_eq!(
+            toml::to_string(&shipped.metering).unwrap(),
+            toml::to_string(&defaults.metering).unwrap()
+        );
+        assert_eq!(
+            toml::to_string(&shipped.limits).unwrap(),
+            toml::to_string(&defaults.limits).unwrap()
         );
         assert_eq!(shipped.routes(), default_routes());
     }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::admin::{self, AdminService, AdminState};
 use crate::config::{Config, StoreKind, DEMO_ADMIN_TOKEN};
+use crate::metering::Meter;
 use crate::metrics;
 use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
@@ -57,7 +58,8 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
             let _guard = store_runtime.enter();
             Arc::new(
                 RedisStore::connect(&config.store.url, &config.store.namespace)
-                    .map_err(|e| StartError::Config(format!("store.url: {e}")))?,
+                    .map_err(|e| StartError::Config(format!("store.url: {e}")))?
+                    .with_audit_retention_days(config.metering.audit_retention_days),
             )
         }
     };
@@ -66,6 +68,9 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         tracing::warn!(error = %e, "key store unreachable at start; not ready until it answers");
     }
     store_runtime.spawn(keys.clone().follow());
+    let (meter, audit_writer) = Meter::new(store.clone(), config.meter());
+    let (stop_meter, meter_stopped) = tokio::sync::watch::channel(false);
+    let metering = store_runtime.spawn(meter.clone().run(audit_writer, meter_stopped));
     let routes = RouteTable::new(&config.routes()).map_err(StartError::Config)?;
     let upstreams = Upstreams::from_config(&config.upstream).map_err(StartError::Config)?;
 
@@ -97,7 +102,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
-    let gateway = Gateway::new(keys.clone(), routes, upstreams);
+    let gateway = Gateway::new(keys.clone(), routes, upstreams, meter);
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
         gateway,
@@ -132,6 +137,14 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         "svcgate serving"
     );
     server.run(RunArgs::default());
+    // Requests have drained: write what they spent and their audit records (or spool them).
+    let _ = stop_meter.send(true);
+    let flushed = store_runtime.block_on(async {
+        tokio::time::timeout(std::time::Duration::from_secs(5), metering).await
+    });
+    if flushed.is_err() {
+        tracing::error!("metering did not finish its last flush in time");
+    }
     store_runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     tracing::info!("svcgate stopped");
     Ok(())

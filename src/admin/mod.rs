@@ -6,13 +6,14 @@
 mod extract;
 mod keys;
 mod leaks;
+mod metering;
 mod service;
 mod workspaces;
 
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use http::{HeaderValue, StatusCode};
 use sha2::{Digest, Sha256};
@@ -74,6 +75,12 @@ pub fn router(state: AdminState) -> Router {
         .route("/keys/{id}/rotate", post(keys::rotate))
         .route("/keys/{id}/end-grace", post(keys::end_grace))
         .route("/leaks", post(leaks::report))
+        .route("/audit", get(metering::audit))
+        .route("/usage", get(metering::usage))
+        .route(
+            "/workspaces/{id}/projects/{project}/budget",
+            put(metering::set_project_budget),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .nest("/admin/v1", api)

@@ -174,6 +174,8 @@ pub struct CachedKey {
     pub monthly_budget: Option<Credits>,
     /// For a scoped token, what it was minted from.
     pub scoped: Option<Box<ScopedGrant>>,
+    /// The visible tail of the key, for audit records.
+    pub last4: [u8; 4],
 }
 
 impl CachedKey {
@@ -188,7 +190,17 @@ impl CachedKey {
             grace_until: record.grace_until,
             monthly_budget: record.monthly_budget,
             scoped: record.scoped.clone(),
+            last4: record.last4.as_bytes().try_into().unwrap_or([b'?'; 4]),
         }
+    }
+
+    /// The visible form of the key: its prefix and last four characters.
+    pub fn masked(&self) -> String {
+        format!(
+            "{}…{}",
+            self.environment.key_prefix(),
+            std::str::from_utf8(&self.last4).unwrap_or("????")
+        )
     }
 
     /// The environment requests are served and billed in: a scoped token's parent's.

@@ -1,8 +1,10 @@
 //! The request path, as Pingora phases:
 //!
-//! `request_filter`: auth → route → policy → (answer here, or forward)
-//! `upstream_peer` → `upstream_request_filter` (identity headers) → `response_filter`
-//! (request id) → `logging` (metrics; metering and audit hook in here).
+//! `request_filter`: auth → route → policy (scope, project) → rate limit → budget → (answer
+//! here, or forward) · `request_body_filter`: the body streams through untouched; its first
+//! bytes are kept to find the `model` · `upstream_peer` → `upstream_request_filter` (identity
+//! headers) → `response_filter` (request id, rate-limit headers; the backend's
+//! `Service-Credits` and `Service-Model`) → `logging` (spend, audit record, metrics).
 //!
 //! Data flows one way: each phase reads what the previous ones left in [`RequestCtx`].
 
@@ -16,6 +18,7 @@ pub mod tokens;
 pub mod upstream;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -25,6 +28,10 @@ use std::time::Instant;
 
 use crate::error::ApiError;
 use crate::ids::{request_id, unix_now};
+use crate::keys::Environment;
+use crate::metering::audit::AuditRecord;
+use crate::metering::ratelimit::Decision;
+use crate::metering::{Credits, Meter};
 use crate::metrics;
 use crate::store::{KeyCache, Store};
 use auth::{Authenticated, Authenticator};
@@ -45,6 +52,34 @@ pub struct RequestCtx {
     pub target: Target,
     /// Why authentication failed, for metrics.
     pub auth_failure: Option<&'static str>,
+    /// Unix milliseconds at arrival, for the audit record.
+    pub arrived_ms: u64,
+    /// The rate-limit decision, for the `RateLimit-*` headers.
+    pub rate: Option<Decision>,
+    /// The validated `Service-Project`.
+    pub project: Option<String>,
+    /// Whether the request reached a backend (real or simulated): only those are charged.
+    pub billable: bool,
+    /// The cost the backend reported in `Service-Credits`.
+    pub reported_credits: Option<Credits>,
+    /// The request's `model`, from the body or the backend's `Service-Model`.
+    pub model: Option<String>,
+    /// The first bytes of a forwarded body, to find its `model`.
+    body_prefix: Vec<u8>,
+}
+
+impl RequestCtx {
+    /// `RateLimit-*` headers for the caller's key, once decided.
+    fn rate_headers(&self) -> Vec<(&'static str, String)> {
+        match &self.rate {
+            Some(d) => vec![
+                ("RateLimit-Limit", d.limit.to_string()),
+                ("RateLimit-Remaining", d.remaining.to_string()),
+                ("RateLimit-Reset", d.reset_secs.to_string()),
+            ],
+            None => Vec::new(),
+        }
+    }
 }
 
 /// The gateway: everything the request path needs, built once at start-up.
@@ -52,6 +87,7 @@ pub struct Gateway {
     auth: Authenticator,
     routes: RouteTable,
     upstreams: Upstreams,
+    meter: Arc<Meter>,
     store: Arc<dyn Store>,
 }
 
@@ -65,12 +101,18 @@ enum Admission {
 
 impl Gateway {
     /// Assembles the gateway.
-    pub fn new(keys: Arc<KeyCache>, routes: RouteTable, upstreams: Upstreams) -> Self {
+    pub fn new(
+        keys: Arc<KeyCache>,
+        routes: RouteTable,
+        upstreams: Upstreams,
+        meter: Arc<Meter>,
+    ) -> Self {
         Self {
             store: keys.store().clone(),
             auth: Authenticator::new(keys),
             routes,
             upstreams,
+            meter,
         }
     }
 
@@ -96,7 +138,16 @@ impl Gateway {
         let route = ctx.route.insert(route.clone()).clone();
         let caller = ctx.caller.insert(caller);
         policy::check_scope(caller, &route)?;
-        policy::check_project(req.headers.get("service-project"))?;
+        let project = policy::check_project(req.headers.get("service-project"))?;
+        let admitted = self.meter.admit(&caller.key, project, ctx.arrived_ms);
+        ctx.project = project.map(str::to_owned);
+        ctx.rate = Some(match admitted {
+            Ok(decision) => decision,
+            Err((err, decision)) => {
+                ctx.rate = Some(decision);
+                return Err(err);
+            }
+        });
         let environment = caller.key.effective_environment();
         if route.handler == Handler::MintToken {
             tokens::mint(session, caller, self.store.as_ref(), &ctx.request_id).await?;
@@ -113,10 +164,14 @@ impl Gateway {
         let body = simulate::response_body(&route, environment, &summary, path);
         let body = serde_json::to_vec(&body).unwrap_or_default();
         let price = match environment {
-            crate::keys::Environment::Test => crate::metering::Credits::ZERO,
+            Environment::Test => Credits::ZERO,
             _ => route.price,
         };
-        let extra = [("Service-Credits", price.to_string())];
+        ctx.billable = true;
+        ctx.reported_credits = Some(price);
+        ctx.model = summary.model;
+        let mut extra = ctx.rate_headers();
+        extra.push(("Service-Credits", price.to_string()));
         respond::json(session, 200, body, &ctx.request_id, &extra)
             .await
             .map_err(|_| ApiError::Upstream("could not write the response".into()))?;
@@ -157,15 +212,25 @@ impl ProxyHttp for Gateway {
             route: None,
             target: Target::Simulated,
             auth_failure: None,
+            arrived_ms: unix_now_ms(),
+            rate: None,
+            project: None,
+            billable: false,
+            reported_credits: None,
+            model: None,
+            body_prefix: Vec::new(),
         }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         match self.admit(session, ctx).await {
-            Ok(Admission::Forward) => Ok(false),
+            Ok(Admission::Forward) => {
+                ctx.billable = true;
+                Ok(false)
+            }
             Ok(Admission::Answer) => Ok(true),
             Err(err) => {
-                respond::error(session, &err, &ctx.request_id).await?;
+                respond::error(session, &err, &ctx.request_id, &ctx.rate_headers()).await?;
                 Ok(true)
             }
         }
@@ -180,6 +245,29 @@ impl ProxyHttp for Gateway {
             .peer(ctx.target)
             .map(|peer| Box::new(peer.clone()))
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no upstream for target"))
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        // The body goes to the backend as it is; a copy of its first bytes finds the model.
+        if ctx.model.is_none() && ctx.body_prefix.len() < body::SNIFF_LIMIT {
+            if let Some(chunk) = body.as_ref() {
+                let room = body::SNIFF_LIMIT - ctx.body_prefix.len();
+                ctx.body_prefix
+                    .extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            let full = ctx.body_prefix.len() >= body::SNIFF_LIMIT;
+            if end_of_stream || full {
+                ctx.model = body::sniff_model(&ctx.body_prefix, end_of_stream && !full);
+                ctx.body_prefix = Vec::new();
+            }
+        }
+        Ok(())
     }
 
     async fn upstream_request_filter(
@@ -201,7 +289,22 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        upstream_response.insert_header(respond::REQUEST_ID, ctx.request_id.as_str())
+        if let Some(v) = upstream_response.headers.get("service-credits") {
+            // An unreadable figure is no figure: the route's price applies.
+            ctx.reported_credits = v.to_str().ok().and_then(Credits::parse_decimal);
+        }
+        if ctx.model.is_none() {
+            ctx.model = upstream_response
+                .headers
+                .get("service-model")
+                .and_then(|v| v.to_str().ok())
+                .map(|m| m.chars().take(256).collect());
+        }
+        upstream_response.insert_header(respond::REQUEST_ID, ctx.request_id.as_str())?;
+        for (name, value) in ctx.rate_headers() {
+            upstream_response.insert_header(name, value)?;
+        }
+        Ok(())
     }
 
     fn fail_to_connect(
@@ -249,7 +352,9 @@ impl ProxyHttp for Gateway {
         // Pingora does not reuse a client connection after a failed proxy attempt, so the
         // answer must say `Connection: close` rather than invite a reuse that would be reset.
         session.set_keepalive(None);
-        if let Err(write_err) = respond::error(session, &err, &ctx.request_id).await {
+        if let Err(write_err) =
+            respond::error(session, &err, &ctx.request_id, &ctx.rate_headers()).await
+        {
             tracing::debug!(request_id = %ctx.request_id, error = %write_err, "could not send error response");
         }
         FailToProxy {
@@ -274,5 +379,62 @@ impl ProxyHttp for Gateway {
         if let Some(e) = e {
             tracing::warn!(request_id = %ctx.request_id, status, route, error = %e, "request failed");
         }
+        self.account(session, ctx, status);
     }
+}
+
+impl Gateway {
+    /// Charges an authenticated request and writes its audit record.
+    fn account(&self, session: &Session, ctx: &mut RequestCtx, status: u16) {
+        let Some(caller) = ctx.caller.as_ref() else {
+            return;
+        };
+        let key = &caller.key;
+        // The backend's figure if it gave one; else the route's price for a success; nothing
+        // for what the gateway refused itself.
+        let cost = match (ctx.billable, ctx.reported_credits, &ctx.route) {
+            (false, _, _) => Credits::ZERO,
+            (true, Some(reported), _) => reported,
+            (true, None, Some(route)) if (200..300).contains(&status) => route.price,
+            _ => Credits::ZERO,
+        };
+        let cost = match key.effective_environment() {
+            Environment::Test => Credits::ZERO,
+            _ => cost,
+        };
+        let req = session.req_header();
+        let record = AuditRecord {
+            time_ms: ctx.arrived_ms,
+            request_id: ctx.request_id.clone(),
+            workspace: key.workspace.to_string(),
+            key_id: key.billed_key_id().to_string(),
+            key: key.masked(),
+            environment: key.effective_environment().as_str().to_string(),
+            project: ctx.project.clone(),
+            method: req.method.to_string(),
+            path: req.uri.path().to_string(),
+            model: ctx.model.take(),
+            status,
+            credits: cost.as_f64(),
+            client_ip: session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip().to_string()),
+            latency_ms: ctx.started.elapsed().as_millis() as u64,
+            token_id: key.scoped.as_ref().map(|_| key.id.to_string()),
+            metadata: key
+                .scoped
+                .as_ref()
+                .filter(|g| !g.metadata.is_empty())
+                .map(|g| g.metadata.clone()),
+        };
+        self.meter.finish(key, ctx.project.as_deref(), cost, record);
+    }
+}
+
+fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

@@ -23,9 +23,9 @@ pub fn check_scope(caller: &Authenticated, route: &Route) -> Result<(), ApiError
 }
 
 /// Validates an optional `Service-Project` header: 1–64 characters of `[A-Za-z0-9._-]`.
-pub fn check_project(header: Option<&HeaderValue>) -> Result<(), ApiError> {
+pub fn check_project(header: Option<&HeaderValue>) -> Result<Option<&str>, ApiError> {
     let Some(value) = header else {
-        return Ok(());
+        return Ok(None);
     };
     let bytes = value.as_bytes();
     let valid = !bytes.is_empty()
@@ -34,7 +34,7 @@ pub fn check_project(header: Option<&HeaderValue>) -> Result<(), ApiError> {
             .iter()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if valid {
-        Ok(())
+        Ok(value.to_str().ok())
     } else {
         Err(ApiError::invalid(
             "Service-Project must be 1-64 characters of A-Z, a-z, 0-9, '.', '_' or '-'",

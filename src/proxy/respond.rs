@@ -46,14 +46,22 @@ pub async fn json(
 }
 
 /// Writes `err` with the SPEC's error body.
-pub async fn error(session: &mut Session, err: &ApiError, request_id: &str) -> pingora::Result<()> {
-    let retry_after = err.retry_after().map(|s| ("Retry-After", s.to_string()));
+pub async fn error(
+    session: &mut Session,
+    err: &ApiError,
+    request_id: &str,
+    extra: &[(&'static str, String)],
+) -> pingora::Result<()> {
+    let mut headers = extra.to_vec();
+    if let Some(secs) = err.retry_after() {
+        headers.push(("Retry-After", secs.to_string()));
+    }
     json(
         session,
         err.status(),
         err.body(request_id),
         request_id,
-        retry_after.as_slice(),
+        &headers,
     )
     .await
 }

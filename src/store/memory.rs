@@ -6,11 +6,13 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 
-use super::{KeyChange, KeyChanges, Rotation, Store, StoreError};
+use super::{KeyChange, KeyChanges, Rotation, Store, StoreError, UsageReport};
 use crate::events::Event;
 use crate::ids::unix_now;
 use crate::keys::KeyStatus;
 use crate::keys::{KeyHash, KeyRecord, Workspace};
+use crate::metering::audit::{AuditQuery, AuditRecord};
+use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
 use rand::RngCore;
 
 /// The workspace the demo store starts with, so a newcomer can create a key at once.
@@ -32,6 +34,25 @@ struct Inner {
     tokens: VecDeque<(u64, String)>,
     /// The event log, oldest first.
     events: Vec<Event>,
+    /// Spend per `(workspace, month)`.
+    spend: HashMap<(String, String), SpendRow>,
+    /// Project budgets per workspace (micro-credits).
+    budgets: HashMap<String, HashMap<String, i64>>,
+    /// Requests per `(key id, minute window)`.
+    rate: HashMap<(String, u64), u64>,
+    /// Audit records per workspace, oldest first.
+    audit: HashMap<String, VecDeque<AuditRecord>>,
+}
+
+/// How many audit records the memory store keeps per workspace.
+const AUDIT_KEPT: usize = 100_000;
+
+#[derive(Default)]
+struct SpendRow {
+    total: i64,
+    keys: HashMap<String, i64>,
+    projects: HashMap<String, i64>,
+    low_fired: bool,
 }
 
 impl Inner {
@@ -281,6 +302,139 @@ impl Store for MemoryStore {
             .tokens
             .push_back((now.saturating_add(ttl_secs), token.id.clone()));
         Ok(())
+    }
+
+    async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError> {
+        let mut guard = self.write();
+        let inner = &mut *guard;
+        let mut snapshot = UsageSnapshot::default();
+        for w in &flush.workspaces {
+            let row = inner
+                .spend
+                .entry((w.workspace.clone(), flush.month.clone()))
+                .or_default();
+            row.total += w.total;
+            for (k, v) in &w.keys {
+                *row.keys.entry(k.clone()).or_default() += v;
+            }
+            for (p, v) in &w.projects {
+                *row.projects.entry(p.clone()).or_default() += v;
+            }
+            let budgets = inner.budgets.get(&w.workspace);
+            let mut totals = WorkspaceTotals {
+                total: row.total,
+                ..Default::default()
+            };
+            for k in &w.watch_keys {
+                totals
+                    .keys
+                    .insert(k.clone(), row.keys.get(k).copied().unwrap_or(0));
+            }
+            for p in &w.watch_projects {
+                totals
+                    .projects
+                    .insert(p.clone(), row.projects.get(p).copied().unwrap_or(0));
+                if let Some(b) = budgets.and_then(|b| b.get(p)) {
+                    totals.project_budgets.insert(p.clone(), *b);
+                }
+            }
+            if let Some(ws) = inner.workspaces.get(&w.workspace) {
+                if let Some(credits) = ws.monthly_credits {
+                    totals.monthly_credits = Some(credits.micros());
+                    if let Some(threshold) = ws.credits_low_threshold {
+                        let remaining = credits.micros() - row.total;
+                        if remaining < threshold.micros() && !row.low_fired {
+                            row.low_fired = true;
+                            inner.events.push(crate::metering::usage::credits_low_event(
+                                w,
+                                flush,
+                                remaining,
+                                threshold.micros(),
+                            ));
+                        } else if remaining >= threshold.micros() {
+                            row.low_fired = false;
+                        }
+                    }
+                }
+            }
+            snapshot.workspaces.insert(w.workspace.clone(), totals);
+        }
+        for r in &flush.rate {
+            let current = {
+                let c = inner.rate.entry((r.key.clone(), r.window)).or_default();
+                *c += r.count;
+                *c
+            };
+            let previous = inner
+                .rate
+                .get(&(r.key.clone(), r.window.saturating_sub(1)))
+                .copied()
+                .unwrap_or(0);
+            snapshot.rate.insert(
+                r.key.clone(),
+                RateTotals {
+                    window: r.window,
+                    previous,
+                    current,
+                },
+            );
+        }
+        // Old windows are of no use after two minutes.
+        if let Some(newest) = flush.rate.iter().map(|r| r.window).max() {
+            inner.rate.retain(|(_, w), _| w + 2 >= newest);
+        }
+        Ok(snapshot)
+    }
+
+    async fn set_project_budget(
+        &self,
+        workspace: &str,
+        project: &str,
+        budget: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.write();
+        let budgets = inner.budgets.entry(workspace.to_string()).or_default();
+        match budget {
+            Some(b) => budgets.insert(project.to_string(), b),
+            None => budgets.remove(project),
+        };
+        Ok(())
+    }
+
+    async fn usage_report(&self, workspace: &str, month: &str) -> Result<UsageReport, StoreError> {
+        let inner = self.read();
+        Ok(inner
+            .spend
+            .get(&(workspace.to_string(), month.to_string()))
+            .map(|row| UsageReport {
+                total: row.total,
+                keys: row.keys.clone(),
+                projects: row.projects.clone(),
+            })
+            .unwrap_or_default())
+    }
+
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        let mut inner = self.write();
+        for r in records {
+            let log = inner.audit.entry(r.workspace.clone()).or_default();
+            if log.len() == AUDIT_KEPT {
+                log.pop_front();
+            }
+            log.push_back(r.clone());
+        }
+        Ok(())
+    }
+
+    async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
+        let inner = self.read();
+        let Some(log) = inner.audit.get(&query.workspace) else {
+            return Ok(Vec::new());
+        };
+        let mut out: Vec<AuditRecord> = log.iter().filter(|r| query.matches(r)).cloned().collect();
+        out.sort_by(|a, b| b.time_ms.cmp(&a.time_ms));
+        out.truncate(query.limit);
+        Ok(out)
     }
 
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {

@@ -15,6 +15,8 @@ use tokio::sync::Notify;
 
 use crate::events::Event;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
+use crate::metering::audit::{AuditQuery, AuditRecord};
+use crate::metering::usage::{UsageFlush, UsageSnapshot};
 
 pub use cache::{CacheConfig, CacheOutcome, KeyCache};
 pub use memory::MemoryStore;
@@ -59,6 +61,17 @@ pub enum Rotation {
     NotFound,
     /// The key is not active (already rotating, or revoked).
     NotRotatable(KeyStatus),
+}
+
+/// A workspace's spend in one month, in micro-credits.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct UsageReport {
+    /// The workspace total.
+    pub total: i64,
+    /// Per key id.
+    pub keys: std::collections::HashMap<String, i64>,
+    /// Per project.
+    pub projects: std::collections::HashMap<String, i64>,
 }
 
 /// Shared, persistent state.
@@ -124,4 +137,26 @@ pub trait Store: Send + Sync + 'static {
 
     /// A 32-byte secret shared by every replica, created on first use.
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError>;
+
+    /// Adds a replica's batched spend and rate counts, fires `billing.credits.low` for a
+    /// workspace whose remaining credits this batch takes below its threshold (once per
+    /// crossing), and answers the month's totals of everything the batch watches. Atomic.
+    async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError>;
+
+    /// Sets (or, with `None`, removes) a project's monthly budget in micro-credits.
+    async fn set_project_budget(
+        &self,
+        workspace: &str,
+        project: &str,
+        budget: Option<i64>,
+    ) -> Result<(), StoreError>;
+
+    /// A workspace's spend in `month` (`YYYY-MM`).
+    async fn usage_report(&self, workspace: &str, month: &str) -> Result<UsageReport, StoreError>;
+
+    /// Appends audit records (any workspaces, any order of arrival).
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError>;
+
+    /// Reads audit records back, newest first.
+    async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError>;
 }

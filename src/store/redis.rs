@@ -4,7 +4,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `ns:ws:<id>` | string | workspace JSON |
+//! | `{ns}:ws:<id>` | string | workspace JSON |
 //! | `{ns}:events` | stream | the event log: fields `id`, `type`, `created`, `workspace`, `environment`, `data` (JSON) |
 //! | `{ns}:keys:h:<sha256 hex>` | string | key or scoped-token record JSON, by digest (the request path's lookup); tokens expire with a TTL |
 //! | `{ns}:keys:id:<key id>` | string | digest hex, by key id |
@@ -12,6 +12,10 @@
 //! | `{ns}:keys:epoch` | integer | bumped by every key write |
 //! | `{ns}:keys:log` | stream | one entry `<epoch>-0 h=<digest>` per key write, capped |
 //! | `ns:secret:<name>` | string | a shared secret (hex), created on first use |
+//! | `{ns}:spend:<ws>:<YYYY-MM>` | hash | micro-credits: `total`, `key:<id>`, `project:<name>`; `low_fired` |
+//! | `{ns}:budgets:<ws>` | hash | project → monthly budget (micro-credits) |
+//! | `{ns}:rl:<key id>:<minute>` | integer | requests in that minute window, all replicas (expires) |
+//! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array) |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
 //!
 //! The key registry and the event log share one hash tag, `{ns}`, so that a key write, the
@@ -26,10 +30,13 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-use super::{KeyChange, KeyChanges, Rotation, Store, StoreError};
+use super::{KeyChange, KeyChanges, Rotation, Store, StoreError, UsageReport};
 use crate::events::Event;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
+use crate::metering::audit::{AuditQuery, AuditRecord};
+use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
 use rand::RngCore;
+use std::collections::HashMap;
 
 /// Log entries kept for replicas catching up after a disconnect.
 const CHANGE_LOG_LEN: usize = 100_000;
@@ -53,7 +60,7 @@ impl Layout {
         }
     }
     fn workspace(&self, id: &str) -> String {
-        format!("{}:ws:{id}", self.ns)
+        format!("{{{}}}:ws:{id}", self.ns)
     }
     fn key_by_hash(&self, hash: &KeyHash) -> String {
         format!("{}:h:{}", self.registry, hash.to_hex())
@@ -72,6 +79,15 @@ impl Layout {
     }
     fn events(&self) -> String {
         format!("{{{}}}:events", self.ns)
+    }
+    fn spend(&self, workspace: &str, month: &str) -> String {
+        format!("{{{}}}:spend:{workspace}:{month}", self.ns)
+    }
+    fn budgets(&self, workspace: &str) -> String {
+        format!("{{{}}}:budgets:{workspace}", self.ns)
+    }
+    fn audit(&self, workspace: &str) -> String {
+        format!("{}:audit:{{{workspace}}}", self.ns)
     }
     fn secret(&self, name: &str) -> String {
         format!("{}:secret:{name}", self.ns)
@@ -146,6 +162,141 @@ return e
     )
 });
 
+/// Applies one usage flush (see [`Store::flush_usage`]). Every key it touches starts with the
+/// `{ns}` hash tag (ARGV[1]), so it runs on one Cluster slot. ARGV[2] is the flush as JSON.
+/// Answers JSON with totals as decimal strings (Lua numbers would lose digits).
+static FLUSH_USAGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local p = ARGV[1]
+local b = cjson.decode(ARGV[2])
+local function int(n) return string.format('%d', n) end
+local out = {workspaces = {}, rate = {}}
+for _, w in ipairs(b.workspaces) do
+  local h = p .. ':spend:' .. w.workspace .. ':' .. b.month
+  local total
+  if w.total ~= 0 then
+    total = redis.call('HINCRBY', h, 'total', int(w.total))
+    redis.call('EXPIRE', h, 34560000)
+  else
+    total = tonumber(redis.call('HGET', h, 'total') or '0')
+  end
+  for id, inc in pairs(w.keys) do redis.call('HINCRBY', h, 'key:' .. id, int(inc)) end
+  for name, inc in pairs(w.projects) do redis.call('HINCRBY', h, 'project:' .. name, int(inc)) end
+  local res = {total = int(total), keys = {}, projects = {}, project_budgets = {}}
+  for _, id in ipairs(w.watch_keys) do res.keys[id] = redis.call('HGET', h, 'key:' .. id) or '0' end
+  for _, name in ipairs(w.watch_projects) do
+    res.projects[name] = redis.call('HGET', h, 'project:' .. name) or '0'
+    local budget = redis.call('HGET', p .. ':budgets:' .. w.workspace, name)
+    if budget then res.project_budgets[name] = budget end
+  end
+  local raw = redis.call('GET', p .. ':ws:' .. w.workspace)
+  if raw then
+    local ws = cjson.decode(raw)
+    if type(ws.monthly_credits) == 'number' then
+      local credits = math.floor(ws.monthly_credits * 1000000 + 0.5)
+      res.monthly_credits = int(credits)
+      if type(ws.credits_low_threshold) == 'number' then
+        local threshold = math.floor(ws.credits_low_threshold * 1000000 + 0.5)
+        local remaining = credits - total
+        if remaining < threshold then
+          if redis.call('HSETNX', h, 'low_fired', '1') == 1 then
+            local data = cjson.encode({workspace = w.workspace, month = b.month,
+              remaining = math.max(remaining, 0) / 1000000, threshold = threshold / 1000000})
+            redis.call('XADD', p .. ':events', '*', 'id', w.event_id, 'type', 'billing.credits.low',
+              'created', int(b.now), 'workspace', w.workspace, 'environment', 'live', 'data', data)
+          end
+        else
+          redis.call('HDEL', h, 'low_fired')
+        end
+      end
+    end
+  end
+  out.workspaces[w.workspace] = res
+end
+for _, r in ipairs(b.rate) do
+  local k = p .. ':rl:' .. r.key .. ':'
+  local cur
+  if r.count > 0 then
+    cur = redis.call('INCRBY', k .. int(r.window), int(r.count))
+    redis.call('EXPIRE', k .. int(r.window), 180)
+  else
+    cur = tonumber(redis.call('GET', k .. int(r.window)) or '0')
+  end
+  local prev = redis.call('GET', k .. int(r.window - 1)) or '0'
+  out.rate[r.key] = {window = int(r.window), previous = prev, current = int(cur)}
+end
+return cjson.encode(out)
+",
+    )
+});
+
+/// [`UsageSnapshot`] as the flush script writes it: numbers as strings.
+#[derive(serde::Deserialize, Default)]
+struct RawSnapshot {
+    #[serde(default)]
+    workspaces: HashMap<String, RawTotals>,
+    #[serde(default)]
+    rate: HashMap<String, RawRate>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct RawTotals {
+    total: String,
+    #[serde(default)]
+    monthly_credits: Option<String>,
+    #[serde(default)]
+    keys: RawMap,
+    #[serde(default)]
+    projects: RawMap,
+    #[serde(default)]
+    project_budgets: RawMap,
+}
+
+#[derive(serde::Deserialize)]
+struct RawRate {
+    window: String,
+    previous: String,
+    current: String,
+}
+
+/// cjson writes an empty table as `{}` and never as `[]`, so maps decode either way.
+#[derive(Default)]
+struct RawMap(HashMap<String, String>);
+
+impl<'de> serde::Deserialize<'de> for RawMap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::Object(m) => Ok(RawMap(
+                m.into_iter()
+                    .map(|(k, v)| {
+                        (
+                            k,
+                            v.as_str()
+                                .map(str::to_owned)
+                                .unwrap_or_else(|| v.to_string()),
+                        )
+                    })
+                    .collect(),
+            )),
+            _ => Ok(RawMap::default()),
+        }
+    }
+}
+
+fn parse_int(s: &str) -> i64 {
+    s.parse().unwrap_or(0)
+}
+
+impl RawMap {
+    fn parsed(self) -> HashMap<String, i64> {
+        self.0
+            .into_iter()
+            .map(|(k, v)| (k, parse_int(&v)))
+            .collect()
+    }
+}
+
 /// Reads the changes after an epoch. KEYS: epoch, log. ARGV: since, max.
 /// Returns `{epoch}` (nothing new), `{epoch, 'reset'}` (history gone), or
 /// `{epoch, hash, hash, …}`.
@@ -171,6 +322,7 @@ pub struct RedisStore {
     conn: ConnectionManager,
     layout: Layout,
     changed: Arc<Notify>,
+    audit_retention_secs: u64,
 }
 
 impl RedisStore {
@@ -198,7 +350,14 @@ impl RedisStore {
             conn,
             layout,
             changed,
+            audit_retention_secs: 30 * 86_400,
         })
+    }
+
+    /// Keeps audit records for `days` (default 30).
+    pub fn with_audit_retention_days(mut self, days: u64) -> Self {
+        self.audit_retention_secs = days.saturating_mul(86_400);
+        self
     }
 
     fn conn(&self) -> ConnectionManager {
@@ -559,6 +718,154 @@ impl Store for RedisStore {
             Some(_) => Ok(()),
             None => Err(StoreError::Conflict(format!("token {} exists", token.id))),
         }
+    }
+
+    async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError> {
+        let batch = serde_json::to_string(flush).expect("flushes serialize");
+        let raw: String = FLUSH_USAGE
+            .key(self.layout.events())
+            .arg(format!("{{{}}}", self.layout.ns))
+            .arg(batch)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let raw: RawSnapshot = serde_json::from_str(&raw)
+            .map_err(|e| StoreError::Unavailable(format!("unreadable flush reply: {e}")))?;
+        Ok(UsageSnapshot {
+            workspaces: raw
+                .workspaces
+                .into_iter()
+                .map(|(ws, t)| {
+                    (
+                        ws,
+                        WorkspaceTotals {
+                            total: parse_int(&t.total),
+                            monthly_credits: t.monthly_credits.as_deref().map(parse_int),
+                            keys: t.keys.parsed(),
+                            projects: t.projects.parsed(),
+                            project_budgets: t.project_budgets.parsed(),
+                        },
+                    )
+                })
+                .collect(),
+            rate: raw
+                .rate
+                .into_iter()
+                .map(|(key, r)| {
+                    (
+                        key,
+                        RateTotals {
+                            window: parse_int(&r.window) as u64,
+                            previous: parse_int(&r.previous) as u64,
+                            current: parse_int(&r.current) as u64,
+                        },
+                    )
+                })
+                .collect(),
+        })
+    }
+
+    async fn set_project_budget(
+        &self,
+        workspace: &str,
+        project: &str,
+        budget: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let key = self.layout.budgets(workspace);
+        let mut conn = self.conn();
+        match budget {
+            Some(b) => conn.hset::<_, _, _, ()>(key, project, b).await,
+            None => conn.hdel::<_, _, ()>(key, project).await,
+        }
+        .map_err(unavailable)
+    }
+
+    async fn usage_report(&self, workspace: &str, month: &str) -> Result<UsageReport, StoreError> {
+        let fields: HashMap<String, String> = self
+            .conn()
+            .hgetall(self.layout.spend(workspace, month))
+            .await
+            .map_err(unavailable)?;
+        let mut report = UsageReport::default();
+        for (field, value) in fields {
+            let v = parse_int(&value);
+            if field == "total" {
+                report.total = v;
+            } else if let Some(id) = field.strip_prefix("key:") {
+                report.keys.insert(id.to_string(), v);
+            } else if let Some(p) = field.strip_prefix("project:") {
+                report.projects.insert(p.to_string(), v);
+            }
+        }
+        Ok(report)
+    }
+
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        let mut by_workspace: HashMap<&str, Vec<&AuditRecord>> = HashMap::new();
+        for r in records {
+            by_workspace.entry(&r.workspace).or_default().push(r);
+        }
+        let min_id = (crate::ids::unix_now().saturating_sub(self.audit_retention_secs)) * 1000;
+        let mut pipe = redis::pipe();
+        for (ws, batch) in by_workspace {
+            let json = serde_json::to_string(&batch).expect("records serialize");
+            pipe.cmd("XADD")
+                .arg(self.layout.audit(ws))
+                .arg("MINID")
+                .arg("~")
+                .arg(min_id)
+                .arg("*")
+                .arg("records")
+                .arg(json)
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut self.conn())
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
+        let key = self.layout.audit(&query.workspace);
+        let mut out = Vec::new();
+        let mut end = "+".to_string();
+        let since_ms = query.since.map(|s| s * 1000);
+        'pages: loop {
+            let page: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+                .arg(&key)
+                .arg(&end)
+                .arg("-")
+                .arg("COUNT")
+                .arg(100)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            if page.ids.is_empty() {
+                break;
+            }
+            for entry in &page.ids {
+                let written_ms: u64 = entry
+                    .id
+                    .split('-')
+                    .next()
+                    .and_then(|ms| ms.parse().ok())
+                    .unwrap_or(u64::MAX);
+                // A batch is written after every record in it arrived.
+                if since_ms.is_some_and(|s| written_ms < s) {
+                    break 'pages;
+                }
+                let json: String = entry.get("records").unwrap_or_default();
+                let mut batch: Vec<AuditRecord> = serde_json::from_str(&json).unwrap_or_default();
+                batch.sort_by(|a, b| b.time_ms.cmp(&a.time_ms));
+                out.extend(batch.into_iter().filter(|r| query.matches(r)));
+                if out.len() >= query.limit {
+                    break 'pages;
+                }
+                end = format!("({}", entry.id);
+            }
+        }
+        out.sort_by(|a, b| b.time_ms.cmp(&a.time_ms));
+        out.truncate(query.limit);
+        Ok(out)
     }
 
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {

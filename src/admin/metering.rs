@@ -1,0 +1,139 @@
+//! `GET /admin/v1/audit`, `GET /admin/v1/usage` and project budgets.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use super::extract::{JsonBody, QueryParams};
+use super::AdminState;
+use crate::error::ApiError;
+use crate::ids::unix_now;
+use crate::metering::audit::{AuditQuery, AuditRecord};
+use crate::metering::month::{is_month, month_of};
+use crate::metering::Credits;
+
+/// Most records one audit query returns.
+const MAX_LIMIT: usize = 1_000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AuditParams {
+    workspace: Option<String>,
+    key_id: Option<String>,
+    project: Option<String>,
+    since: Option<u64>,
+    limit: Option<usize>,
+}
+
+#[derive(Serialize)]
+pub(super) struct AuditPage {
+    data: Vec<AuditRecord>,
+}
+
+pub(super) async fn audit(
+    State(state): State<AdminState>,
+    QueryParams(params): QueryParams<AuditParams>,
+) -> Result<Json<AuditPage>, ApiError> {
+    let workspace = params
+        .workspace
+        .ok_or_else(|| ApiError::invalid("the query parameter 'workspace' is required"))?;
+    let limit = params.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_LIMIT {
+        return Err(ApiError::invalid(format!("limit must be 1-{MAX_LIMIT}")));
+    }
+    let query = AuditQuery {
+        workspace,
+        key_id: params.key_id,
+        project: params.project,
+        since: params.since,
+        limit,
+    };
+    let data = state.store.audit(&query).await?;
+    Ok(Json(AuditPage { data }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct UsageParams {
+    workspace: Option<String>,
+    month: Option<String>,
+}
+
+#[derive(Serialize)]
+pub(super) struct UsageView {
+    workspace: String,
+    month: String,
+    total: Credits,
+    keys: BTreeMap<String, Credits>,
+    projects: BTreeMap<String, Credits>,
+}
+
+pub(super) async fn usage(
+    State(state): State<AdminState>,
+    QueryParams(params): QueryParams<UsageParams>,
+) -> Result<Json<UsageView>, ApiError> {
+    let workspace = params
+        .workspace
+        .ok_or_else(|| ApiError::invalid("the query parameter 'workspace' is required"))?;
+    let month = params.month.unwrap_or_else(|| month_of(unix_now()));
+    if !is_month(&month) {
+        return Err(ApiError::invalid("month must be YYYY-MM"));
+    }
+    let report = state.store.usage_report(&workspace, &month).await?;
+    let credits = |m: std::collections::HashMap<String, i64>| {
+        m.into_iter()
+            .map(|(k, v)| (k, Credits::from_micros(v)))
+            .collect()
+    };
+    Ok(Json(UsageView {
+        workspace,
+        month,
+        total: Credits::from_micros(report.total),
+        keys: credits(report.keys),
+        projects: credits(report.projects),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SetBudget {
+    /// `null` removes the budget.
+    monthly_budget: Option<Credits>,
+}
+
+#[derive(Serialize)]
+pub(super) struct ProjectBudget {
+    workspace: String,
+    project: String,
+    monthly_budget: Option<Credits>,
+}
+
+pub(super) async fn set_project_budget(
+    State(state): State<AdminState>,
+    Path((workspace, project)): Path<(String, String)>,
+    JsonBody(body): JsonBody<SetBudget>,
+) -> Result<Json<ProjectBudget>, ApiError> {
+    let header = http::HeaderValue::from_str(&project).ok();
+    if header.is_none() || crate::proxy::policy::check_project(header.as_ref()).is_err() {
+        return Err(ApiError::invalid(
+            "a project is 1-64 characters of A-Z, a-z, 0-9, '.', '_' or '-'",
+        ));
+    }
+    if state.store.workspace(&workspace).await?.is_none() {
+        return Err(ApiError::not_found(format!("no workspace '{workspace}'")));
+    }
+    state
+        .store
+        .set_project_budget(
+            &workspace,
+            &project,
+            body.monthly_budget.map(Credits::micros),
+        )
+        .await?;
+    Ok(Json(ProjectBudget {
+        workspace,
+        project,
+        monthly_budget: body.monthly_budget,
+    }))
+}

@@ -1,0 +1,270 @@
+//! The audit log: one record per authenticated request, written off the request path.
+//!
+//! The request path hands a record to an unbounded channel and moves on. A writer task
+//! batches records (per flush interval) into the store, one stream entry per workspace and
+//! batch, so the log costs a few Redis commands per second, not one per request. While the
+//! store is unreachable, records wait in memory up to a bound, then in spool files on disk,
+//! and are written, oldest first, when it is back. At shutdown whatever could not be written
+//! goes to the spool, and the next start writes it.
+
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+use crate::store::Store;
+
+/// One authenticated request. Never holds a secret: the key appears as prefix and last four.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    /// Unix milliseconds when the request arrived.
+    pub time_ms: u64,
+    /// `req_…`
+    pub request_id: String,
+    /// `ws_…`
+    pub workspace: String,
+    /// The key billed (the parent, for a scoped token).
+    pub key_id: String,
+    /// Prefix and last four of the key or token presented.
+    pub key: String,
+    /// `live`, `test` (a scoped token's parent's).
+    pub environment: String,
+    /// `Service-Project`, if sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// HTTP method.
+    pub method: String,
+    /// Request path (no query string).
+    pub path: String,
+    /// The `model` of the JSON body, or the backend's `Service-Model`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Response status.
+    pub status: u16,
+    /// Credits charged.
+    pub credits: f64,
+    /// Client address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ip: Option<String>,
+    /// Time to the end of the response, milliseconds.
+    pub latency_ms: u64,
+    /// The scoped token used, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_id: Option<String>,
+    /// The scoped token's metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// A filter for reading the log back.
+#[derive(Debug, Clone, Default)]
+pub struct AuditQuery {
+    /// Required: logs are kept per workspace.
+    pub workspace: String,
+    /// Only this key.
+    pub key_id: Option<String>,
+    /// Only this project.
+    pub project: Option<String>,
+    /// Only records at or after this unix second.
+    pub since: Option<u64>,
+    /// At most this many, newest first.
+    pub limit: usize,
+}
+
+impl AuditQuery {
+    /// Whether `record` passes the filter (the workspace is chosen by the store).
+    pub fn matches(&self, record: &AuditRecord) -> bool {
+        self.key_id.as_ref().is_none_or(|k| &record.key_id == k)
+            && self
+                .project
+                .as_ref()
+                .is_none_or(|p| record.project.as_ref() == Some(p))
+            && self.since.is_none_or(|s| record.time_ms >= s * 1000)
+    }
+}
+
+/// The request path's handle: hands records to the writer.
+#[derive(Clone)]
+pub struct AuditLog {
+    tx: mpsc::UnboundedSender<AuditRecord>,
+}
+
+impl AuditLog {
+    /// Queues one record; never blocks.
+    pub fn record(&self, record: AuditRecord) {
+        if self.tx.send(record).is_err() {
+            tracing::error!("audit writer is gone; a record could not be queued");
+        }
+    }
+}
+
+/// Writes queued records to the store in batches, spooling while it cannot.
+pub struct AuditWriter {
+    rx: mpsc::UnboundedReceiver<AuditRecord>,
+    store: Arc<dyn Store>,
+    /// Records taken from the channel and not yet written, oldest first.
+    backlog: VecDeque<AuditRecord>,
+    spool: Spool,
+    max_backlog: usize,
+}
+
+/// An audit log handle and the writer that serves it.
+pub fn audit_log(
+    store: Arc<dyn Store>,
+    spool_dir: PathBuf,
+    max_backlog: usize,
+) -> (AuditLog, AuditWriter) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (
+        AuditLog { tx },
+        AuditWriter {
+            rx,
+            store,
+            backlog: VecDeque::new(),
+            spool: Spool { dir: spool_dir },
+            max_backlog,
+        },
+    )
+}
+
+impl AuditWriter {
+    /// Moves everything queued so far into the backlog.
+    fn drain_channel(&mut self) {
+        while let Ok(record) = self.rx.try_recv() {
+            self.backlog.push_back(record);
+        }
+    }
+
+    /// One write attempt: spooled records first (oldest), then the backlog. Returns how many
+    /// records were written.
+    pub async fn flush(&mut self) -> usize {
+        self.drain_channel();
+        let mut written = 0;
+        // Spooled records are older than anything in memory.
+        while let Some((path, records)) = self.spool.oldest() {
+            match self.store.append_audit(&records).await {
+                Ok(()) => {
+                    written += records.len();
+                    if !self.spool.remove(&path) {
+                        return written;
+                    }
+                }
+                Err(_) => return written,
+            }
+        }
+        while !self.backlog.is_empty() {
+            let n = self.backlog.len().min(5_000);
+            let batch: Vec<AuditRecord> = self.backlog.iter().take(n).cloned().collect();
+            match self.store.append_audit(&batch).await {
+                Ok(()) => {
+                    self.backlog.drain(..n);
+                    written += n;
+                }
+                Err(e) => {
+                    if self.backlog.len() > self.max_backlog {
+                        let spilled: Vec<AuditRecord> = self.backlog.drain(..).collect();
+                        match self.spool.write(&spilled) {
+                            Ok(()) => tracing::warn!(
+                                records = spilled.len(),
+                                error = %e,
+                                "store unreachable: audit records spooled to disk"
+                            ),
+                            Err(io) => {
+                                tracing::error!(error = %io, "cannot spool audit records; keeping them in memory");
+                                self.backlog.extend(spilled);
+                            }
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        written
+    }
+
+    /// At shutdown: a last attempt, then whatever is left goes to the spool.
+    pub async fn close(mut self) {
+        self.rx.close();
+        self.flush().await;
+        self.drain_channel();
+        if !self.backlog.is_empty() {
+            let left: Vec<AuditRecord> = self.backlog.drain(..).collect();
+            match self.spool.write(&left) {
+                Ok(()) => tracing::warn!(
+                    records = left.len(),
+                    "audit records spooled for the next start"
+                ),
+                Err(e) => {
+                    tracing::error!(error = %e, records = left.len(), "audit records lost: cannot spool")
+                }
+            }
+        }
+    }
+
+    /// Records waiting in memory.
+    pub fn backlog_len(&self) -> usize {
+        self.backlog.len()
+    }
+}
+
+/// Spool files: one JSON-lines file per spilled batch, named by time so the oldest goes first.
+struct Spool {
+    dir: PathBuf,
+}
+
+impl Spool {
+    fn write(&self, records: &[AuditRecord]) -> std::io::Result<()> {
+        use std::io::Write;
+        std::fs::create_dir_all(&self.dir)?;
+        let name = format!(
+            "audit-{:020}-{}.jsonl",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+            crate::ids::new_id("s")
+        );
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        let mut file = std::fs::File::create(&tmp)?;
+        for r in records {
+            serde_json::to_writer(&mut file, r)?;
+            file.write_all(b"\n")?;
+        }
+        file.sync_all()?;
+        // Renamed only once complete, so a crash never leaves half a file to replay.
+        std::fs::rename(&tmp, self.dir.join(name))
+    }
+
+    fn oldest(&self) -> Option<(PathBuf, Vec<AuditRecord>)> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| is_spool_file(p))
+            .collect();
+        files.sort();
+        let path = files.into_iter().next()?;
+        let text = std::fs::read_to_string(&path).ok()?;
+        let records = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        Some((path, records))
+    }
+
+    fn remove(&self, path: &Path) -> bool {
+        match std::fs::remove_file(path) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, path = %path.display(), "cannot remove a replayed spool file");
+                false
+            }
+        }
+    }
+}
+
+fn is_spool_file(p: &Path) -> bool {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("audit-") && n.ends_with(".jsonl"))
+}

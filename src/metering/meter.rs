@@ -1,0 +1,265 @@
+//! The meter: rate limits, budgets, spend and audit for the request path, and the background
+//! flush that exchanges them with the store.
+//!
+//! On the request path everything is in memory: [`Meter::admit`] decides from local state,
+//! [`Meter::finish`] adds to local accumulators and queues an audit record. Every
+//! `flush_interval` one task sends the batch: one store call for spend, budgets and rate
+//! counts, one for audit records.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::audit::{audit_log, AuditLog, AuditRecord, AuditWriter};
+use super::month::month_of;
+use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
+use super::usage::{PendingSpend, RateFlush, Usage, UsageFlush};
+use super::Credits;
+use crate::error::ApiError;
+use crate::keys::{CachedKey, Environment};
+use crate::store::Store;
+
+/// How the meter is set up.
+#[derive(Debug, Clone)]
+pub struct MeterConfig {
+    /// How often spend, rate counts and audit records go to the store.
+    pub flush_interval: Duration,
+    /// Limits of live keys (and their scoped tokens).
+    pub live_limit: Limit,
+    /// Limits of test keys (and their scoped tokens).
+    pub test_limit: Limit,
+    /// Where spend and audit records wait when the store is unreachable at shutdown, or for
+    /// long.
+    pub spool_dir: PathBuf,
+    /// Audit records kept in memory while the store is unreachable, before spooling to disk.
+    pub audit_backlog: usize,
+    /// Monthly budgets per `(workspace, project)` from the configuration (micro-credits).
+    pub project_budgets: HashMap<(String, String), i64>,
+}
+
+/// Rate limits, budgets, spend and audit.
+pub struct Meter {
+    usage: Usage,
+    rate: RateLimiter,
+    audit: AuditLog,
+    store: Arc<dyn Store>,
+    config: MeterConfig,
+}
+
+impl Meter {
+    /// A meter over `store`, and the audit writer [`Meter::run`] drives.
+    pub fn new(store: Arc<dyn Store>, config: MeterConfig) -> (Arc<Self>, AuditWriter) {
+        let (audit, writer) = audit_log(
+            store.clone(),
+            config.spool_dir.clone(),
+            config.audit_backlog,
+        );
+        let meter = Arc::new(Self {
+            usage: Usage::new(config.project_budgets.clone()),
+            rate: RateLimiter::new(),
+            audit,
+            store,
+            config,
+        });
+        meter.restore_spooled_spend();
+        (meter, writer)
+    }
+
+    /// The limit that applies to `key`.
+    pub fn limit_for(&self, key: &CachedKey) -> Limit {
+        match key.effective_environment() {
+            Environment::Test => self.config.test_limit,
+            _ => self.config.live_limit,
+        }
+    }
+
+    /// Rate limit (429), then budgets (402), before a request is forwarded.
+    pub fn admit(
+        &self,
+        key: &CachedKey,
+        project: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Decision, (ApiError, Decision)> {
+        let limit = self.limit_for(key);
+        let decision = self.rate.check(key.billed_key_id(), limit, now_ms);
+        if !decision.allowed {
+            return Err((
+                ApiError::RateLimited {
+                    message: format!(
+                        "rate limit of {} requests per minute exceeded for this key",
+                        limit.requests_per_minute
+                    )
+                    .into(),
+                    retry_after_secs: decision.reset_secs,
+                },
+                decision,
+            ));
+        }
+        // Test keys are never billed, so no budget can be spent by them.
+        if key.effective_environment() != Environment::Test {
+            if let Err(scope) = self.usage.check(key, project) {
+                return Err((
+                    ApiError::BudgetExceeded(
+                        format!("the {} monthly budget is spent", scope.as_str()).into(),
+                    ),
+                    decision,
+                ));
+            }
+        }
+        Ok(decision)
+    }
+
+    /// After the response: charges the cost (never for test keys) and queues the audit record.
+    pub fn finish(
+        &self,
+        key: &CachedKey,
+        project: Option<&str>,
+        cost: Credits,
+        record: AuditRecord,
+    ) {
+        if key.effective_environment() != Environment::Test {
+            self.usage.charge(key, project, cost);
+        }
+        self.audit.record(record);
+    }
+
+    /// One flush of spend and rate counts. Returns whether the store took it.
+    pub async fn flush_usage(&self) -> bool {
+        let now = crate::ids::unix_now();
+        let month = month_of(now);
+        let workspaces = self.usage.begin_flush(&month, now);
+        let window = now / 60;
+        let mut rate: Vec<RateFlush> = self
+            .rate
+            .take_counts()
+            .into_iter()
+            .map(|(key, window, count)| RateFlush {
+                key: key.to_string(),
+                window,
+                count,
+            })
+            .collect();
+        // Keys used recently but not since the last flush still want fresh global counts.
+        for key in self.rate.active_keys() {
+            if !rate.iter().any(|r| *r.key == *key) {
+                rate.push(RateFlush {
+                    key: key.to_string(),
+                    window,
+                    count: 0,
+                });
+            }
+        }
+        if workspaces.is_empty() && rate.is_empty() {
+            return true;
+        }
+        let flush = UsageFlush {
+            month,
+            now,
+            workspaces,
+            rate,
+        };
+        match self.store.flush_usage(&flush).await {
+            Ok(snapshot) => {
+                self.usage.finish_flush(&snapshot);
+                for (key, r) in &snapshot.rate {
+                    self.rate.set_global(
+                        key,
+                        WindowCounts {
+                            window: r.window,
+                            previous: r.previous,
+                            current: r.current,
+                        },
+                    );
+                }
+                self.rate.forget_idle(window);
+                true
+            }
+            Err(e) => {
+                self.usage.abort_flush();
+                tracing::debug!(error = %e, "usage flush failed; kept for the next one");
+                false
+            }
+        }
+    }
+
+    /// Flushes every `flush_interval` until `shutdown` fires, then once more, spooling what
+    /// the store will not take.
+    pub async fn run(
+        self: Arc<Self>,
+        mut writer: AuditWriter,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.flush_interval) => {}
+                _ = shutdown.changed() => break,
+            }
+            let ok = self.flush_usage().await;
+            writer.flush().await;
+            match (ok, failing) {
+                (false, false) => {
+                    failing = true;
+                    tracing::warn!(
+                        "store unreachable: spend and audit records are kept until it is back"
+                    );
+                }
+                (true, true) => {
+                    failing = false;
+                    tracing::info!("store reachable again: kept spend and audit records written");
+                }
+                _ => {}
+            }
+        }
+        self.close(writer).await;
+    }
+
+    /// Last flush; what cannot be written is spooled for the next start.
+    pub async fn close(&self, writer: AuditWriter) {
+        if !self.flush_usage().await {
+            self.spool_spend();
+        }
+        writer.close().await;
+    }
+
+    fn spend_spool(&self) -> PathBuf {
+        self.config.spool_dir.join("spend.json")
+    }
+
+    fn spool_spend(&self) {
+        let unflushed = self.usage.unflushed();
+        if unflushed.is_empty() {
+            return;
+        }
+        let path = self.spend_spool();
+        let written = std::fs::create_dir_all(&self.config.spool_dir).and_then(|()| {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&unflushed).unwrap_or_default())?;
+            std::fs::rename(&tmp, &path)
+        });
+        match written {
+            Ok(()) => {
+                tracing::warn!(path = %path.display(), "unflushed spend spooled for the next start")
+            }
+            Err(e) => tracing::error!(error = %e, "unflushed spend lost: cannot spool"),
+        }
+    }
+
+    fn restore_spooled_spend(&self) {
+        let path = self.spend_spool();
+        let Ok(bytes) = std::fs::read(&path) else {
+            return;
+        };
+        match serde_json::from_slice::<HashMap<String, PendingSpend>>(&bytes) {
+            Ok(spend) => {
+                self.usage.restore(spend);
+                tracing::info!(path = %path.display(), "spooled spend restored");
+                if let Err(e) = std::fs::remove_file(&path) {
+                    tracing::error!(error = %e, "cannot remove the spend spool");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "spooled spend unreadable; left in place"),
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! Rate limits: per key, shared across replicas, with no Redis round trip per request.
+//!
+//! Two checks, both from memory:
+//! - a local GCRA (generic cell rate algorithm) per key smooths bursts on this replica:
+//!   at most `burst` requests at once, refilled at `requests_per_minute`;
+//! - a sliding one-minute window over the counts of every replica, which the usage flusher
+//!   exchanges with Redis in batches, caps the total across replicas at `requests_per_minute`.
+//!
+//! Across replicas a key can exceed its limit by at most what the other replicas admitted in
+//! one flush interval.
+
+use dashmap::DashMap;
+use std::sync::Arc;
+
+/// A per-minute limit with a burst allowance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    /// Sustained rate.
+    pub requests_per_minute: u32,
+    /// Requests allowed at once.
+    pub burst: u32,
+}
+
+/// GCRA state: the theoretical arrival time of the next request, in milliseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Gcra {
+    tat_ms: u64,
+}
+
+impl Gcra {
+    /// Admits a request at `now_ms` or says how many milliseconds until one would be admitted.
+    pub fn admit(&mut self, limit: Limit, now_ms: u64) -> Result<(), u64> {
+        if limit.requests_per_minute == 0 {
+            return Err(60_000);
+        }
+        let interval = 60_000 / u64::from(limit.requests_per_minute).max(1);
+        let tolerance = interval * u64::from(limit.burst.max(1) - 1);
+        let tat = self.tat_ms.max(now_ms);
+        if tat > now_ms + tolerance {
+            return Err(tat - now_ms - tolerance);
+        }
+        self.tat_ms = tat + interval;
+        Ok(())
+    }
+}
+
+/// The sliding-window estimate of requests in the last minute: all of the current window plus
+/// the part of the previous window that still overlaps the last 60 seconds.
+pub fn sliding_count(previous: u64, current: u64, ms_into_window: u64) -> u64 {
+    let overlap = 60_000u64.saturating_sub(ms_into_window.min(60_000));
+    current + previous * overlap / 60_000
+}
+
+/// What the last flush learned about one key's requests across all replicas.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WindowCounts {
+    /// The minute window (`unix / 60`) these counts are for.
+    pub window: u64,
+    /// Requests in the previous window.
+    pub previous: u64,
+    /// Requests in this window, as of the flush.
+    pub current: u64,
+}
+
+#[derive(Debug, Default)]
+struct KeyState {
+    gcra: Gcra,
+    /// Counts from the store at the last flush.
+    global: WindowCounts,
+    /// Requests admitted here since the last flush, for `window`.
+    local_window: u64,
+    local: u64,
+}
+
+/// A rate decision with what the `RateLimit-*` headers report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Admitted or not.
+    pub allowed: bool,
+    /// The limit (`RateLimit-Limit`).
+    pub limit: u32,
+    /// Requests left in the window (`RateLimit-Remaining`).
+    pub remaining: u32,
+    /// Seconds until a request would be admitted / the window frees up (`Retry-After`,
+    /// `RateLimit-Reset`).
+    pub reset_secs: u64,
+}
+
+/// Per-key rate state of this replica.
+#[derive(Default)]
+pub struct RateLimiter {
+    keys: DashMap<Arc<str>, KeyState>,
+}
+
+impl RateLimiter {
+    /// A limiter with no state.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decides one request of `key` at `now_ms` (unix milliseconds).
+    pub fn check(&self, key: &str, limit: Limit, now_ms: u64) -> Decision {
+        let window = now_ms / 60_000;
+        let into = now_ms % 60_000;
+        // Look up by `&str` first: the owned key is made only for a key's first request.
+        let mut state = match self.keys.get_mut(key) {
+            Some(state) => state,
+            None => self.keys.entry(Arc::from(key)).or_default(),
+        };
+        if state.local_window != window {
+            // A new minute: local counts so far belong to the old window (already flushed
+            // or about to be); start this one from zero.
+            state.local_window = window;
+            state.local = 0;
+        }
+        let (previous, current) = if state.global.window == window {
+            (state.global.previous, state.global.current)
+        } else if state.global.window + 1 == window {
+            (state.global.current, 0)
+        } else {
+            (0, 0)
+        };
+        let used = sliding_count(previous, current + state.local, into);
+        let max = u64::from(limit.requests_per_minute);
+        if used >= max {
+            let reset = (60_000 - into).div_ceil(1000).max(1);
+            return Decision {
+                allowed: false,
+                limit: limit.requests_per_minute,
+                remaining: 0,
+                reset_secs: reset,
+            };
+        }
+        if let Err(wait_ms) = state.gcra.admit(limit, now_ms) {
+            return Decision {
+                allowed: false,
+                limit: limit.requests_per_minute,
+                remaining: (max - used) as u32,
+                reset_secs: wait_ms.div_ceil(1000).max(1),
+            };
+        }
+        state.local += 1;
+        Decision {
+            allowed: true,
+            limit: limit.requests_per_minute,
+            remaining: (max - used - 1) as u32,
+            reset_secs: (60_000 - into).div_ceil(1000),
+        }
+    }
+
+    /// Takes the requests admitted since the last call, per key and window, for the flush.
+    pub fn take_counts(&self) -> Vec<(Arc<str>, u64, u64)> {
+        let mut out = Vec::new();
+        for mut entry in self.keys.iter_mut() {
+            if entry.local > 0 {
+                out.push((entry.key().clone(), entry.local_window, entry.local));
+                // What was taken now counts as global once the flush lands.
+                let taken = entry.local;
+                let window = entry.local_window;
+                if entry.global.window == window {
+                    entry.global.current += taken;
+                }
+                entry.local = 0;
+            }
+        }
+        out
+    }
+
+    /// Records what the store says about a key's windows after a flush.
+    pub fn set_global(&self, key: &str, counts: WindowCounts) {
+        if let Some(mut state) = self.keys.get_mut(key) {
+            if counts.window >= state.global.window {
+                state.global = counts;
+            }
+        }
+    }
+
+    /// Keys that have a state, for the flush to refresh.
+    pub fn active_keys(&self) -> Vec<Arc<str>> {
+        self.keys.iter().map(|e| e.key().clone()).collect()
+    }
+
+    /// Drops keys idle since before `window - 1`.
+    pub fn forget_idle(&self, window: u64) {
+        self.keys
+            .retain(|_, s| s.local_window + 1 >= window || s.local > 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: Limit = Limit {
+        requests_per_minute: 60,
+        burst: 3,
+    };
+
+    #[test]
+    fn gcra_allows_a_burst_then_the_rate() {
+        let mut g = Gcra::default();
+        let t = 1_000_000;
+        for _ in 0..3 {
+            assert!(g.admit(LIMIT, t).is_ok());
+        }
+        let wait = g.admit(LIMIT, t).unwrap_err();
+        assert_eq!(wait, 1000);
+        assert!(g.admit(LIMIT, t + 999).is_err());
+        assert!(g.admit(LIMIT, t + 1000).is_ok());
+    }
+
+    #[test]
+    fn sliding_window_weights_the_previous_minute() {
+        assert_eq!(sliding_count(60, 0, 0), 60);
+        assert_eq!(sliding_count(60, 10, 30_000), 40);
+        assert_eq!(sliding_count(60, 10, 60_000), 10);
+    }
+
+    #[test]
+    fn the_window_counts_every_replica() {
+        let limiter = RateLimiter::new();
+        let key: Arc<str> = "key_1".into();
+        let limit = Limit {
+            requests_per_minute: 10,
+            burst: 100,
+        };
+        let now = 60_000 * 1000;
+        for _ in 0..4 {
+            assert!(limiter.check("key_1", limit, now).allowed);
+        }
+        // Another replica has used 6 this minute: the limit is reached.
+        limiter.set_global(
+            "key_1",
+            WindowCounts {
+                window: 1000,
+                previous: 0,
+                current: 6,
+            },
+        );
+        let d = limiter.check("key_1", limit, now + 10);
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert!(d.reset_secs >= 1);
+        // Taking the counts moves them to the flush.
+        assert_eq!(limiter.take_counts(), vec![(key.clone(), 1000, 4)]);
+        assert!(limiter.take_counts().is_empty());
+    }
+
+    #[test]
+    fn a_new_minute_starts_fresh() {
+        let limiter = RateLimiter::new();
+        let key: Arc<str> = "k".into();
+        let limit = Limit {
+            requests_per_minute: 2,
+            burst: 2,
+        };
+        let t = 60_000 * 5;
+        assert!(limiter.check("k", limit, t).allowed);
+        assert!(limiter.check("k", limit, t + 1).allowed);
+        assert!(!limiter.check("k", limit, t + 2).allowed);
+        // Two minutes later nothing of it remains.
+        assert!(limiter.check("k", limit, t + 120_000).allowed);
+    }
+}

@@ -1,0 +1,459 @@
+//! Credit spend and monthly budgets, with no store round trip per request.
+//!
+//! Each replica adds what its requests cost to local accumulators and, every flush interval,
+//! sends them to the store in one batch ([`Store::flush_usage`](crate::store::Store)) — which
+//! adds them atomically, fires `billing.credits.low` once per crossing, and answers with the
+//! month's totals of every workspace, key and project this replica watches (its own spend and
+//! every other replica's). Budget checks compare a budget with those totals plus what this
+//! replica has spent since.
+//!
+//! Across replicas a budget can be overshot by at most what the other replicas admitted during
+//! one flush interval, plus the requests in flight when it ran out (their cost is only known
+//! when they finish).
+
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use super::Credits;
+use crate::keys::CachedKey;
+
+/// Which budget refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetScope {
+    /// The key's monthly budget.
+    Key,
+    /// The `Service-Project`'s monthly budget.
+    Project,
+    /// The workspace's monthly credits.
+    Workspace,
+}
+
+impl BudgetScope {
+    /// The word used in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Key => "key",
+            Self::Project => "project",
+            Self::Workspace => "workspace",
+        }
+    }
+}
+
+/// One flush: what to add, and what to read back. Amounts are micro-credits.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UsageFlush {
+    /// `YYYY-MM` (UTC) the spend is charged to.
+    pub month: String,
+    /// Unix seconds, for events.
+    pub now: u64,
+    /// Per workspace.
+    pub workspaces: Vec<WorkspaceFlush>,
+    /// Requests admitted per key and minute window, for shared rate limits.
+    pub rate: Vec<RateFlush>,
+}
+
+/// One workspace's part of a flush.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkspaceFlush {
+    /// `ws_…`
+    pub workspace: String,
+    /// Spend to add to the workspace total.
+    pub total: i64,
+    /// Spend to add per key id.
+    pub keys: HashMap<String, i64>,
+    /// Spend to add per project.
+    pub projects: HashMap<String, i64>,
+    /// Keys whose month totals to read back.
+    pub watch_keys: Vec<String>,
+    /// Projects whose month totals (and budgets) to read back.
+    pub watch_projects: Vec<String>,
+    /// Id for a `billing.credits.low` event, used only if this flush crosses the threshold.
+    pub event_id: String,
+}
+
+/// Requests a key was admitted in one minute window, on this replica since the last flush.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RateFlush {
+    /// Key id.
+    pub key: String,
+    /// `unix / 60`.
+    pub window: u64,
+    /// Requests to add.
+    pub count: u64,
+}
+
+/// What the store answers to a flush.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UsageSnapshot {
+    /// Per workspace.
+    #[serde(default)]
+    pub workspaces: HashMap<String, WorkspaceTotals>,
+    /// Per key: the rate windows after the flush.
+    #[serde(default)]
+    pub rate: HashMap<String, RateTotals>,
+}
+
+/// A workspace's month so far, across every replica.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkspaceTotals {
+    /// Spend of the month.
+    #[serde(default)]
+    pub total: i64,
+    /// The workspace's monthly credits, if capped.
+    #[serde(default)]
+    pub monthly_credits: Option<i64>,
+    /// Spend per watched key.
+    #[serde(default)]
+    pub keys: HashMap<String, i64>,
+    /// Spend per watched project.
+    #[serde(default)]
+    pub projects: HashMap<String, i64>,
+    /// Budgets of watched projects that have one.
+    #[serde(default)]
+    pub project_budgets: HashMap<String, i64>,
+}
+
+/// A key's rate windows across every replica.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RateTotals {
+    /// `unix / 60`.
+    pub window: u64,
+    /// Requests in the previous window.
+    pub previous: u64,
+    /// Requests in this window.
+    pub current: u64,
+}
+
+/// Spend of one workspace not yet flushed.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingSpend {
+    total: i64,
+    keys: HashMap<String, i64>,
+    projects: HashMap<String, i64>,
+}
+
+impl PendingSpend {
+    fn add(&mut self, other: &PendingSpend) {
+        self.total += other.total;
+        for (k, v) in &other.keys {
+            *self.keys.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &other.projects {
+            *self.projects.entry(k.clone()).or_default() += v;
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    /// Spend since the last flush, per workspace.
+    pending: HashMap<String, PendingSpend>,
+    /// Spend taken by a flush still under way (added back if it fails).
+    in_flight: HashMap<String, PendingSpend>,
+    /// Month totals from the last flush.
+    totals: HashMap<String, WorkspaceTotals>,
+    /// What to read back at the next flush.
+    watched_keys: HashMap<String, HashSet<String>>,
+    watched_projects: HashMap<String, HashSet<String>>,
+    /// The month the totals are for.
+    month: String,
+}
+
+/// This replica's view of the month's spend, and its unflushed spend.
+pub struct Usage {
+    ledger: Mutex<Ledger>,
+    /// Budgets per `(workspace, project)` from the configuration; the store's win.
+    configured_project_budgets: HashMap<(String, String), i64>,
+}
+
+impl Usage {
+    /// An empty ledger with budgets from the configuration.
+    pub fn new(configured_project_budgets: HashMap<(String, String), i64>) -> Self {
+        Self {
+            ledger: Mutex::new(Ledger::default()),
+            configured_project_budgets,
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Refuses a request whose key, project or workspace has spent its monthly budget.
+    pub fn check(&self, key: &CachedKey, project: Option<&str>) -> Result<(), BudgetScope> {
+        let mut ledger = self.ledger();
+        let ws = &*key.workspace;
+        let billed = key.billed_key_id();
+        if !ledger
+            .watched_keys
+            .get(ws)
+            .is_some_and(|s| s.contains(billed))
+        {
+            ledger
+                .watched_keys
+                .entry(ws.to_string())
+                .or_default()
+                .insert(billed.to_string());
+        }
+        if let Some(p) = project {
+            if !ledger
+                .watched_projects
+                .get(ws)
+                .is_some_and(|s| s.contains(p))
+            {
+                ledger
+                    .watched_projects
+                    .entry(ws.to_string())
+                    .or_default()
+                    .insert(p.to_string());
+            }
+        }
+        let totals = ledger.totals.get(ws);
+        let pending = ledger.pending.get(ws);
+        let in_flight = ledger.in_flight.get(ws);
+        let spent = |pick: &dyn Fn(&PendingSpend) -> i64, base: i64| {
+            base + pending.map_or(0, pick) + in_flight.map_or(0, pick)
+        };
+        if let Some(budget) = key.monthly_budget {
+            let base = totals
+                .and_then(|t| t.keys.get(billed))
+                .copied()
+                .unwrap_or(0);
+            let used = spent(&|p| p.keys.get(billed).copied().unwrap_or(0), base);
+            if used >= budget.micros() {
+                return Err(BudgetScope::Key);
+            }
+        }
+        if let Some(p) = project {
+            let budget = totals
+                .and_then(|t| t.project_budgets.get(p))
+                .copied()
+                .or_else(|| {
+                    self.configured_project_budgets
+                        .get(&(ws.to_string(), p.to_string()))
+                        .copied()
+                });
+            if let Some(budget) = budget {
+                let base = totals.and_then(|t| t.projects.get(p)).copied().unwrap_or(0);
+                let used = spent(&|s| s.projects.get(p).copied().unwrap_or(0), base);
+                if used >= budget {
+                    return Err(BudgetScope::Project);
+                }
+            }
+        }
+        if let Some(credits) = totals.and_then(|t| t.monthly_credits) {
+            let base = totals.map_or(0, |t| t.total);
+            if spent(&|p| p.total, base) >= credits {
+                return Err(BudgetScope::Workspace);
+            }
+        }
+        Ok(())
+    }
+
+    /// Charges `cost` to the key, the project and the workspace.
+    pub fn charge(&self, key: &CachedKey, project: Option<&str>, cost: Credits) {
+        if cost.micros() <= 0 {
+            return;
+        }
+        let mut ledger = self.ledger();
+        let pending = ledger.pending.entry(key.workspace.to_string()).or_default();
+        pending.total += cost.micros();
+        *pending
+            .keys
+            .entry(key.billed_key_id().to_string())
+            .or_default() += cost.micros();
+        if let Some(p) = project {
+            *pending.projects.entry(p.to_string()).or_default() += cost.micros();
+        }
+    }
+
+    /// Takes the unflushed spend and the watch lists for a flush of `month`.
+    pub fn begin_flush(&self, month: &str, now: u64) -> Vec<WorkspaceFlush> {
+        let mut ledger = self.ledger();
+        if ledger.month != month {
+            // A new month: last month's totals no longer apply.
+            ledger.month = month.to_string();
+            ledger.totals.clear();
+        }
+        let pending = std::mem::take(&mut ledger.pending);
+        let mut workspaces: HashSet<String> = pending.keys().cloned().collect();
+        workspaces.extend(ledger.watched_keys.keys().cloned());
+        workspaces.extend(ledger.watched_projects.keys().cloned());
+        let mut out = Vec::with_capacity(workspaces.len());
+        for ws in workspaces {
+            let spend = pending.get(&ws).cloned().unwrap_or_default();
+            ledger.in_flight.entry(ws.clone()).or_default().add(&spend);
+            out.push(WorkspaceFlush {
+                watch_keys: ledger
+                    .watched_keys
+                    .get(&ws)
+                    .map(|s| s.iter().cloned().collect())
+                    .unwrap_or_default(),
+                watch_projects: ledger
+                    .watched_projects
+                    .get(&ws)
+                    .map(|s| s.iter().cloned().collect())
+                    .unwrap_or_default(),
+                total: spend.total,
+                keys: spend.keys,
+                projects: spend.projects,
+                event_id: crate::ids::new_id("evt"),
+                workspace: ws,
+            });
+        }
+        let _ = now;
+        out
+    }
+
+    /// The flush landed: its spend is in the totals now.
+    pub fn finish_flush(&self, snapshot: &UsageSnapshot) {
+        let mut ledger = self.ledger();
+        ledger.in_flight.clear();
+        for (ws, totals) in &snapshot.workspaces {
+            ledger.totals.insert(ws.clone(), totals.clone());
+        }
+    }
+
+    /// The flush failed: keep its spend for the next one.
+    pub fn abort_flush(&self) {
+        let mut ledger = self.ledger();
+        let in_flight = std::mem::take(&mut ledger.in_flight);
+        for (ws, spend) in in_flight {
+            ledger.pending.entry(ws).or_default().add(&spend);
+        }
+    }
+
+    /// Unflushed spend (also what a flush under way took), for the spool at shutdown.
+    pub fn unflushed(&self) -> HashMap<String, PendingSpend> {
+        let ledger = self.ledger();
+        let mut all = ledger.pending.clone();
+        for (ws, spend) in &ledger.in_flight {
+            all.entry(ws.clone()).or_default().add(spend);
+        }
+        all
+    }
+
+    /// Adds spend recovered from the spool.
+    pub fn restore(&self, spend: HashMap<String, PendingSpend>) {
+        let mut ledger = self.ledger();
+        for (ws, s) in spend {
+            ledger.pending.entry(ws).or_default().add(&s);
+        }
+    }
+}
+
+/// The `billing.credits.low` event a flush of `w` fires when it takes the workspace's
+/// remaining credits below `threshold` (both in micro-credits).
+pub fn credits_low_event(
+    w: &WorkspaceFlush,
+    flush: &UsageFlush,
+    remaining: i64,
+    threshold: i64,
+) -> crate::events::Event {
+    crate::events::Event {
+        id: w.event_id.clone(),
+        event_type: "billing.credits.low".into(),
+        created: flush.now,
+        workspace: w.workspace.clone(),
+        environment: crate::keys::Environment::Live,
+        data: serde_json::json!({
+            "workspace": w.workspace,
+            "remaining": Credits::from_micros(remaining.max(0)).as_f64(),
+            "threshold": Credits::from_micros(threshold).as_f64(),
+            "month": flush.month,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{Environment, KeyStatus, Scopes};
+    use std::sync::Arc;
+
+    fn key(budget: Option<i64>) -> CachedKey {
+        CachedKey {
+            id: "key_1".into(),
+            workspace: "ws_1".into(),
+            environment: Environment::Live,
+            scopes: Arc::new(Scopes::default()),
+            status: KeyStatus::Active,
+            grace_until: None,
+            monthly_budget: budget.map(Credits::from_micros),
+            scoped: None,
+            last4: *b"abcd",
+        }
+    }
+
+    #[test]
+    fn a_key_budget_counts_flushed_and_unflushed_spend() {
+        let usage = Usage::new(HashMap::new());
+        let k = key(Some(3_000_000));
+        assert_eq!(usage.check(&k, None), Ok(()));
+        usage.charge(&k, None, Credits::from_micros(1_000_000));
+        let flush = usage.begin_flush("2026-11", 0);
+        assert_eq!(flush[0].total, 1_000_000);
+        assert_eq!(flush[0].watch_keys, vec!["key_1".to_string()]);
+        // Another replica spent 1.5 meanwhile; the store reports 2.5 in all.
+        let mut totals = WorkspaceTotals {
+            total: 2_500_000,
+            ..Default::default()
+        };
+        totals.keys.insert("key_1".into(), 2_500_000);
+        let mut snapshot = UsageSnapshot::default();
+        snapshot.workspaces.insert("ws_1".into(), totals);
+        usage.finish_flush(&snapshot);
+        assert_eq!(usage.check(&k, None), Ok(()));
+        usage.charge(&k, None, Credits::from_micros(500_000));
+        assert_eq!(usage.check(&k, None), Err(BudgetScope::Key));
+    }
+
+    #[test]
+    fn a_failed_flush_keeps_its_spend() {
+        let usage = Usage::new(HashMap::new());
+        let k = key(None);
+        usage.charge(&k, Some("p"), Credits::from_micros(7));
+        let first = usage.begin_flush("2026-11", 0);
+        assert_eq!(first[0].total, 7);
+        usage.charge(&k, Some("p"), Credits::from_micros(3));
+        usage.abort_flush();
+        let second = usage.begin_flush("2026-11", 0);
+        assert_eq!(second[0].total, 10);
+        assert_eq!(second[0].projects["p"], 10);
+        assert_eq!(usage.unflushed()["ws_1"].total, 10);
+    }
+
+    #[test]
+    fn project_and_workspace_budgets_apply() {
+        let mut configured = HashMap::new();
+        configured.insert(("ws_1".to_string(), "p".to_string()), 5);
+        let usage = Usage::new(configured);
+        let k = key(None);
+        usage.charge(&k, Some("p"), Credits::from_micros(5));
+        assert_eq!(usage.check(&k, Some("p")), Err(BudgetScope::Project));
+        assert_eq!(usage.check(&k, Some("q")), Ok(()));
+        usage.begin_flush("2026-11", 0);
+        let mut snapshot = UsageSnapshot::default();
+        snapshot.workspaces.insert(
+            "ws_1".into(),
+            WorkspaceTotals {
+                total: 100,
+                monthly_credits: Some(100),
+                ..Default::default()
+            },
+        );
+        usage.finish_flush(&snapshot);
+        assert_eq!(usage.check(&k, Some("q")), Err(BudgetScope::Workspace));
+        // A new month starts from zero.
+        usage.begin_flush("2026-12", 0);
+        assert_eq!(usage.check(&k, Some("q")), Ok(()));
+    }
+
+    #[test]
+    fn nothing_is_charged_for_free_requests() {
+        let usage = Usage::new(HashMap::new());
+        usage.charge(&key(None), None, Credits::ZERO);
+        assert!(usage.unflushed().is_empty());
+    }
+}
