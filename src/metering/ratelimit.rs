@@ -249,7 +249,6 @@ mod tests {
     #[test]
     fn a_new_minute_starts_fresh() {
         let limiter = RateLimiter::new();
-        let key: Arc<str> = "k".into();
         let limit = Limit {
             requests_per_minute: 2,
             burst: 2,

@@ -432,7 +432,7 @@ impl Store for MemoryStore {
             return Ok(Vec::new());
         };
         let mut out: Vec<AuditRecord> = log.iter().filter(|r| query.matches(r)).cloned().collect();
-        out.sort_by(|a, b| b.time_ms.cmp(&a.time_ms));
+        out.sort_by_key(|r| std::cmp::Reverse(r.time_ms));
         out.truncate(query.limit);
         Ok(out)
     }

@@ -855,7 +855,7 @@ impl Store for RedisStore {
                 }
                 let json: String = entry.get("records").unwrap_or_default();
                 let mut batch: Vec<AuditRecord> = serde_json::from_str(&json).unwrap_or_default();
-                batch.sort_by(|a, b| b.time_ms.cmp(&a.time_ms));
+                batch.sort_by_key(|r| std::cmp::Reverse(r.time_ms));
                 out.extend(batch.into_iter().filter(|r| query.matches(r)));
                 if out.len() >= query.limit {
                     break 'pages;
@@ -863,7 +863,7 @@ impl Store for RedisStore {
                 end = format!("({}", entry.id);
             }
         }
-        out.sort_by(|a, b| b.time_ms.cmp(&a.time_ms));
+        out.sort_by_key(|r| std::cmp::Reverse(r.time_ms));
         out.truncate(query.limit);
         Ok(out)
     }
