@@ -48,7 +48,8 @@ impl Gcra {
 /// the part of the previous window that still overlaps the last 60 seconds.
 pub fn sliding_count(previous: u64, current: u64, ms_into_window: u64) -> u64 {
     let overlap = 60_000u64.saturating_sub(ms_into_window.min(60_000));
-    current + previous * overlap / 60_000
+    // Rounded up: a limit is never under-counted.
+    current + (previous * overlap).div_ceil(60_000)
 }
 
 /// What the last flush learned about one key's requests across all replicas.
@@ -214,6 +215,7 @@ mod tests {
         assert_eq!(sliding_count(60, 0, 0), 60);
         assert_eq!(sliding_count(60, 10, 30_000), 40);
         assert_eq!(sliding_count(60, 10, 60_000), 10);
+        assert_eq!(sliding_count(3, 0, 100), 3, "rounded up");
     }
 
     #[test]

@@ -109,6 +109,8 @@ pub struct GatewayBuilder {
     sandbox: Option<SocketAddr>,
     redis: Option<(String, String)>,
     store_toml: String,
+    metering_toml: String,
+    spool_dir: Option<PathBuf>,
     extra_toml: String,
 }
 
@@ -133,6 +135,19 @@ impl GatewayBuilder {
     pub fn store_settings(mut self, toml: &str) -> Self {
         self.store_toml.push_str(toml);
         self.store_toml.push('\n');
+        self
+    }
+
+    /// Spool into `dir` (to restart a gateway on the spool of another).
+    pub fn spool_dir(mut self, dir: &std::path::Path) -> Self {
+        self.spool_dir = Some(dir.to_path_buf());
+        self
+    }
+
+    /// Extra `[metering]` keys.
+    pub fn metering(mut self, toml: &str) -> Self {
+        self.metering_toml.push_str(toml);
+        self.metering_toml.push('\n');
         self
     }
 
@@ -161,8 +176,17 @@ impl GatewayBuilder {
             ),
             None => String::new(),
         };
+        let spool_dir = self
+            .spool_dir
+            .clone()
+            .unwrap_or_else(|| dir.path().join("spool"));
+        let metering = format!(
+            "[metering]\nflush_interval_ms = 20\nspool_dir = \"{}\"\n{}\n",
+            spool_dir.display(),
+            self.metering_toml
+        );
         let config = format!(
-            "{store}[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+            "{store}{metering}[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
              metrics_listen = \"127.0.0.1:{metrics}\"\nadmin_token = \"{ADMIN_TOKEN}\"\n\
              threads = 2\nshutdown_grace_seconds = 0\nshutdown_timeout_seconds = 1\n\
              upgrade_sock = \"{sock}\"\n{upstream}{extra}",
@@ -180,6 +204,7 @@ impl GatewayBuilder {
             .spawn()
             .expect("svcgate starts");
         let gw = Gateway {
+            spool_dir,
             child: Some(child),
             base: format!("http://127.0.0.1:{listen}"),
             admin: format!("http://127.0.0.1:{admin}"),
@@ -216,6 +241,8 @@ pub struct Gateway {
     pub metrics: String,
     pub http: reqwest::Client,
     log_path: PathBuf,
+    /// Where this gateway spools spend and audit records.
+    pub spool_dir: PathBuf,
     _dir: tempfile::TempDir,
 }
 

@@ -1,0 +1,549 @@
+//! Metering from the outside: what requests cost, budgets that hold, rate limits shared by
+//! replicas, and an audit log that loses nothing.
+
+mod common;
+
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+async fn usage(gw: &Gateway, ws: &str) -> Value {
+    gw.admin_request(Method::GET, &format!("/admin/v1/usage?workspace={ws}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn audit(gw: &Gateway, query: &str) -> Vec<Value> {
+    let page: Value = gw
+        .admin_request(Method::GET, &format!("/admin/v1/audit?{query}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    page["data"].as_array().cloned().unwrap_or_default()
+}
+
+async fn set_key_budget(gw: &Gateway, id: &str, budget: f64) {
+    let resp = gw
+        .admin_request(Method::PATCH, &format!("/admin/v1/keys/{id}"))
+        .json(&json!({"monthly_budget": budget}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn spend_comes_from_the_backend_or_the_route_price() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder().live(live.addr).start().await;
+    let (id, key) = gw
+        .create_key("live", &["chat.completions:create", "images:create"])
+        .await;
+    for _ in 0..3 {
+        let resp = gw
+            .request(Method::POST, "/v1/chat/completions")
+            .bearer_auth(&key)
+            .header("service-project", "team-a")
+            .json(&json!({"model": "m1"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    eventually(Duration::from_secs(5), || async {
+        usage(&gw, DEMO_WS).await["total"] == 1.5
+    })
+    .await
+    .expect("3 × the backend's 0.5 credits");
+    let report = usage(&gw, DEMO_WS).await;
+    assert_eq!(report["keys"][&id], 1.5);
+    assert_eq!(report["projects"]["team-a"], 1.5);
+    assert_eq!(report["month"].as_str().unwrap().len(), 7);
+
+    // Without a backend figure the route's price applies (simulated images: 4 credits).
+    let sim = Gateway::builder().start().await;
+    let (_, key) = sim.create_key("live", &["images:create"]).await;
+    let resp = sim
+        .request(Method::POST, "/v1/images/generations")
+        .bearer_auth(&key)
+        .json(&json!({"prompt": "a cat"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    eventually(Duration::from_secs(5), || async {
+        usage(&sim, DEMO_WS).await["total"] == 4.0
+    })
+    .await
+    .expect("the route price is charged");
+}
+
+#[tokio::test]
+async fn test_keys_leave_no_spend_and_refused_requests_cost_nothing() {
+    let gw = Gateway::builder().start().await;
+    let (_, test_key) = gw.create_key("test", &["chat.completions:create"]).await;
+    let (_, live_key) = gw.create_key("live", &["models:read"]).await;
+    for _ in 0..3 {
+        assert_eq!(gw.chat(&test_key).await.status(), 200);
+        assert_eq!(gw.chat(&live_key).await.status(), 403);
+    }
+    // Audit records arrive for all six; spend stays at zero.
+    eventually(Duration::from_secs(5), || async {
+        audit(&gw, &format!("workspace={DEMO_WS}")).await.len() == 6
+    })
+    .await
+    .expect("every authenticated request is audited");
+    let report = usage(&gw, DEMO_WS).await;
+    assert_eq!(report["total"], 0.0);
+    assert_eq!(report["keys"], json!({}));
+}
+
+#[tokio::test]
+async fn a_spent_key_budget_gets_402_before_the_backend() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder().live(live.addr).start().await;
+    let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    set_key_budget(&gw, &id, 1.0).await;
+    // 0.5 each: two requests spend the budget.
+    assert_eq!(gw.chat(&key).await.status(), 200);
+    assert_eq!(gw.chat(&key).await.status(), 200);
+    let body = assert_error(gw.chat(&key).await, 402, "budget_exceeded").await;
+    assert!(body["error"]["message"].as_str().unwrap().contains("key"));
+    assert_eq!(
+        live.requests().len(),
+        2,
+        "a refused request never reaches the backend"
+    );
+}
+
+#[tokio::test]
+async fn project_budgets_from_the_admin_api_apply() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    let resp = gw
+        .admin_request(
+            Method::PUT,
+            &format!("/admin/v1/workspaces/{DEMO_WS}/projects/team-b/budget"),
+        )
+        .json(&json!({"monthly_budget": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let send = |project: &'static str| {
+        gw.request(Method::POST, "/v1/chat/completions")
+            .bearer_auth(&key)
+            .header("service-project", project)
+            .json(&json!({}))
+            .send()
+    };
+    // The budget reaches the replica with its first flush after the project is seen.
+    assert_eq!(send("team-b").await.unwrap().status(), 200);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(send("team-b").await.unwrap().status(), 200);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_error(send("team-b").await.unwrap(), 402, "budget_exceeded").await;
+    assert_eq!(
+        send("team-c").await.unwrap().status(),
+        200,
+        "other projects go on"
+    );
+
+    for (path, body, status) in [
+        (
+            "/admin/v1/workspaces/ws_demo/projects/bad%20name/budget",
+            json!({"monthly_budget": 1}),
+            400,
+        ),
+        (
+            "/admin/v1/workspaces/ws_none/projects/p/budget",
+            json!({"monthly_budget": 1}),
+            404,
+        ),
+        (
+            "/admin/v1/workspaces/ws_demo/projects/p/budget",
+            json!({"monthly_budget": -1}),
+            400,
+        ),
+    ] {
+        let resp = gw
+            .admin_request(Method::PUT, path)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), status, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn two_replicas_keep_a_budget_exactly_when_requests_are_paced() {
+    let ns = TestNamespace::new();
+    let a = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let b = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let ws = a.create_workspace().await;
+    let (id, key) = a
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    set_key_budget(&a, &id, 5.0).await;
+    // Simulated chat costs 1 credit; replicas alternate; each pause spans several flushes.
+    let mut ok = 0;
+    for i in 0..10 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        match gw.chat(&key).await.status().as_u16() {
+            200 => ok += 1,
+            402 => {}
+            other => panic!("unexpected {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    assert_eq!(ok, 5, "exactly the budget, across two replicas");
+    eventually(Duration::from_secs(5), || async {
+        usage(&a, &ws).await["keys"][&id] == 5.0
+    })
+    .await
+    .expect("the spend of both replicas adds up");
+}
+
+#[tokio::test]
+async fn credits_low_fires_once_per_crossing_however_many_replicas_see_it() {
+    let ns = TestNamespace::new();
+    let a = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let b = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let resp = a
+        .admin_request(Method::POST, "/admin/v1/workspaces")
+        .json(&json!({"name": "Low", "admin_emails": ["ops@example.com"], "monthly_credits": 10, "credits_low_threshold": 7.5}))
+        .send()
+        .await
+        .unwrap();
+    let ws = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, key) = a
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    for i in 0..6 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        assert_eq!(gw.chat(&key).await.status(), 200);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    eventually(Duration::from_secs(5), || async {
+        usage(&a, &ws).await["total"] == 6.0
+    })
+    .await
+    .expect("spend flushed");
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let events: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(format!("{{{}}}:events", ns.name))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let low: Vec<_> = events
+        .ids
+        .iter()
+        .filter(|e| e.get::<String>("type").as_deref() == Some("billing.credits.low"))
+        .collect();
+    assert_eq!(low.len(), 1, "one event for the crossing");
+    let data: Value = serde_json::from_str(&low[0].get::<String>("data").unwrap()).unwrap();
+    assert_eq!(data["workspace"], ws.as_str());
+    assert_eq!(data["threshold"], 7.5);
+    assert!(data["remaining"].as_f64().unwrap() < 7.5);
+    assert_eq!(data["month"].as_str().unwrap().len(), 7);
+    // The workspace's credits end at 10: the eleventh credit is refused.
+    for i in 0..6 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        gw.chat(&key).await;
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    assert_error(a.chat(&key).await, 402, "budget_exceeded").await;
+}
+
+#[tokio::test]
+async fn rate_limits_answer_429_with_headers_and_are_shared_by_replicas() {
+    let ns = TestNamespace::new();
+    let limits = "[limits]\nlive_requests_per_minute = 6\nlive_burst = 6\n";
+    let a = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .toml(limits)
+        .start()
+        .await;
+    let b = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .toml(limits)
+        .start()
+        .await;
+    let ws = a.create_workspace().await;
+    let (_, key) = a
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    let resp = a.chat(&key).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["ratelimit-limit"], "6");
+    assert_eq!(resp.headers()["ratelimit-remaining"], "5");
+    assert!(resp.headers().contains_key("ratelimit-reset"));
+    for _ in 0..2 {
+        assert_eq!(a.chat(&key).await.status(), 200);
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // b has seen none of them itself; from its first flush after seeing the key it knows of
+    // all of them (until then it can admit what one flush interval allows: the documented
+    // bound).
+    assert_eq!(b.chat(&key).await.status(), 200);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for _ in 0..2 {
+        assert_eq!(b.chat(&key).await.status(), 200);
+    }
+    let resp = b.chat(&key).await;
+    assert!(resp.headers().contains_key("retry-after"));
+    assert_eq!(resp.headers()["ratelimit-remaining"], "0");
+    assert_error(resp, 429, "rate_limit_error").await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_error(a.chat(&key).await, 429, "rate_limit_error").await;
+}
+
+#[tokio::test]
+async fn the_audit_log_records_who_did_what_and_never_a_secret() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder().live(live.addr).start().await;
+    let (id, key) = gw
+        .create_key("live", &["chat.completions:create", "tokens:create"])
+        .await;
+    let minted: Value = gw
+        .request(Method::POST, "/v1/tokens")
+        .bearer_auth(&key)
+        .json(&json!({"scopes": ["chat.completions:create"], "metadata": {"user": "u_7"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = minted["value"].as_str().unwrap();
+    let resp = gw
+        .request(Method::POST, "/v1/chat/completions?stream=false")
+        .bearer_auth(token)
+        .header("service-project", "web")
+        .json(&json!({"model": "gpt-sim", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    let request_id = resp.headers()["service-request-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(gw.chat("svc_live_nope").await.status(), 401);
+
+    eventually(Duration::from_secs(5), || async {
+        audit(&gw, &format!("workspace={DEMO_WS}")).await.len() == 2
+    })
+    .await
+    .expect("two authenticated requests, two records (the 401 has no key to record)");
+    let records = audit(&gw, &format!("workspace={DEMO_WS}&project=web")).await;
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!(r["request_id"], request_id.as_str());
+    assert_eq!(r["key_id"], id.as_str());
+    assert_eq!(r["workspace"], DEMO_WS);
+    assert_eq!(r["environment"], "live");
+    assert_eq!(r["method"], "POST");
+    assert_eq!(r["path"], "/v1/chat/completions");
+    assert_eq!(r["model"], "gpt-sim");
+    assert_eq!(r["status"], 200);
+    assert_eq!(r["credits"], 0.5);
+    assert_eq!(r["client_ip"], "127.0.0.1");
+    assert_eq!(r["metadata"], json!({"user": "u_7"}));
+    assert!(r["token_id"].as_str().unwrap().starts_with("tok_"));
+    assert!(r["key"].as_str().unwrap().starts_with("svc_scoped_"));
+    let all = serde_json::to_string(&audit(&gw, &format!("workspace={DEMO_WS}")).await).unwrap();
+    assert!(
+        !all.contains(&key) && !all.contains(token),
+        "a secret in the audit log"
+    );
+    // Filters and bad queries.
+    assert_eq!(
+        audit(&gw, &format!("workspace={DEMO_WS}&key_id=key_other"))
+            .await
+            .len(),
+        0
+    );
+    assert_eq!(
+        audit(&gw, &format!("workspace={DEMO_WS}&limit=1"))
+            .await
+            .len(),
+        1
+    );
+    assert_eq!(
+        audit(&gw, &format!("workspace={DEMO_WS}&since=9999999999"))
+            .await
+            .len(),
+        0
+    );
+    for q in [
+        "",
+        "workspace=ws_demo&limit=0",
+        "workspace=ws_demo&limit=x",
+        "workspace=ws_demo&nope=1",
+    ] {
+        let resp = gw
+            .admin_request(Method::GET, &format!("/admin/v1/audit?{q}"))
+            .send()
+            .await
+            .unwrap();
+        assert_error(resp, 400, "invalid_request_error").await;
+    }
+    let resp = gw
+        .admin_request(
+            Method::GET,
+            "/admin/v1/usage?workspace=ws_demo&month=2026-13",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request_error").await;
+}
+
+#[tokio::test]
+async fn a_body_larger_than_the_sniffing_window_reaches_the_backend_intact() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder().live(live.addr).start().await;
+    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    let big = "x".repeat(300_000);
+    let body =
+        format!(r#"{{"model":"long-context","messages":[{{"role":"user","content":"{big}"}}]}}"#);
+    let resp = gw
+        .request(Method::POST, "/v1/chat/completions")
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(live.requests()[0].body.len(), body.len());
+    assert_eq!(&live.requests()[0].body[..], body.as_bytes());
+    eventually(Duration::from_secs(5), || async {
+        audit(&gw, &format!("workspace={DEMO_WS}"))
+            .await
+            .first()
+            .is_some_and(|r| r["model"] == "long-context")
+    })
+    .await
+    .expect("the model is found in the body's first bytes");
+}
+
+#[tokio::test]
+async fn a_redis_outage_loses_no_audit_record_and_no_spend() {
+    let mut redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .redis(&redis.url(), "outage")
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (id, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    for _ in 0..5 {
+        assert_eq!(gw.chat(&key).await.status(), 200);
+    }
+    redis.stop().await;
+    for _ in 0..7 {
+        assert_eq!(gw.chat(&key).await.status(), 200, "a cached key works on");
+    }
+    redis.resume().await;
+    for _ in 0..3 {
+        assert_eq!(gw.chat(&key).await.status(), 200);
+    }
+    eventually(Duration::from_secs(10), || async {
+        audit(&gw, &format!("workspace={ws}&limit=1000"))
+            .await
+            .len()
+            == 15
+    })
+    .await
+    .expect("all 15 audit records, including the 7 made while Redis was down");
+    eventually(Duration::from_secs(5), || async {
+        usage(&gw, &ws).await["keys"][&id] == 15.0
+    })
+    .await
+    .expect("all 15 credits");
+}
+
+#[tokio::test]
+async fn what_cannot_be_written_at_shutdown_is_spooled_and_written_at_the_next_start() {
+    let mut redis = RedisServer::start().await;
+    let spool = tempfile::tempdir().unwrap();
+    let mut gw = Gateway::builder()
+        .redis(&redis.url(), "spool")
+        .spool_dir(spool.path())
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (id, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    assert_eq!(gw.chat(&key).await.status(), 200);
+    redis.stop().await;
+    for _ in 0..4 {
+        assert_eq!(gw.chat(&key).await.status(), 200);
+    }
+    std::process::Command::new("kill")
+        .args(["-TERM", &gw.pid().to_string()])
+        .status()
+        .unwrap();
+    gw.wait_exit(Duration::from_secs(15))
+        .expect("the gateway stops after SIGTERM");
+    let spooled: Vec<_> = std::fs::read_dir(spool.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(
+        spooled.iter().any(|f| f.starts_with("audit-")),
+        "{spooled:?}"
+    );
+    assert!(spooled.iter().any(|f| f == "spend.json"), "{spooled:?}");
+
+    redis.resume().await;
+    let gw = Gateway::builder()
+        .redis(&redis.url(), "spool")
+        .spool_dir(spool.path())
+        .start()
+        .await;
+    eventually(Duration::from_secs(10), || async {
+        audit(&gw, &format!("workspace={ws}")).await.len() == 5
+    })
+    .await
+    .expect("the spooled audit records are written");
+    eventually(Duration::from_secs(5), || async {
+        usage(&gw, &ws).await["keys"][&id] == 5.0
+    })
+    .await
+    .expect("the spooled spend is charged");
+    let left = std::fs::read_dir(spool.path()).unwrap().count();
+    assert_eq!(left, 0, "the spool is emptied");
+}
