@@ -21,10 +21,11 @@ pub struct Limit {
     pub burst: u32,
 }
 
-/// GCRA state: the theoretical arrival time of the next request, in milliseconds.
+/// GCRA state: the theoretical arrival time of the next request, in microseconds (so rates
+/// above one request per millisecond keep their precision).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Gcra {
-    tat_ms: u64,
+    tat_us: u64,
 }
 
 impl Gcra {
@@ -33,13 +34,14 @@ impl Gcra {
         if limit.requests_per_minute == 0 {
             return Err(60_000);
         }
-        let interval = 60_000 / u64::from(limit.requests_per_minute).max(1);
-        let tolerance = interval * u64::from(limit.burst.max(1) - 1);
-        let tat = self.tat_ms.max(now_ms);
-        if tat > now_ms + tolerance {
-            return Err(tat - now_ms - tolerance);
+        let now = now_ms.saturating_mul(1000);
+        let interval = (60_000_000 / u64::from(limit.requests_per_minute)).max(1);
+        let tolerance = interval.saturating_mul(u64::from(limit.burst.max(1) - 1));
+        let tat = self.tat_us.max(now);
+        if tat > now.saturating_add(tolerance) {
+            return Err((tat - now - tolerance).div_ceil(1000));
         }
-        self.tat_ms = tat + interval;
+        self.tat_us = tat + interval;
         Ok(())
     }
 }

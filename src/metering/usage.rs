@@ -257,14 +257,14 @@ impl Usage {
             return;
         }
         let mut ledger = self.ledger();
-        let pending = ledger.pending.entry(key.workspace.to_string()).or_default();
+        let pending = match ledger.pending.get_mut(&*key.workspace) {
+            Some(p) => p,
+            None => ledger.pending.entry(key.workspace.to_string()).or_default(),
+        };
         pending.total += cost.micros();
-        *pending
-            .keys
-            .entry(key.billed_key_id().to_string())
-            .or_default() += cost.micros();
+        add(&mut pending.keys, key.billed_key_id(), cost.micros());
         if let Some(p) = project {
-            *pending.projects.entry(p.to_string()).or_default() += cost.micros();
+            add(&mut pending.projects, p, cost.micros());
         }
     }
 
@@ -339,6 +339,16 @@ impl Usage {
         let mut ledger = self.ledger();
         for (ws, s) in spend {
             ledger.pending.entry(ws).or_default().add(&s);
+        }
+    }
+}
+
+/// Adds `amount` to `map[name]`, allocating the name only the first time.
+fn add(map: &mut HashMap<String, i64>, name: &str, amount: i64) {
+    match map.get_mut(name) {
+        Some(v) => *v += amount,
+        None => {
+            map.insert(name.to_string(), amount);
         }
     }
 }
