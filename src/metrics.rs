@@ -47,12 +47,27 @@ static KEY_LOOKUPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+static POLICY_REJECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "svcgate_policy_rejections_total",
+        "Requests refused by policy, by reason (rate_limit, budget_key, budget_project, budget_workspace).",
+        &["reason"]
+    )
+    .expect("metric registers once")
+});
+
 /// Registers every metric so `/metrics` lists them before the first request.
 pub fn init() {
     LazyLock::force(&REQUESTS);
     LazyLock::force(&REQUEST_DURATION);
     LazyLock::force(&AUTH_FAILURES);
     LazyLock::force(&KEY_LOOKUPS);
+    LazyLock::force(&POLICY_REJECTIONS);
+}
+
+/// Counts one request refused by a rate limit or a budget.
+pub fn record_policy_rejection(reason: &'static str) {
+    POLICY_REJECTIONS.with_label_values(&[reason]).inc();
 }
 
 /// Counts one answered request.

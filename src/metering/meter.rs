@@ -14,7 +14,7 @@ use std::time::Duration;
 use super::audit::{audit_log, AuditLog, AuditRecord, AuditWriter};
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
-use super::usage::{PendingSpend, RateFlush, Usage, UsageFlush};
+use super::usage::{BudgetScope, PendingSpend, RateFlush, Usage, UsageFlush};
 use super::Credits;
 use crate::error::ApiError;
 use crate::keys::{CachedKey, Environment};
@@ -84,6 +84,7 @@ impl Meter {
         let limit = self.limit_for(key);
         let decision = self.rate.check(key.billed_key_id(), limit, now_ms);
         if !decision.allowed {
+            crate::metrics::record_policy_rejection("rate_limit");
             return Err((
                 ApiError::RateLimited {
                     message: format!(
@@ -99,6 +100,11 @@ impl Meter {
         // Test keys are never billed, so no budget can be spent by them.
         if key.effective_environment() != Environment::Test {
             if let Err(scope) = self.usage.check(key, project) {
+                crate::metrics::record_policy_rejection(match scope {
+                    BudgetScope::Key => "budget_key",
+                    BudgetScope::Project => "budget_project",
+                    BudgetScope::Workspace => "budget_workspace",
+                });
                 return Err((
                     ApiError::BudgetExceeded(
                         format!("the {} monthly budget is spent", scope.as_str()).into(),
