@@ -304,10 +304,7 @@ async fn revoked_keys_stop_working_at_once() {
     let gw = Gateway::builder().start().await;
     let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;
     assert_eq!(gw.chat(&key).await.status(), 200);
-    gw.admin_request(Method::POST, &format!("/admin/v1/keys/{id}/revoke"))
-        .send()
-        .await
-        .unwrap();
+    gw.revoke(&id).await;
     let body = assert_error(gw.chat(&key).await, 401, "authentication_error").await;
     assert!(body["error"]["message"]
         .as_str()

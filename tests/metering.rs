@@ -19,14 +19,7 @@ async fn usage(gw: &Gateway, ws: &str) -> Value {
 }
 
 async fn audit(gw: &Gateway, query: &str) -> Vec<Value> {
-    let page: Value = gw
-        .admin_request(Method::GET, &format!("/admin/v1/audit?{query}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let page = gw.admin_get(&format!("/admin/v1/audit?{query}")).await;
     page["data"].as_array().cloned().unwrap_or_default()
 }
 
@@ -187,14 +180,7 @@ async fn project_budgets_from_the_admin_api_apply() {
 #[tokio::test]
 async fn two_replicas_keep_a_budget_exactly_when_requests_are_paced() {
     let ns = TestNamespace::new();
-    let a = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
-    let b = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let (a, b) = replicas(&ns).await;
     let ws = a.create_workspace().await;
     let (id, key) = a
         .create_key_in(&ws, "live", &["chat.completions:create"])
@@ -222,14 +208,7 @@ async fn two_replicas_keep_a_budget_exactly_when_requests_are_paced() {
 #[tokio::test]
 async fn credits_low_fires_once_per_crossing_however_many_replicas_see_it() {
     let ns = TestNamespace::new();
-    let a = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
-    let b = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let (a, b) = replicas(&ns).await;
     let resp = a
         .admin_request(Method::POST, "/admin/v1/workspaces")
         .json(&json!({"name": "Low", "admin_emails": ["ops@example.com"], "monthly_credits": 10, "credits_low_threshold": 7.5}))

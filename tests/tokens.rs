@@ -170,10 +170,7 @@ async fn a_token_dies_with_its_parent_and_follows_its_scopes() {
         .unwrap();
     assert_error(gw.chat(&token).await, 403, "permission_error").await;
 
-    gw.admin_request(Method::POST, &format!("/admin/v1/keys/{parent_id}/revoke"))
-        .send()
-        .await
-        .unwrap();
+    gw.revoke(&parent_id).await;
     let body = assert_error(gw.chat(&token).await, 401, "authentication_error").await;
     assert!(body["error"]["message"]
         .as_str()
@@ -233,14 +230,7 @@ async fn tokens_of_test_keys_never_reach_the_live_backend() {
 #[tokio::test]
 async fn a_token_minted_on_one_replica_works_on_another() {
     let ns = TestNamespace::new();
-    let a = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
-    let b = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let (a, b) = replicas(&ns).await;
     let ws = a.create_workspace().await;
     let (parent_id, key) = a
         .create_key_in(&ws, "live", &["tokens:create", "chat.completions:create"])
@@ -251,19 +241,8 @@ async fn a_token_minted_on_one_replica_works_on_another() {
         .to_string();
     assert_eq!(b.chat(&token).await.status(), 200);
     // Tokens are not keys: they do not show up in the workspace's key list.
-    let listed: Value = a
-        .admin_request(Method::GET, &format!("/admin/v1/keys?workspace={ws}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(listed["data"].as_array().unwrap().len(), 1);
-    a.admin_request(Method::POST, &format!("/admin/v1/keys/{parent_id}/revoke"))
-        .send()
-        .await
-        .unwrap();
+    assert_eq!(a.list_keys(&ws).await.len(), 1);
+    a.revoke(&parent_id).await;
     eventually(Duration::from_secs(5), || async {
         b.chat(&token).await.status() == 401
     })

@@ -102,6 +102,19 @@ pub async fn broken_upstream() -> SocketAddr {
     addr
 }
 
+/// Two gateway replicas sharing one Redis namespace.
+pub async fn replicas(namespace: &TestNamespace) -> (Gateway, Gateway) {
+    let a = Gateway::builder()
+        .redis(&redis_url(), &namespace.name)
+        .start()
+        .await;
+    let b = Gateway::builder()
+        .redis(&redis_url(), &namespace.name)
+        .start()
+        .await;
+    (a, b)
+}
+
 /// Builder for a gateway process.
 #[derive(Default)]
 pub struct GatewayBuilder {
@@ -345,6 +358,38 @@ impl Gateway {
             body["id"].as_str().unwrap().to_string(),
             body["key"].as_str().unwrap().to_string(),
         )
+    }
+
+    /// `GET` on the admin API, as JSON.
+    pub async fn admin_get(&self, path: &str) -> Value {
+        self.admin_request(reqwest::Method::GET, path)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// The keys of a workspace, as the admin API lists them.
+    pub async fn list_keys(&self, workspace: &str) -> Vec<Value> {
+        let listed = self
+            .admin_get(&format!("/admin/v1/keys?workspace={workspace}"))
+            .await;
+        listed["data"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Revokes a key through the admin API.
+    pub async fn revoke(&self, id: &str) {
+        let resp = self
+            .admin_request(
+                reqwest::Method::POST,
+                &format!("/admin/v1/keys/{id}/revoke"),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
     }
 
     /// `POST /v1/chat/completions` with `key`.
