@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Side-by-side load benchmark, one command: `benches/load.sh`
+#
+# Starts on loopback, in one run: a fast backend (examples/upstream.rs, JSON + Service-Credits),
+# bare Pingora with no auth (examples/passthrough.rs, the ceiling), svcgate's authentication
+# alone (examples/auth_only.rs), and `svcgate serve` with the Redis store and the full policy
+# (auth, scope, rate limit, budget, spend, audit). Drives each with wrk at a fixed concurrency,
+# alternating the targets round by round, and prints requests/s, latency percentiles, added p99
+# latency versus the backend alone, throughput ratios, Redis commands per request (from
+# INFO commandstats deltas) and svcgate's resident memory.
+#
+# Knobs (environment): DURATION (s per run, 10), CONNS (32), ROUNDS (3), REDIS_URL.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10}
+CONNS=${CONNS:-32}
+ROUNDS=${ROUNDS:-3}
+REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
+NS="loadbench-$$"
+UPSTREAM=127.0.0.1:19000 PASS=127.0.0.1:18090 AUTH=127.0.0.1:18091
+GW=127.0.0.1:18080 ADMIN=127.0.0.1:18081 METRICS=127.0.0.1:19091
+TOKEN=load-bench-admin
+
+command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+redis_cli() { redis-cli -u "$REDIS_URL" "$@"; }
+redis_cli ping >/dev/null
+
+cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example auth_only
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  for pattern in "$NS:*" "{$NS}*"; do
+    redis_cli --scan --pattern "$pattern" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+target/release/examples/upstream "$UPSTREAM" & pids+=($!)
+target/release/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pids+=($!)
+SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
+SVCGATE_SERVER_LISTEN="$GW" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
+SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
+SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
+SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn \
+  target/release/svcgate serve 2>"$work/svcgate.log" & gw_pid=$!
+pids+=($gw_pid)
+
+for _ in $(seq 1 100); do curl -sf "http://$ADMIN/healthz" >/dev/null && break; sleep 0.1; done
+ws=$(curl -sf -X POST "http://$ADMIN/admin/v1/workspaces" -H "Authorization: Bearer $TOKEN" \
+  -H 'Content-Type: application/json' -d '{"name":"load","admin_emails":["ops@example.com"],"monthly_credits":1000000000}' \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+key=$(curl -sf -X POST "http://$ADMIN/admin/v1/keys" -H "Authorization: Bearer $TOKEN" \
+  -H 'Content-Type: application/json' \
+  -d "{\"workspace\":\"$ws\",\"environment\":\"live\",\"scopes\":[\"chat.completions:create\"],\"monthly_budget\":1000000000}" \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
+target/release/examples/auth_only "$AUTH" "$UPSTREAM" "$REDIS_URL" "$NS" 2>/dev/null & pids+=($!)
+sleep 1
+
+cat > "$work/post.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"model":"load-1","messages":[{"role":"user","content":"hello"}]}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer $key"
+LUA
+
+ms() { # wrk latency like 512.00us / 1.20ms / 1.01s → milliseconds
+  awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n += 0; else if (v ~ /s$/) n *= 1000; printf "%.3f", n }'
+}
+commands() { redis_cli info commandstats | awk -F'calls=' '/calls=/ { split($2, a, ","); s += a[1] } END { print s + 0 }'; }
+
+declare -A RPS P50 P99 REQS CMDS
+run() { # name url
+  local out
+  [ "$1" = svcgate ] && local before=$(commands)
+  out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$work/post.lua" "$2")
+  if [ "$1" = svcgate ]; then sleep 0.5; CMDS[$1]+="$(( $(commands) - before )) "; fi
+  RPS[$1]+="$(awk '/Requests\/sec/ { print $2 }' <<<"$out") "
+  P50[$1]+="$(ms "$(awk '$1 == "50%" { print $2 }' <<<"$out")") "
+  P99[$1]+="$(ms "$(awk '$1 == "99%" { print $2 }' <<<"$out")") "
+  REQS[$1]+="$(awk '/requests in/ { print $1 }' <<<"$out") "
+}
+median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+
+targets=(direct passthrough auth_only svcgate)
+declare -A URL=([direct]="http://$UPSTREAM/v1/chat/completions" [passthrough]="http://$PASS/v1/chat/completions"
+                [auth_only]="http://$AUTH/v1/chat/completions" [svcgate]="http://$GW/v1/chat/completions")
+for t in "${targets[@]}"; do wrk -t2 -c"$CONNS" -d2s -s "$work/post.lua" "${URL[$t]}" >/dev/null; done
+for round in $(seq 1 "$ROUNDS"); do
+  for t in "${targets[@]}"; do run "$t" "${URL[$t]}"; done
+  echo "round $round done" >&2
+done
+
+rss_mb=$(awk '/VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$gw_pid/status")
+total_reqs=0; for r in ${REQS[svcgate]}; do total_reqs=$((total_reqs + r)); done
+total_cmds=0; for c in ${CMDS[svcgate]}; do total_cmds=$((total_cmds + c)); done
+direct_p99=$(median "${P99[direct]}")
+printf '\n%s on %s cores, %s connections, %s rounds of %ss (medians)\n' "$(uname -m)" "$(nproc)" "$CONNS" "$ROUNDS" "$DURATION"
+printf '%-12s %12s %10s %10s %16s\n' target 'requests/s' 'p50 ms' 'p99 ms' 'added p99 ms'
+for t in "${targets[@]}"; do
+  p99=$(median "${P99[$t]}")
+  printf '%-12s %12s %10s %10s %16s\n' "$t" "$(median "${RPS[$t]}")" "$(median "${P50[$t]}")" "$p99" \
+    "$(awk -v a="$p99" -v b="$direct_p99" 'BEGIN { printf "%.3f", a - b }')"
+done
+awk -v s="$(median "${RPS[svcgate]}")" -v a="$(median "${RPS[auth_only]}")" -v p="$(median "${RPS[passthrough]}")" \
+  'BEGIN { printf "\nsvcgate / auth alone: %.0f%%   svcgate / bare Pingora: %.0f%%\n", 100 * s / a, 100 * s / p }'
+awk -v c="$total_cmds" -v r="$total_reqs" 'BEGIN { printf "Redis commands per request (svcgate): %.4f\n", c / r }'
+echo "svcgate resident memory: ${rss_mb} MB"
