@@ -51,7 +51,11 @@ impl ProxyHttp for AuthOnly {
         }
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut Self::CTX) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut Self::CTX,
+    ) -> Result<Box<HttpPeer>> {
         Ok(Box::new(self.peer.clone()))
     }
 
@@ -62,7 +66,9 @@ impl ProxyHttp for AuthOnly {
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         match ctx {
-            Some((caller, request_id)) => upstream::set_identity_headers(req, &caller.key, request_id),
+            Some((caller, request_id)) => {
+                upstream::set_identity_headers(req, &caller.key, request_id)
+            }
             None => Ok(()),
         }
     }
@@ -76,7 +82,9 @@ fn main() {
         .unwrap_or_else(|| "127.0.0.1:9000".into())
         .parse()
         .expect("upstream is ip:port");
-    let redis_url = args.next().unwrap_or_else(|| "redis://127.0.0.1:6379".into());
+    let redis_url = args
+        .next()
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".into());
     let namespace = args.next().unwrap_or_else(|| "svcgate".into());
 
     let store_runtime = tokio::runtime::Runtime::new().expect("runtime");

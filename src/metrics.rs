@@ -3,7 +3,10 @@
 //! Label sets stay bounded: route templates (not raw paths), status codes, environments and
 //! fixed reason names. Never key ids or workspace ids.
 
-use prometheus::{register_histogram_vec, register_int_counter_vec, HistogramVec, IntCounterVec};
+use prometheus::{
+    register_gauge, register_histogram_vec, register_int_counter_vec, register_int_gauge, Gauge,
+    HistogramVec, IntCounterVec, IntGauge,
+};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -56,6 +59,35 @@ static POLICY_REJECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+static UPSTREAM_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "svcgate_upstream_duration_seconds",
+        "Time from sending a request to the backend to its response header, by route template.",
+        &["route"],
+        vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            30.0
+        ]
+    )
+    .expect("metric registers once")
+});
+
+static CACHE_KEYS: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "svcgate_key_cache_entries",
+        "Keys held in the in-process key cache."
+    )
+    .expect("metric registers once")
+});
+
+static CACHE_SYNC_AGE: LazyLock<Gauge> = LazyLock::new(|| {
+    register_gauge!(
+        "svcgate_key_cache_sync_age_seconds",
+        "Seconds since the key cache last caught up with the store (staleness while it is away)."
+    )
+    .expect("metric registers once")
+});
+
 /// Registers every metric so `/metrics` lists them before the first request.
 pub fn init() {
     LazyLock::force(&REQUESTS);
@@ -63,6 +95,22 @@ pub fn init() {
     LazyLock::force(&AUTH_FAILURES);
     LazyLock::force(&KEY_LOOKUPS);
     LazyLock::force(&POLICY_REJECTIONS);
+    LazyLock::force(&UPSTREAM_DURATION);
+    LazyLock::force(&CACHE_KEYS);
+    LazyLock::force(&CACHE_SYNC_AGE);
+}
+
+/// Records how long the backend took to answer.
+pub fn record_upstream(route: &str, elapsed: Duration) {
+    UPSTREAM_DURATION
+        .with_label_values(&[route])
+        .observe(elapsed.as_secs_f64());
+}
+
+/// Publishes the key cache's size and the age of its last successful sync.
+pub fn record_key_cache(entries: usize, sync_age: Duration) {
+    CACHE_KEYS.set(entries as i64);
+    CACHE_SYNC_AGE.set(sync_age.as_secs_f64());
 }
 
 /// Counts one request refused by a rate limit or a budget.

@@ -66,6 +66,8 @@ pub struct RequestCtx {
     pub model: Option<String>,
     /// The first bytes of a forwarded body, to find its `model`.
     body_prefix: Vec<u8>,
+    /// When the request went to the backend.
+    upstream_sent: Option<Instant>,
 }
 
 impl RequestCtx {
@@ -219,6 +221,7 @@ impl ProxyHttp for Gateway {
             reported_credits: None,
             model: None,
             body_prefix: Vec::new(),
+            upstream_sent: None,
         }
     }
 
@@ -280,7 +283,9 @@ impl ProxyHttp for Gateway {
             .caller
             .as_ref()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "forwarding without a key"))?;
-        upstream::set_identity_headers(upstream_request, &caller.key, &ctx.request_id)
+        upstream::set_identity_headers(upstream_request, &caller.key, &ctx.request_id)?;
+        ctx.upstream_sent = Some(Instant::now());
+        Ok(())
     }
 
     async fn response_filter(
@@ -289,6 +294,9 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if let (Some(sent), Some(route)) = (ctx.upstream_sent, &ctx.route) {
+            metrics::record_upstream(&route.template, sent.elapsed());
+        }
         if let Some(v) = upstream_response.headers.get("service-credits") {
             // An unreadable figure is no figure: the route's price applies.
             ctx.reported_credits = v.to_str().ok().and_then(Credits::parse_decimal);

@@ -204,7 +204,9 @@ impl KeyCache {
                 _ = signal.notified() => {}
                 _ = tokio::time::sleep(self.config.poll_interval) => {}
             }
-            match self.sync().await {
+            let sync = self.sync().await;
+            crate::metrics::record_key_cache(self.len(), self.sync_age());
+            match sync {
                 Ok(()) if failing => {
                     failing = false;
                     tracing::info!("key store reachable again; cache in sync");
@@ -217,6 +219,12 @@ impl KeyCache {
                 Err(_) => {}
             }
         }
+    }
+
+    /// Time since the last successful sync (since start, if there was none).
+    pub fn sync_age(&self) -> Duration {
+        let synced = self.synced_at_ms.load(Ordering::Acquire);
+        Duration::from_millis(self.now_ms().saturating_sub(synced))
     }
 
     fn now_ms(&self) -> u64 {

@@ -55,6 +55,14 @@ impl RecordingUpstream {
                  uri: Uri,
                  headers: HeaderMap,
                  body: Bytes| async move {
+                    // A test can ask for a slow answer.
+                    if let Some(ms) = headers
+                        .get("x-test-delay-ms")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse().ok())
+                    {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                    }
                     seen.lock().unwrap().push(Recorded {
                         method,
                         path: uri.path().to_string(),
@@ -124,6 +132,8 @@ pub struct GatewayBuilder {
     store_toml: String,
     metering_toml: String,
     spool_dir: Option<PathBuf>,
+    server_toml: String,
+    log_filter: Option<String>,
     extra_toml: String,
 }
 
@@ -148,6 +158,19 @@ impl GatewayBuilder {
     pub fn store_settings(mut self, toml: &str) -> Self {
         self.store_toml.push_str(toml);
         self.store_toml.push('\n');
+        self
+    }
+
+    /// Extra `[server]` keys (they override the harness's).
+    pub fn server(mut self, toml: &str) -> Self {
+        self.server_toml.push_str(toml);
+        self.server_toml.push('\n');
+        self
+    }
+
+    /// `RUST_LOG` of the gateway (default `info`).
+    pub fn log_filter(mut self, filter: &str) -> Self {
+        self.log_filter = Some(filter.to_string());
         self
     }
 
@@ -198,18 +221,29 @@ impl GatewayBuilder {
             spool_dir.display(),
             self.metering_toml
         );
-        let config = format!(
-            "{store}{metering}[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+        let mut server: toml::Table = format!(
+            "listen = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
              metrics_listen = \"127.0.0.1:{metrics}\"\nadmin_token = \"{ADMIN_TOKEN}\"\n\
              threads = 2\nshutdown_grace_seconds = 0\nshutdown_timeout_seconds = 1\n\
-             upgrade_sock = \"{sock}\"\n{upstream}{extra}",
+             upgrade_sock = \"{sock}\"\n",
             sock = dir.path().join("upgrade.sock").display(),
+        )
+        .parse()
+        .unwrap();
+        let overrides: toml::Table = self.server_toml.parse().unwrap();
+        server.extend(overrides);
+        let config = format!(
+            "{store}{metering}[server]\n{server}{upstream}{extra}",
             extra = self.extra_toml,
         );
         let config_path = dir.path().join("svcgate.toml");
         std::fs::write(&config_path, config).unwrap();
         let log_path = dir.path().join("svcgate.log");
-        let child = svcgate_command()
+        let mut command = svcgate_command();
+        if let Some(filter) = &self.log_filter {
+            command.env("RUST_LOG", filter);
+        }
+        let child = command
             .args(["serve", "--config"])
             .arg(&config_path)
             .stdout(Stdio::null())

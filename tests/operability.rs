@@ -1,0 +1,232 @@
+//! Running svcgate as an operator would: metrics that parse and move, logs without secrets,
+//! and a shutdown that finishes what it started.
+
+mod common;
+
+use common::*;
+use reqwest::Method;
+use serde_json::json;
+use std::time::Duration;
+
+fn sample(metrics: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metrics
+        .samples
+        .iter()
+        .find(|s| {
+            s.metric == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(k).is_some_and(|l| l == *v))
+        })
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Histogram(ref h) => h.last().map_or(0.0, |b| b.count),
+            _ => 0.0,
+        })
+}
+
+async fn scrape(gw: &Gateway) -> prometheus_parse::Scrape {
+    let text = gw
+        .http
+        .get(format!("{}/metrics", gw.metrics))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("/metrics is Prometheus text")
+}
+
+#[tokio::test]
+async fn metrics_parse_and_move_with_a_scripted_set_of_requests() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder()
+        .live(live.addr)
+        .toml("[limits]\nlive_requests_per_minute = 3\nlive_burst = 3\n")
+        .start()
+        .await;
+    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    for _ in 0..3 {
+        assert_eq!(gw.chat(&key).await.status(), 200);
+    }
+    assert_eq!(gw.chat(&key).await.status(), 429);
+    assert_eq!(gw.chat("svc_live_short").await.status(), 401);
+    let unknown = svcgate::keys::format::generate(svcgate::keys::Environment::Live).value;
+    assert_eq!(gw.chat(&unknown).await.status(), 401);
+
+    let m = scrape(&gw).await;
+    let chat = "/v1/chat/completions";
+    assert_eq!(
+        sample(
+            &m,
+            "svcgate_requests_total",
+            &[("route", chat), ("status", "200"), ("environment", "live")]
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "svcgate_requests_total",
+            &[("route", chat), ("status", "429")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "svcgate_auth_failures_total",
+            &[("reason", "bad_length")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "svcgate_auth_failures_total",
+            &[("reason", "unknown_key")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "svcgate_policy_rejections_total",
+            &[("reason", "rate_limit")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "svcgate_upstream_duration_seconds_count",
+            &[("route", chat)]
+        ),
+        Some(3.0)
+    );
+    assert!(sample(&m, "svcgate_key_cache_lookups_total", &[("outcome", "hit")]).unwrap() >= 3.0);
+    assert!(
+        sample(
+            &m,
+            "svcgate_request_duration_seconds_count",
+            &[("route", chat)]
+        )
+        .unwrap()
+            >= 4.0
+    );
+    assert!(sample(&m, "svcgate_key_cache_entries", &[]).is_some());
+    // Label sets stay bounded: no key ids, no workspace ids, no raw paths.
+    for s in &m.samples {
+        for (_, v) in s.labels.iter() {
+            assert!(
+                !v.starts_with("key_") && !v.starts_with("ws_") && !v.starts_with("svc_"),
+                "{v}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn no_secret_reaches_the_log_even_at_debug_level() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder()
+        .live(live.addr)
+        .log_filter("debug")
+        .start()
+        .await;
+    let (id, key) = gw
+        .create_key("live", &["chat.completions:create", "tokens:create"])
+        .await;
+    assert_eq!(gw.chat(&key).await.status(), 200);
+    let token: serde_json::Value = gw
+        .request(Method::POST, "/v1/tokens")
+        .bearer_auth(&key)
+        .json(&json!({"scopes": ["chat.completions:create"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = token["value"].as_str().unwrap().to_string();
+    assert_eq!(gw.chat(&token).await.status(), 200);
+    let rotated: serde_json::Value = gw
+        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/rotate"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let successor = rotated["key"].as_str().unwrap().to_string();
+    let mut flipped = key.clone().into_bytes();
+    flipped[20] = if flipped[20] == b'a' { b'b' } else { b'a' };
+    let flipped = String::from_utf8(flipped).unwrap();
+    assert_eq!(gw.chat(&flipped).await.status(), 401);
+    gw.admin_request(Method::POST, "/admin/v1/leaks")
+        .json(&json!([{"token": successor}]))
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let log = gw.logs();
+    assert!(log.contains("key created"), "the log is being written");
+    for secret in [&key, &token, &successor, &flipped] {
+        // Not even the random part of a secret may appear.
+        assert!(
+            !log.contains(&secret[secret.len() - 24..]),
+            "a secret reached the log"
+        );
+    }
+    assert!(
+        !log.contains(ADMIN_TOKEN),
+        "the admin token reached the log"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_requests_finish() {
+    let live = RecordingUpstream::start("live").await;
+    let mut gw = Gateway::builder()
+        .live(live.addr)
+        .server("shutdown_grace_seconds = 3\nshutdown_timeout_seconds = 2")
+        .start()
+        .await;
+    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    let slow = {
+        let req = gw
+            .request(Method::POST, "/v1/chat/completions")
+            .bearer_auth(&key)
+            .header("x-test-delay-ms", "1500")
+            .json(&json!({"model": "m"}));
+        tokio::spawn(async move { req.send().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::process::Command::new("kill")
+        .args(["-TERM", &gw.pid().to_string()])
+        .status()
+        .unwrap();
+    let resp = slow
+        .await
+        .unwrap()
+        .expect("the in-flight request is answered");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap()["upstream"],
+        "live"
+    );
+    let (status, took) = tokio::task::spawn_blocking(move || {
+        let r = gw.wait_exit(Duration::from_secs(15));
+        (r, gw)
+    })
+    .await
+    .map(|(r, _gw)| r.expect("the gateway exits"))
+    .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(10));
+}
