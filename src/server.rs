@@ -78,11 +78,12 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     // first so a conflict fails at once with the key to change. In an upgrade the old
     // process still holds the ports and hands them over, so there is nothing to check.
     let server_cfg = &config.server;
-    let admin_listener = bind("server.admin_listen", &server_cfg.admin_listen)?;
     if !options.upgrade {
         drop(bind("server.listen", &server_cfg.listen)?);
+        drop(bind("server.admin_listen", &server_cfg.admin_listen)?);
         drop(bind("server.metrics_listen", &server_cfg.metrics_listen)?);
     }
+    let admin_listener = bind_shared("server.admin_listen", &server_cfg.admin_listen)?;
 
     let threads = match server_cfg.threads {
         0 => std::thread::available_parallelism().map_or(2, usize::from),
@@ -148,6 +149,30 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     store_runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     tracing::info!("svcgate stopped");
     Ok(())
+}
+
+/// Binds the admin listener with `SO_REUSEPORT`, so during a graceful upgrade the new process
+/// can listen beside the old one (Pingora hands over its own listeners; this one is ours).
+fn bind_shared(key: &'static str, addr: &str) -> Result<TcpListener, StartError> {
+    let error = |source: std::io::Error| StartError::Bind {
+        key,
+        addr: addr.to_string(),
+        source,
+    };
+    let sockaddr: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|_| error(std::io::Error::other("not an address")))?;
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(sockaddr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .map_err(error)?;
+    socket.set_reuse_address(true).map_err(error)?;
+    socket.set_reuse_port(true).map_err(error)?;
+    socket.bind(&sockaddr.into()).map_err(error)?;
+    socket.listen(1024).map_err(error)?;
+    Ok(socket.into())
 }
 
 fn bind(key: &'static str, addr: &str) -> Result<TcpListener, StartError> {

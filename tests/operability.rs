@@ -230,3 +230,56 @@ async fn sigterm_lets_in_flight_requests_finish() {
     assert!(status.success(), "{status:?}");
     assert!(took < Duration::from_secs(10));
 }
+
+#[tokio::test]
+async fn a_graceful_upgrade_hands_over_without_refusing_requests() {
+    let ns = TestNamespace::new();
+    let mut gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .server("shutdown_grace_seconds = 1\nshutdown_timeout_seconds = 1")
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    let base = gw.base.clone();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let load = tokio::spawn(async move {
+        let mut statuses = Vec::new();
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(8) {
+            let status = client
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth(&key)
+                .json(&json!({}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0);
+            statuses.push(status);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        statuses
+    });
+    let gw = tokio::task::spawn_blocking(move || {
+        gw.upgrade();
+        gw
+    })
+    .await
+    .unwrap();
+    let statuses = load.await.unwrap();
+    assert!(statuses.len() > 50);
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "refused or failed during the upgrade: {:?}",
+        statuses.iter().filter(|s| **s != 200).collect::<Vec<_>>()
+    );
+    // The new process serves the admin API and the gateway.
+    let (id, _) = gw.create_key_in(&ws, "live", &["models:read"]).await;
+    assert!(id.starts_with("key_"));
+    assert!(gw.logs().contains("svcgate serving"));
+}

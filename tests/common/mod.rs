@@ -251,6 +251,7 @@ impl GatewayBuilder {
             .spawn()
             .expect("svcgate starts");
         let gw = Gateway {
+            config_path: config_path.clone(),
             spool_dir,
             child: Some(child),
             base: format!("http://127.0.0.1:{listen}"),
@@ -290,6 +291,7 @@ pub struct Gateway {
     log_path: PathBuf,
     /// Where this gateway spools spend and audit records.
     pub spool_dir: PathBuf,
+    config_path: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -317,6 +319,34 @@ impl Gateway {
                 self.logs()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A graceful upgrade: starts a new process with `serve -u` on the same config, tells the
+    /// old one to hand over its listeners (SIGQUIT), and waits for the old one to exit.
+    pub fn upgrade(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log_path)
+            .unwrap();
+        let new = svcgate_command()
+            .args(["serve", "-u", "--config"])
+            .arg(&self.config_path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("svcgate starts");
+        // The new process waits for the listeners; give it a moment to reach that point.
+        std::thread::sleep(Duration::from_millis(500));
+        let mut old = self.child.replace(new).unwrap();
+        Command::new("kill")
+            .args(["-QUIT", &old.id().to_string()])
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while old.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the old process did not exit");
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
