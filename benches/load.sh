@@ -91,7 +91,12 @@ declare -A URL=([direct]="http://$UPSTREAM/v1/chat/completions" [passthrough]="h
                 [auth_only]="http://$AUTH/v1/chat/completions" [svcgate]="http://$GW/v1/chat/completions")
 for t in "${targets[@]}"; do wrk -t2 -c"$CONNS" -d2s -s "$work/post.lua" "${URL[$t]}" >/dev/null; done
 for round in $(seq 1 "$ROUNDS"); do
-  for t in "${targets[@]}"; do run "$t" "${URL[$t]}"; done
+  # Rotate the order every round, so no target always runs first or last.
+  n=${#targets[@]}
+  for i in $(seq 0 $((n - 1))); do
+    t=${targets[$(( (i + round) % n ))]}
+    run "$t" "${URL[$t]}"
+  done
   echo "round $round done" >&2
 done
 

@@ -155,13 +155,14 @@ impl AuditWriter {
         }
         while !self.backlog.is_empty() {
             let n = self.backlog.len().min(5_000);
-            let batch: Vec<AuditRecord> = self.backlog.iter().take(n).cloned().collect();
+            // Moved out, not copied; put back in order if the store refuses them.
+            let batch: Vec<AuditRecord> = self.backlog.drain(..n).collect();
             match self.store.append_audit(&batch).await {
-                Ok(()) => {
-                    self.backlog.drain(..n);
-                    written += n;
-                }
+                Ok(()) => written += n,
                 Err(e) => {
+                    for record in batch.into_iter().rev() {
+                        self.backlog.push_front(record);
+                    }
                     if self.backlog.len() > self.max_backlog {
                         let spilled: Vec<AuditRecord> = self.backlog.drain(..).collect();
                         match self.spool.write(&spilled) {
