@@ -74,46 +74,43 @@ impl Meter {
         }
     }
 
-    /// Rate limit (429), then budgets (402), before a request is forwarded.
+    /// Rate limit (429), then budgets (402), before a request is forwarded. The rate decision
+    /// comes back either way: its `RateLimit-*` headers go on every answer.
     pub fn admit(
         &self,
         key: &CachedKey,
         project: Option<&str>,
         now_ms: u64,
-    ) -> Result<Decision, (ApiError, Decision)> {
+    ) -> (Decision, Result<(), ApiError>) {
         let limit = self.limit_for(key);
         let decision = self.rate.check(key.billed_key_id(), limit, now_ms);
         if !decision.allowed {
             crate::metrics::record_policy_rejection("rate_limit");
-            return Err((
-                ApiError::RateLimited {
-                    message: format!(
-                        "rate limit of {} requests per minute exceeded for this key",
-                        limit.requests_per_minute
-                    )
-                    .into(),
-                    retry_after_secs: decision.reset_secs,
-                },
-                decision,
-            ));
+            let err = ApiError::RateLimited {
+                message: format!(
+                    "rate limit of {} requests per minute exceeded for this key",
+                    limit.requests_per_minute
+                )
+                .into(),
+                retry_after_secs: decision.reset_secs,
+            };
+            return (decision, Err(err));
         }
         // Test keys are never billed, so no budget can be spent by them.
-        if key.effective_environment() != Environment::Test {
-            if let Err(scope) = self.usage.check(key, project) {
-                crate::metrics::record_policy_rejection(match scope {
-                    BudgetScope::Key => "budget_key",
-                    BudgetScope::Project => "budget_project",
-                    BudgetScope::Workspace => "budget_workspace",
-                });
-                return Err((
-                    ApiError::BudgetExceeded(
-                        format!("the {} monthly budget is spent", scope.as_str()).into(),
-                    ),
-                    decision,
-                ));
-            }
+        if key.effective_environment() == Environment::Test {
+            return (decision, Ok(()));
         }
-        Ok(decision)
+        let verdict = self.usage.check(key, project).map_err(|scope| {
+            crate::metrics::record_policy_rejection(match scope {
+                BudgetScope::Key => "budget_key",
+                BudgetScope::Project => "budget_project",
+                BudgetScope::Workspace => "budget_workspace",
+            });
+            ApiError::BudgetExceeded(
+                format!("the {} monthly budget is spent", scope.as_str()).into(),
+            )
+        });
+        (decision, verdict)
     }
 
     /// After the response: charges the cost (never for test keys) and queues the audit record.

@@ -123,11 +123,33 @@ impl Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Admission, ApiError> {
-        let req = session.req_header();
-        let path = req.uri.path();
-        if !path.starts_with("/v1/") {
+        if !session.req_header().uri.path().starts_with("/v1/") {
             return self.answer_unversioned(session, ctx).await;
         }
+        let route = self.authorize(session, ctx).await?;
+        match route.handler {
+            Handler::MintToken => {
+                let caller = ctx.caller.as_ref().expect("authorized");
+                tokens::mint(session, caller, self.store.as_ref(), &ctx.request_id).await?;
+                Ok(Admission::Answer)
+            }
+            Handler::Forward if ctx.target == Target::Simulated => {
+                self.answer_simulated(session, ctx, &route).await?;
+                Ok(Admission::Answer)
+            }
+            Handler::Forward => Ok(Admission::Forward),
+        }
+    }
+
+    /// Who is calling, on which route, and whether policy lets them: auth (401) → route
+    /// (404) → scope (403) → project (400) → rate limit (429) → budget (402).
+    async fn authorize(
+        &self,
+        session: &Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Arc<Route>, ApiError> {
+        let req = session.req_header();
+        let path = req.uri.path();
         let caller = self
             .auth
             .authenticate(req.headers.get(http::header::AUTHORIZATION), unix_now())
@@ -141,29 +163,30 @@ impl Gateway {
         let caller = ctx.caller.insert(caller);
         policy::check_scope(caller, &route)?;
         let project = policy::check_project(req.headers.get("service-project"))?;
-        let admitted = self.meter.admit(&caller.key, project, ctx.arrived_ms);
         ctx.project = project.map(str::to_owned);
-        ctx.rate = Some(match admitted {
-            Ok(decision) => decision,
-            Err((err, decision)) => {
-                ctx.rate = Some(decision);
-                return Err(err);
-            }
-        });
-        let environment = caller.key.effective_environment();
-        if route.handler == Handler::MintToken {
-            tokens::mint(session, caller, self.store.as_ref(), &ctx.request_id).await?;
-            return Ok(Admission::Answer);
-        }
-        ctx.target = self.upstreams.target(environment);
-        if ctx.target != Target::Simulated {
-            return Ok(Admission::Forward);
-        }
+        let (decision, verdict) = self.meter.admit(&caller.key, project, ctx.arrived_ms);
+        ctx.rate = Some(decision);
+        verdict?;
+        ctx.target = self.upstreams.target(caller.key.effective_environment());
+        Ok(route)
+    }
+
+    /// The built-in simulated backend's answer, charged at the route's price.
+    async fn answer_simulated(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        route: &Route,
+    ) -> Result<(), ApiError> {
+        let environment = ctx
+            .caller
+            .as_ref()
+            .map_or(Environment::Live, |c| c.key.effective_environment());
         let summary = simulate::read_request(session)
             .await
             .map_err(|_| ApiError::invalid("could not read the request body"))?;
         let path = session.req_header().uri.path();
-        let body = simulate::response_body(&route, environment, &summary, path);
+        let body = simulate::response_body(route, environment, &summary, path);
         let body = serde_json::to_vec(&body).unwrap_or_default();
         let price = match environment {
             Environment::Test => Credits::ZERO,
@@ -176,8 +199,7 @@ impl Gateway {
         extra.push(("Service-Credits", price.to_string()));
         respond::json(session, 200, body, &ctx.request_id, &extra)
             .await
-            .map_err(|_| ApiError::Upstream("could not write the response".into()))?;
-        Ok(Admission::Answer)
+            .map_err(|_| ApiError::Upstream("could not write the response".into()))
     }
 
     /// Paths outside `/v1`: health probes, else 404.
