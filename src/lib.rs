@@ -23,3 +23,4 @@ pub mod metrics;
 pub mod proxy;
 pub mod server;
 pub mod store;
+pub mod webhooks;

@@ -1,0 +1,89 @@
+//! The reference receiver (`examples/receiver.rs`) over real HTTP: 200 for a good delivery (and
+//! for its duplicate, processed once), 400 for a stale one, 401 for a bad signature.
+
+mod common;
+
+use common::free_port;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use svcgate::webhooks::sign;
+
+const SECRET: &str = "whsec_receiver_test";
+
+fn example(name: &str) -> std::path::PathBuf {
+    // target/debug/deps/<test> → target/debug/examples/<name>
+    let mut dir = std::env::current_exe().unwrap();
+    dir.pop();
+    dir.pop();
+    dir.join("examples").join(name)
+}
+
+#[tokio::test]
+async fn the_reference_receiver_answers_200_400_401_and_deduplicates() {
+    let path = example("receiver");
+    if !path.exists() {
+        // `cargo test` builds examples first; make sure of it when run on its own.
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--example", "receiver"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let port = free_port();
+    let mut child = Command::new(&path)
+        .arg(format!("127.0.0.1:{port}"))
+        .env("SVCGATE_WEBHOOK_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let http = reqwest::Client::new();
+    let body =
+        r#"{"id":"evt_1","type":"agent.run.completed","created":1,"workspace":"ws_1","data":{}}"#;
+    let now = svcgate::ids::unix_now();
+    let post = |ts: u64, sig: String, id: &str| {
+        http.post(&url)
+            .header("service-timestamp", ts.to_string())
+            .header("service-signature", sig)
+            .header("service-event-id", id.to_string())
+            .body(body)
+            .send()
+    };
+    let mut up = false;
+    for _ in 0..100 {
+        if post(now, sign(SECRET, now, body.as_bytes()), "evt_1")
+            .await
+            .is_ok()
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "receiver did not start");
+    let status = |r: reqwest::Result<reqwest::Response>| r.unwrap().status().as_u16();
+    assert_eq!(
+        status(post(now, sign(SECRET, now, body.as_bytes()), "evt_1").await),
+        200
+    );
+    let old = now - 301;
+    assert_eq!(
+        status(post(old, sign(SECRET, old, body.as_bytes()), "evt_2").await),
+        400
+    );
+    assert_eq!(
+        status(post(now, sign("whsec_wrong", now, body.as_bytes()), "evt_3").await),
+        401
+    );
+    assert_eq!(status(post(now, "00".repeat(32), "evt_4").await), 401);
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        printed.matches("event evt_1: {").count(),
+        1,
+        "processed once: {printed}"
+    );
+    assert!(printed.contains("event evt_1: duplicate"));
+    assert!(!printed.contains("evt_2") && !printed.contains("evt_3"));
+}
