@@ -34,6 +34,31 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Publish events through the admin API.
+    Events {
+        #[command(flatten)]
+        admin: AdminArgs,
+        #[command(subcommand)]
+        command: EventsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum EventsCommand {
+    /// Publish a test event: a realistic sample payload of TYPE, unless --data is given.
+    Trigger {
+        /// One of the service's event types, e.g. agent.run.completed.
+        event_type: String,
+        /// Workspace (`ws_…`).
+        #[arg(long)]
+        workspace: String,
+        /// The payload, a JSON object (default: a sample for the type).
+        #[arg(long)]
+        data: Option<String>,
+        /// Event environment.
+        #[arg(long, value_enum, default_value = "live")]
+        environment: EnvironmentArg,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -132,37 +157,91 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Keys { admin, command } => {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("svcgate: cannot start a runtime: {e}");
-                    return ExitCode::from(1);
-                }
-            };
-            match runtime.block_on(keys(&admin, command)) {
-                Ok(body) => {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&body).unwrap_or_default()
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(message) => {
-                    eprintln!("svcgate: {message}");
-                    ExitCode::from(1)
-                }
-            }
+            call_admin(&admin, |client, base| keys(client, base, command))
+        }
+        Command::Events { admin, command } => {
+            call_admin(&admin, |client, base| events(client, base, command))
         }
     }
 }
 
-async fn keys(admin: &AdminArgs, command: KeysCommand) -> Result<Value, String> {
+/// Runs one admin API call and prints its JSON answer.
+fn call_admin(
+    admin: &AdminArgs,
+    build: impl FnOnce(&reqwest::Client, &str) -> Result<reqwest::RequestBuilder, String>,
+) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("svcgate: cannot start a runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let base = admin.admin_url.trim_end_matches('/');
     let client = reqwest::Client::new();
-    let request = match command {
+    let outcome = build(&client, base)
+        .and_then(|request| runtime.block_on(send(request.bearer_auth(&admin.admin_token), base)));
+    match outcome {
+        Ok(body) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&body).unwrap_or_default()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("svcgate: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn environment_name(environment: EnvironmentArg) -> &'static str {
+    match environment {
+        EnvironmentArg::Live => "live",
+        EnvironmentArg::Test => "test",
+    }
+}
+
+fn events(
+    client: &reqwest::Client,
+    base: &str,
+    command: EventsCommand,
+) -> Result<reqwest::RequestBuilder, String> {
+    let EventsCommand::Trigger {
+        event_type,
+        workspace,
+        data,
+        environment,
+    } = command;
+    let data: Value = match data {
+        Some(text) => {
+            serde_json::from_str(&text).map_err(|e| format!("--data is not JSON: {e}"))?
+        }
+        None => crate::events::sample_data(&event_type).ok_or_else(|| {
+            format!(
+                "unknown event type '{event_type}'; one of: {}",
+                crate::events::EVENT_TYPES.join(", ")
+            )
+        })?,
+    };
+    Ok(client.post(format!("{base}/admin/v1/events")).json(&json!({
+        "workspace": workspace,
+        "type": event_type,
+        "data": data,
+        "environment": environment_name(environment),
+    })))
+}
+
+fn keys(
+    client: &reqwest::Client,
+    base: &str,
+    command: KeysCommand,
+) -> Result<reqwest::RequestBuilder, String> {
+    Ok(match command {
         KeysCommand::Create {
             workspace,
             environment,
@@ -170,10 +249,7 @@ async fn keys(admin: &AdminArgs, command: KeysCommand) -> Result<Value, String> 
             name,
             monthly_budget,
         } => {
-            let environment = match environment {
-                EnvironmentArg::Live => "live",
-                EnvironmentArg::Test => "test",
-            };
+            let environment = environment_name(environment);
             let mut body = json!({
                 "workspace": workspace,
                 "environment": environment,
@@ -210,9 +286,12 @@ async fn keys(admin: &AdminArgs, command: KeysCommand) -> Result<Value, String> 
             }
         }
         KeysCommand::EndGrace { id } => client.post(format!("{base}/admin/v1/keys/{id}/end-grace")),
-    };
+    })
+}
+
+/// Sends an admin API request; the JSON answer, or the error's code and message.
+async fn send(request: reqwest::RequestBuilder, base: &str) -> Result<Value, String> {
     let response = request
-        .bearer_auth(&admin.admin_token)
         .send()
         .await
         .map_err(|e| format!("cannot reach the admin API at {base}: {e}"))?;

@@ -18,6 +18,56 @@ pub const EVENT_TYPES: [&str; 8] = [
     "key.auto_revoked",
 ];
 
+/// How long events are kept (and can be replayed): 30 days.
+pub const RETENTION_SECS: u64 = 30 * 86_400;
+
+/// Whether `name` is one of [`EVENT_TYPES`].
+pub fn is_event_type(name: &str) -> bool {
+    EVENT_TYPES.contains(&name)
+}
+
+/// A realistic payload for each event type, for `svcgate events trigger` and for testing an
+/// endpoint end to end.
+pub fn sample_data(event_type: &str) -> Option<serde_json::Value> {
+    use serde_json::json;
+    let id = |prefix: &str| new_id(prefix);
+    Some(match event_type {
+        "image.batch.completed" => json!({
+            "batch_id": id("batch"), "status": "completed", "count": 2,
+            "images": [
+                {"url": "https://cdn.example.com/signed/img_1.png?sig=…&expires=…"},
+                {"url": "https://cdn.example.com/signed/img_2.png?sig=…&expires=…"}
+            ]
+        }),
+        "video.render.completed" => json!({
+            "render_id": id("video"), "status": "succeeded", "duration_seconds": 12.5,
+            "url": "https://cdn.example.com/signed/video.mp4?sig=…&expires=…"
+        }),
+        "voice.render.completed" => json!({
+            "render_id": id("voice"), "status": "succeeded", "duration_seconds": 642.0,
+            "url": "https://cdn.example.com/signed/speech.mp3?sig=…&expires=…"
+        }),
+        "agent.run.awaiting_approval" => json!({
+            "run_id": id("run"), "step": 4,
+            "action": {"tool": "send_email", "summary": "Email the quarterly report to finance"}
+        }),
+        "agent.run.completed" => json!({
+            "run_id": id("run"), "steps": 7, "result": {"verified": true, "output": "Report sent."}
+        }),
+        "agent.run.failed" => json!({
+            "run_id": id("run"), "steps": 25, "reason": "max_steps_exhausted", "max_steps": 25
+        }),
+        "billing.credits.low" => json!({
+            "workspace": "ws_…", "remaining": 120.5, "threshold": 500.0, "month": "2026-11"
+        }),
+        "key.auto_revoked" => json!({
+            "key_id": id("key"), "prefix": "svc_live_", "last4": "AbC1",
+            "url": "https://github.com/example/repo/blob/main/config.py", "source": "content"
+        }),
+        _ => return None,
+    })
+}
+
 /// One event, as it is logged and (later) delivered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {

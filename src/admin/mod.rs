@@ -3,6 +3,7 @@
 //! JSON in, JSON out, `Authorization: Bearer <admin token>` on everything under `/admin/v1`,
 //! errors as [`ApiError`] with the SPEC's body. `/healthz` and `/readyz` need no token.
 
+mod events;
 mod extract;
 mod keys;
 mod leaks;
@@ -75,6 +76,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/keys/{id}/rotate", post(keys::rotate))
         .route("/keys/{id}/end-grace", post(keys::end_grace))
         .route("/leaks", post(leaks::report))
+        .route("/events", post(events::create))
         .route("/audit", get(metering::audit))
         .route("/usage", get(metering::usage))
         .route(

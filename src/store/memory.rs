@@ -437,6 +437,14 @@ impl Store for MemoryStore {
         Ok(out)
     }
 
+    async fn append_event(&self, event: &Event) -> Result<(), StoreError> {
+        let mut inner = self.write();
+        let oldest = unix_now().saturating_sub(crate::events::RETENTION_SECS);
+        inner.events.retain(|e| e.created >= oldest);
+        inner.events.push(event.clone());
+        Ok(())
+    }
+
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
         let mut inner = self.write();
         let secret = inner.secrets.entry(name.to_string()).or_insert_with(|| {

@@ -159,4 +159,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Reads audit records back, newest first.
     async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError>;
+
+    /// Appends an event to the event log (kept 30 days).
+    async fn append_event(&self, event: &Event) -> Result<(), StoreError>;
 }

@@ -868,6 +868,32 @@ impl Store for RedisStore {
         Ok(out)
     }
 
+    async fn append_event(&self, event: &Event) -> Result<(), StoreError> {
+        let min_id = crate::ids::unix_now().saturating_sub(crate::events::RETENTION_SECS) * 1000;
+        redis::cmd("XADD")
+            .arg(self.layout.events())
+            .arg("MINID")
+            .arg("~")
+            .arg(min_id)
+            .arg("*")
+            .arg("id")
+            .arg(&event.id)
+            .arg("type")
+            .arg(&event.event_type)
+            .arg("created")
+            .arg(event.created)
+            .arg("workspace")
+            .arg(&event.workspace)
+            .arg("environment")
+            .arg(event.environment.as_str())
+            .arg("data")
+            .arg(event.data.to_string())
+            .query_async::<String>(&mut self.conn())
+            .await
+            .map(|_| ())
+            .map_err(unavailable)
+    }
+
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
         let key = self.layout.secret(name);
         let mut fresh = [0u8; 32];

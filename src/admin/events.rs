@@ -1,0 +1,64 @@
+//! `POST /admin/v1/events`: a backend announces an event for a workspace (an image batch
+//! finished, an agent run needs approval, …). It enters the event log, from which the webhook
+//! worker delivers it.
+
+use axum::extract::State;
+use axum::Json;
+use http::StatusCode;
+use serde::{Deserialize, Serialize};
+
+use super::extract::JsonBody;
+use super::AdminState;
+use crate::error::ApiError;
+use crate::events::{is_event_type, Event, EVENT_TYPES};
+use crate::keys::Environment;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewEvent {
+    workspace: String,
+    #[serde(rename = "type")]
+    event_type: String,
+    #[serde(default)]
+    data: Option<serde_json::Value>,
+    /// `live` (default) or `test`: test-mode events go to test-mode endpoints only.
+    #[serde(default)]
+    environment: Option<Environment>,
+}
+
+#[derive(Serialize)]
+pub(super) struct Accepted {
+    id: String,
+}
+
+pub(super) async fn create(
+    State(state): State<AdminState>,
+    JsonBody(body): JsonBody<NewEvent>,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    if !is_event_type(&body.event_type) {
+        return Err(ApiError::invalid(format!(
+            "unknown event type; one of: {}",
+            EVENT_TYPES.join(", ")
+        )));
+    }
+    let data = body.data.unwrap_or_else(|| serde_json::json!({}));
+    if !data.is_object() {
+        return Err(ApiError::invalid("data must be a JSON object"));
+    }
+    let environment = body.environment.unwrap_or(Environment::Live);
+    if environment == Environment::Scoped {
+        return Err(ApiError::invalid(
+            "environment must be \"live\" or \"test\"",
+        ));
+    }
+    if state.store.workspace(&body.workspace).await?.is_none() {
+        return Err(ApiError::not_found(format!(
+            "no workspace '{}'",
+            body.workspace
+        )));
+    }
+    let event = Event::new(&body.event_type, &body.workspace, environment, data);
+    state.store.append_event(&event).await?;
+    tracing::info!(event_id = %event.id, event_type = %event.event_type, workspace = %event.workspace, "event accepted");
+    Ok((StatusCode::ACCEPTED, Json(Accepted { id: event.id })))
+}
