@@ -35,6 +35,8 @@ pub struct Config {
     pub metering: MeteringConfig,
     /// Per-key rate limits, by environment.
     pub limits: LimitsConfig,
+    /// Webhook endpoints and deliveries.
+    pub webhooks: WebhooksConfig,
     /// The route table. Giving any `[[routes]]` replaces the whole default table.
     pub routes: Vec<RouteConfig>,
 }
@@ -243,6 +245,14 @@ pub struct ProjectBudgetConfig {
     pub project: String,
     /// Credits per calendar month (UTC).
     pub monthly_budget: Credits,
+}
+
+/// `[webhooks]`
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebhooksConfig {
+    /// Allow `http://` endpoints and internal addresses (development and tests only).
+    pub allow_insecure_targets: bool,
 }
 
 /// `[limits]`
@@ -835,6 +845,10 @@ scope = "models:read"
         assert_eq!(
             toml::to_string(&shipped.limits).unwrap(),
             toml::to_string(&defaults.limits).unwrap()
+        );
+        assert_eq!(
+            toml::to_string(&shipped.webhooks).unwrap(),
+            toml::to_string(&defaults.webhooks).unwrap()
         );
         assert_eq!(shipped.routes(), default_routes());
     }

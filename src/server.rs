@@ -103,7 +103,13 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
-    let gateway = Gateway::new(keys.clone(), routes, upstreams, meter);
+    let gateway = Gateway::new(
+        keys.clone(),
+        routes,
+        upstreams,
+        meter,
+        config.webhooks.allow_insecure_targets,
+    );
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
         gateway,

@@ -74,12 +74,14 @@ impl Meter {
         }
     }
 
-    /// Rate limit (429), then budgets (402), before a request is forwarded. The rate decision
-    /// comes back either way: its `RateLimit-*` headers go on every answer.
+    /// Rate limit (429), then — for a `billable` request, one a backend answers — budgets
+    /// (402). The rate decision comes back either way: its `RateLimit-*` headers go on every
+    /// answer.
     pub fn admit(
         &self,
         key: &CachedKey,
         project: Option<&str>,
+        billable: bool,
         now_ms: u64,
     ) -> (Decision, Result<(), ApiError>) {
         let limit = self.limit_for(key);
@@ -96,8 +98,9 @@ impl Meter {
             };
             return (decision, Err(err));
         }
-        // Test keys are never billed, so no budget can be spent by them.
-        if key.effective_environment() == Environment::Test {
+        // Test keys are never billed, so no budget can be spent by them; managing tokens and
+        // webhooks costs nothing either.
+        if !billable || key.effective_environment() == Environment::Test {
             return (decision, Ok(()));
         }
         let verdict = self.usage.check(key, project).map_err(|scope| {

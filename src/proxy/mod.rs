@@ -16,6 +16,7 @@ pub mod routes;
 pub mod simulate;
 pub mod tokens;
 pub mod upstream;
+pub mod webhooks;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -91,6 +92,8 @@ pub struct Gateway {
     upstreams: Upstreams,
     meter: Arc<Meter>,
     store: Arc<dyn Store>,
+    /// Whether webhook endpoints may be `http://` or internal (development and tests).
+    allow_insecure_targets: bool,
 }
 
 /// What `request_filter` decided.
@@ -108,6 +111,7 @@ impl Gateway {
         routes: RouteTable,
         upstreams: Upstreams,
         meter: Arc<Meter>,
+        allow_insecure_targets: bool,
     ) -> Self {
         Self {
             store: keys.store().clone(),
@@ -115,6 +119,7 @@ impl Gateway {
             routes,
             upstreams,
             meter,
+            allow_insecure_targets,
         }
     }
 
@@ -131,6 +136,12 @@ impl Gateway {
             Handler::MintToken => {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 tokens::mint(session, caller, self.store.as_ref(), &ctx.request_id).await?;
+                Ok(Admission::Answer)
+            }
+            Handler::Webhooks(op) => {
+                let caller = ctx.caller.as_ref().expect("authorized");
+                let (store, insecure) = (self.store.as_ref(), self.allow_insecure_targets);
+                webhooks::handle(session, op, caller, store, insecure, &ctx.request_id).await?;
                 Ok(Admission::Answer)
             }
             Handler::Forward if ctx.target == Target::Simulated => {
@@ -164,7 +175,10 @@ impl Gateway {
         policy::check_scope(caller, &route)?;
         let project = policy::check_project(req.headers.get("service-project"))?;
         ctx.project = project.map(str::to_owned);
-        let (decision, verdict) = self.meter.admit(&caller.key, project, ctx.arrived_ms);
+        let billable = route.handler == Handler::Forward;
+        let (decision, verdict) = self
+            .meter
+            .admit(&caller.key, project, billable, ctx.arrived_ms);
         ctx.rate = Some(decision);
         verdict?;
         ctx.target = self.upstreams.target(caller.key.effective_environment());

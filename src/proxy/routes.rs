@@ -6,6 +6,8 @@ use std::sync::Arc;
 use crate::config::RouteConfig;
 use crate::metering::Credits;
 
+use super::webhooks::WebhookOp;
+
 /// Who answers a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handler {
@@ -13,11 +15,50 @@ pub enum Handler {
     Forward,
     /// The gateway mints a scoped token (`POST /v1/tokens`).
     MintToken,
+    /// The gateway's webhook endpoints API.
+    Webhooks(WebhookOp),
 }
 
 /// Routes the gateway answers itself; configured routes cannot take their paths.
-const BUILT_IN: [(&str, &str, &str, Handler); 1] =
-    [("POST", "/v1/tokens", "tokens:create", Handler::MintToken)];
+const BUILT_IN: [(&str, &str, &str, Handler); 7] = [
+    ("POST", "/v1/tokens", "tokens:create", Handler::MintToken),
+    (
+        "GET",
+        "/v1/webhooks",
+        "webhooks:read",
+        Handler::Webhooks(WebhookOp::List),
+    ),
+    (
+        "POST",
+        "/v1/webhooks",
+        "webhooks:write",
+        Handler::Webhooks(WebhookOp::Create),
+    ),
+    (
+        "GET",
+        "/v1/webhooks/{id}",
+        "webhooks:read",
+        Handler::Webhooks(WebhookOp::Get),
+    ),
+    (
+        "PATCH",
+        "/v1/webhooks/{id}",
+        "webhooks:write",
+        Handler::Webhooks(WebhookOp::Update),
+    ),
+    (
+        "DELETE",
+        "/v1/webhooks/{id}",
+        "webhooks:write",
+        Handler::Webhooks(WebhookOp::Delete),
+    ),
+    (
+        "POST",
+        "/v1/webhooks/{id}/resume",
+        "webhooks:write",
+        Handler::Webhooks(WebhookOp::Resume),
+    ),
+];
 
 /// One served operation.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,13 +6,14 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 
-use super::{KeyChange, KeyChanges, Rotation, Store, StoreError, UsageReport};
+use super::{EndpointChange, KeyChange, KeyChanges, Rotation, Store, StoreError, UsageReport};
 use crate::events::Event;
 use crate::ids::unix_now;
 use crate::keys::KeyStatus;
 use crate::keys::{KeyHash, KeyRecord, Workspace};
 use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
+use crate::webhooks::endpoint::Endpoint;
 use rand::RngCore;
 
 /// The workspace the demo store starts with, so a newcomer can create a key at once.
@@ -42,6 +43,8 @@ struct Inner {
     rate: HashMap<(String, u64), u64>,
     /// Audit records per workspace, oldest first.
     audit: HashMap<String, VecDeque<AuditRecord>>,
+    /// Webhook endpoints per workspace, oldest first.
+    endpoints: HashMap<String, Vec<Endpoint>>,
 }
 
 /// How many audit records the memory store keeps per workspace.
@@ -443,6 +446,65 @@ impl Store for MemoryStore {
         inner.events.retain(|e| e.created >= oldest);
         inner.events.push(event.clone());
         Ok(())
+    }
+
+    async fn create_endpoint(&self, endpoint: &Endpoint) -> Result<(), StoreError> {
+        let mut inner = self.write();
+        let list = inner
+            .endpoints
+            .entry(endpoint.workspace.clone())
+            .or_default();
+        if list.iter().any(|e| e.id == endpoint.id) {
+            return Err(StoreError::Conflict(format!(
+                "endpoint {} exists",
+                endpoint.id
+            )));
+        }
+        list.push(endpoint.clone());
+        Ok(())
+    }
+
+    async fn endpoints(&self, workspace: &str) -> Result<Vec<Endpoint>, StoreError> {
+        Ok(self
+            .read()
+            .endpoints
+            .get(workspace)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn update_endpoint(
+        &self,
+        workspace: &str,
+        id: &str,
+        change: EndpointChange<'_>,
+    ) -> Result<Option<Endpoint>, StoreError> {
+        let mut inner = self.write();
+        let Some(current) = inner
+            .endpoints
+            .get_mut(workspace)
+            .and_then(|list| list.iter_mut().find(|e| e.id == id))
+        else {
+            return Ok(None);
+        };
+        let mut next = current.clone();
+        change(&mut next);
+        next.id = current.id.clone();
+        next.workspace = current.workspace.clone();
+        next.environment = current.environment;
+        next.secret = current.secret.clone();
+        *current = next.clone();
+        Ok(Some(next))
+    }
+
+    async fn delete_endpoint(&self, workspace: &str, id: &str) -> Result<bool, StoreError> {
+        let mut inner = self.write();
+        let Some(list) = inner.endpoints.get_mut(workspace) else {
+            return Ok(false);
+        };
+        let before = list.len();
+        list.retain(|e| e.id != id);
+        Ok(list.len() != before)
     }
 
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {

@@ -17,6 +17,7 @@ use crate::events::Event;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
 use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{UsageFlush, UsageSnapshot};
+use crate::webhooks::endpoint::Endpoint;
 
 pub use cache::{CacheConfig, CacheOutcome, KeyCache};
 pub use memory::MemoryStore;
@@ -32,6 +33,9 @@ pub enum StoreError {
     #[error("conflict: {0}")]
     Conflict(String),
 }
+
+/// A change applied to an endpoint; like [`KeyChange`], it may run more than once.
+pub type EndpointChange<'a> = &'a (dyn Fn(&mut Endpoint) + Send + Sync);
 
 /// A change applied to a key record. It may run more than once (optimistic retries), so it
 /// must only depend on the record it is given.
@@ -162,4 +166,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// Appends an event to the event log (kept 30 days).
     async fn append_event(&self, event: &Event) -> Result<(), StoreError>;
+
+    /// Stores a new webhook endpoint.
+    async fn create_endpoint(&self, endpoint: &Endpoint) -> Result<(), StoreError>;
+
+    /// The endpoints of a workspace, oldest first.
+    async fn endpoints(&self, workspace: &str) -> Result<Vec<Endpoint>, StoreError>;
+
+    /// Applies `change` to an endpoint atomically; `None` if there is no such endpoint. The id,
+    /// workspace, environment and secret never change.
+    async fn update_endpoint(
+        &self,
+        workspace: &str,
+        id: &str,
+        change: EndpointChange<'_>,
+    ) -> Result<Option<Endpoint>, StoreError>;
+
+    /// Deletes an endpoint; whether it existed.
+    async fn delete_endpoint(&self, workspace: &str, id: &str) -> Result<bool, StoreError>;
 }

@@ -15,6 +15,7 @@
 //! | `{ns}:spend:<ws>:<YYYY-MM>` | hash | micro-credits: `total`, `key:<id>`, `project:<name>`; `low_fired` |
 //! | `{ns}:budgets:<ws>` | hash | project → monthly budget (micro-credits) |
 //! | `{ns}:rl:<key id>:<minute>` | integer | requests in that minute window, all replicas (expires) |
+//! | `{ns}:endpoints:<ws>` | hash | webhook endpoint id → endpoint JSON (with its secret) |
 //! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array) |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
 //!
@@ -30,11 +31,12 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-use super::{KeyChange, KeyChanges, Rotation, Store, StoreError, UsageReport};
+use super::{EndpointChange, KeyChange, KeyChanges, Rotation, Store, StoreError, UsageReport};
 use crate::events::Event;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
 use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
+use crate::webhooks::endpoint::Endpoint;
 use rand::RngCore;
 use std::collections::HashMap;
 
@@ -85,6 +87,9 @@ impl Layout {
     }
     fn budgets(&self, workspace: &str) -> String {
         format!("{{{}}}:budgets:{workspace}", self.ns)
+    }
+    fn endpoints(&self, workspace: &str) -> String {
+        format!("{{{}}}:endpoints:{workspace}", self.ns)
     }
     fn audit(&self, workspace: &str) -> String {
         format!("{}:audit:{{{workspace}}}", self.ns)
@@ -296,6 +301,20 @@ impl RawMap {
             .collect()
     }
 }
+
+/// Replaces one field of a hash if it still holds what the caller read. KEYS: hash.
+/// ARGV: field, expected, new. Returns 1, 0 if it changed meanwhile, -1 if it is gone.
+static HASH_CAS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if not cur then return -1 end
+if cur ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+",
+    )
+});
 
 /// Reads the changes after an epoch. KEYS: epoch, log. ARGV: since, max.
 /// Returns `{epoch}` (nothing new), `{epoch, 'reset'}` (history gone), or
@@ -892,6 +911,82 @@ impl Store for RedisStore {
             .await
             .map(|_| ())
             .map_err(unavailable)
+    }
+
+    async fn create_endpoint(&self, endpoint: &Endpoint) -> Result<(), StoreError> {
+        let created: bool = self
+            .conn()
+            .hset_nx(
+                self.layout.endpoints(&endpoint.workspace),
+                &endpoint.id,
+                encode(endpoint),
+            )
+            .await
+            .map_err(unavailable)?;
+        if created {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict(format!(
+                "endpoint {} exists",
+                endpoint.id
+            )))
+        }
+    }
+
+    async fn endpoints(&self, workspace: &str) -> Result<Vec<Endpoint>, StoreError> {
+        let key = self.layout.endpoints(workspace);
+        let all: HashMap<String, String> = self.conn().hgetall(&key).await.map_err(unavailable)?;
+        let mut list = all
+            .values()
+            .map(|raw| decode::<Endpoint>(&key, raw))
+            .collect::<Result<Vec<_>, _>>()?;
+        list.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(list)
+    }
+
+    async fn update_endpoint(
+        &self,
+        workspace: &str,
+        id: &str,
+        change: EndpointChange<'_>,
+    ) -> Result<Option<Endpoint>, StoreError> {
+        let key = self.layout.endpoints(workspace);
+        for _ in 0..UPDATE_ATTEMPTS {
+            let raw: Option<String> = self.conn().hget(&key, id).await.map_err(unavailable)?;
+            let Some(raw) = raw else { return Ok(None) };
+            let current: Endpoint = decode(&key, &raw)?;
+            let mut next = current.clone();
+            change(&mut next);
+            next.id = current.id;
+            next.workspace = current.workspace;
+            next.environment = current.environment;
+            next.secret = current.secret;
+            let swapped: i64 = HASH_CAS
+                .key(&key)
+                .arg(id)
+                .arg(&raw)
+                .arg(encode(&next))
+                .invoke_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            match swapped {
+                1 => return Ok(Some(next)),
+                -1 => return Ok(None),
+                _ => continue,
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "endpoint {id} is changing too often; retry"
+        )))
+    }
+
+    async fn delete_endpoint(&self, workspace: &str, id: &str) -> Result<bool, StoreError> {
+        let removed: i64 = self
+            .conn()
+            .hdel(self.layout.endpoints(workspace), id)
+            .await
+            .map_err(unavailable)?;
+        Ok(removed > 0)
     }
 
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {

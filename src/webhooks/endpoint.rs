@@ -1,0 +1,219 @@
+//! Webhook endpoints: where a workspace wants its events, and which ones.
+
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+use crate::events::EVENT_TYPES;
+use crate::keys::Environment;
+
+/// A customer endpoint. Holds its signing secret: the worker needs it to sign.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// `we_…`
+    pub id: String,
+    /// Owner.
+    pub workspace: String,
+    /// `live` or `test`: an endpoint receives only events of its own environment.
+    pub environment: Environment,
+    /// Where deliveries are POSTed.
+    pub url: String,
+    /// Event names and `resource.*` wildcards.
+    pub events: Vec<String>,
+    /// `whsec_…`: shown once, at creation.
+    pub secret: String,
+    /// `active` or `paused`.
+    pub status: EndpointStatus,
+    /// Unix seconds.
+    pub created_at: u64,
+}
+
+/// Whether an endpoint gets deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EndpointStatus {
+    /// Deliveries go out.
+    Active,
+    /// Every retry failed; nothing goes out until it is resumed.
+    Paused,
+}
+
+impl Endpoint {
+    /// Whether the endpoint subscribes to `event_type`.
+    pub fn wants(&self, event_type: &str) -> bool {
+        self.events.iter().any(|f| matches_filter(f, event_type))
+    }
+}
+
+/// Whether `filter` (an event name or `resource.*`) covers `event_type`.
+pub fn matches_filter(filter: &str, event_type: &str) -> bool {
+    match filter.strip_suffix(".*") {
+        Some(resource) => event_type
+            .strip_prefix(resource)
+            .is_some_and(|rest| rest.starts_with('.')),
+        None => filter == event_type,
+    }
+}
+
+/// Checks an event filter: a known event name, or a wildcard over a known resource.
+pub fn check_filter(filter: &str) -> Result<(), String> {
+    let known = match filter.strip_suffix(".*") {
+        Some(resource) => {
+            !resource.is_empty() && EVENT_TYPES.iter().any(|t| matches_filter(filter, t))
+        }
+        None => EVENT_TYPES.contains(&filter),
+    };
+    if known {
+        Ok(())
+    } else {
+        Err(format!(
+            "'{filter}' is not an event name or a resource wildcard such as agent.run.*"
+        ))
+    }
+}
+
+/// A new signing secret: `whsec_` and 32 random base62 characters (≈190 bits).
+pub fn new_secret() -> String {
+    use rand::distr::{Alphanumeric, SampleString};
+    let mut s = String::from("whsec_");
+    Alphanumeric.append_string(&mut rand::rng(), &mut s, 32);
+    s
+}
+
+/// Checks an endpoint URL. Without `allow_insecure`, it must be `https://` and must not name a
+/// private, loopback, link-local or otherwise internal address — as an IP literal or through
+/// what its host name resolves to now. (The worker checks the address it actually dials too,
+/// so a name that later resolves elsewhere does not get through.)
+pub fn check_url(raw: &str, allow_insecure: bool) -> Result<url::Url, String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("not a URL: {e}"))?;
+    if raw.len() > 2048 {
+        return Err("a URL is at most 2048 characters".into());
+    }
+    match url.scheme() {
+        "https" => {}
+        "http" if allow_insecure => {}
+        _ => return Err("the URL must be https://".into()),
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("the URL must not carry credentials".into());
+    }
+    let host = url.host().ok_or("the URL has no host")?;
+    if allow_insecure {
+        return Ok(url);
+    }
+    let port = url.port_or_known_default().unwrap_or(443);
+    let addrs: Vec<IpAddr> = match host {
+        url::Host::Ipv4(ip) => vec![IpAddr::V4(ip)],
+        url::Host::Ipv6(ip) => vec![IpAddr::V6(ip)],
+        url::Host::Domain(name) => {
+            use std::net::ToSocketAddrs;
+            (name, port)
+                .to_socket_addrs()
+                .map_err(|_| format!("the host '{name}' does not resolve"))?
+                .map(|a| a.ip())
+                .collect()
+        }
+    };
+    if let Some(ip) = addrs.iter().find(|ip| is_internal(ip)) {
+        return Err(format!(
+            "the URL points at an internal address ({ip}); endpoints must be public"
+        ));
+    }
+    Ok(url)
+}
+
+/// Whether `ip` is an address no customer endpoint may use: loopback, private, link-local
+/// (cloud metadata lives at 169.254.169.254), shared, unspecified, multicast, documentation.
+pub fn is_internal(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || o[0] == 0
+                || (o[0] == 100 && (o[1] & 0xC0) == 64)
+                || (o[0] == 198 && (o[1] & 0xFE) == 18)
+                || o[0] >= 240
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || v6
+                    .to_ipv4_mapped()
+                    .is_some_and(|v4| is_internal(&IpAddr::V4(v4)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_match_names_and_resource_wildcards() {
+        assert!(matches_filter("agent.run.*", "agent.run.completed"));
+        assert!(matches_filter("agent.run.completed", "agent.run.completed"));
+        assert!(!matches_filter("agent.run.*", "agent.runner.completed"));
+        assert!(!matches_filter("agent.*", "key.auto_revoked"));
+        assert!(matches_filter("agent.*", "agent.run.failed"));
+        for ok in [
+            "agent.run.*",
+            "image.batch.*",
+            "key.auto_revoked",
+            "billing.credits.low",
+            "agent.*",
+        ] {
+            assert!(check_filter(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "*",
+            ".*",
+            "agent.run",
+            "agent.run.exploded",
+            "nope.*",
+            "agent.run.**",
+            "",
+        ] {
+            assert!(check_filter(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn internal_addresses_are_refused() {
+        for url in [
+            "https://127.0.0.1/hook",
+            "https://10.1.2.3/hook",
+            "https://169.254.169.254/latest/meta-data",
+            "https://192.168.0.1/",
+            "https://172.16.5.4/",
+            "https://[::1]/",
+            "https://[fd00::1]/",
+            "https://[::ffff:127.0.0.1]/",
+            "https://0.0.0.0/",
+            "https://localhost/hook",
+            "http://example.com/hook",
+            "ftp://example.com/",
+            "not a url",
+            "https://user:pass@example.com/",
+        ] {
+            assert!(check_url(url, false).is_err(), "{url}");
+        }
+        assert!(check_url("https://93.184.216.34/hook", false).is_ok());
+        assert!(check_url("http://127.0.0.1:9999/hook", true).is_ok());
+    }
+
+    #[test]
+    fn secrets_are_prefixed_and_random() {
+        let a = new_secret();
+        assert!(a.starts_with("whsec_") && a.len() == 38);
+        assert_ne!(a, new_secret());
+    }
+}

@@ -1,0 +1,238 @@
+//! The webhook endpoints API, from a customer's side.
+
+mod common;
+
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const WRITE: &[&str] = &["webhooks:read", "webhooks:write"];
+
+async fn create(gw: &Gateway, key: &str, body: Value) -> reqwest::Response {
+    gw.request(Method::POST, "/v1/webhooks")
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn call(
+    gw: &Gateway,
+    key: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut req = gw.request(method, path).bearer_auth(key);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn an_endpoint_is_created_listed_changed_paused_resumed_and_deleted() {
+    let ns = TestNamespace::new();
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", WRITE).await;
+
+    let resp = create(
+        &gw,
+        &key,
+        json!({"url": "https://93.184.216.34/hooks/svc", "events": ["agent.run.*", "billing.credits.low"]}),
+    )
+    .await;
+    assert_eq!(resp.status(), 201);
+    assert!(resp.headers().contains_key("service-request-id"));
+    let created: Value = resp.json().await.unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("we_"));
+    let secret = created["secret"].as_str().unwrap().to_string();
+    assert!(secret.starts_with("whsec_"));
+    assert_eq!(created["status"], "active");
+    assert_eq!(created["environment"], "live");
+    assert_eq!(
+        created["events"],
+        json!(["agent.run.*", "billing.credits.low"])
+    );
+
+    let listed = call(&gw, &key, Method::GET, "/v1/webhooks", None)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(listed.contains(&id));
+    assert!(
+        !listed.contains(&secret),
+        "the secret is shown at creation only"
+    );
+    let got = call(&gw, &key, Method::GET, &format!("/v1/webhooks/{id}"), None).await;
+    assert_eq!(got.status(), 200);
+    assert!(!got.text().await.unwrap().contains(&secret));
+
+    let patched: Value = call(
+        &gw,
+        &key,
+        Method::PATCH,
+        &format!("/v1/webhooks/{id}"),
+        Some(json!({"events": ["key.auto_revoked"]})),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(patched["events"], json!(["key.auto_revoked"]));
+    assert_eq!(patched["url"], "https://93.184.216.34/hooks/svc");
+
+    let resumed = call(
+        &gw,
+        &key,
+        Method::POST,
+        &format!("/v1/webhooks/{id}/resume"),
+        None,
+    )
+    .await;
+    assert_eq!(resumed.status(), 200);
+    assert_eq!(resumed.json::<Value>().await.unwrap()["status"], "active");
+
+    let deleted = call(
+        &gw,
+        &key,
+        Method::DELETE,
+        &format!("/v1/webhooks/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(deleted.status(), 200);
+    let again = call(&gw, &key, Method::GET, &format!("/v1/webhooks/{id}"), None).await;
+    assert_error(again, 404, "not_found").await;
+}
+
+#[tokio::test]
+async fn endpoints_are_kept_apart_by_workspace_and_environment() {
+    let ns = TestNamespace::new();
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let other_ws = gw.create_workspace().await;
+    let (_, live) = gw.create_key_in(&ws, "live", WRITE).await;
+    let (_, test) = gw.create_key_in(&ws, "test", WRITE).await;
+    let (_, other) = gw.create_key_in(&other_ws, "live", WRITE).await;
+    let created: Value = create(
+        &gw,
+        &test,
+        json!({"url": "https://93.184.216.34/t", "events": ["image.batch.*"]}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(created["environment"], "test");
+    let id = created["id"].as_str().unwrap();
+    for key in [&live, &other] {
+        let list: Value = call(&gw, key, Method::GET, "/v1/webhooks", None)
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(list["data"], json!([]));
+        let resp = call(&gw, key, Method::GET, &format!("/v1/webhooks/{id}"), None).await;
+        assert_error(resp, 404, "not_found").await;
+        let resp = call(
+            &gw,
+            key,
+            Method::DELETE,
+            &format!("/v1/webhooks/{id}"),
+            None,
+        )
+        .await;
+        assert_error(resp, 404, "not_found").await;
+    }
+    let list: Value = call(&gw, &test, Method::GET, "/v1/webhooks", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["data"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn scopes_urls_and_event_names_are_enforced() {
+    let gw = Gateway::builder().start().await;
+    let (_, reader) = gw.create_key("live", &["webhooks:read"]).await;
+    let (_, writer) = gw.create_key("live", WRITE).await;
+    let good = json!({"url": "https://93.184.216.34/h", "events": ["agent.run.completed"]});
+    assert_error(
+        create(&gw, &reader, good.clone()).await,
+        403,
+        "permission_error",
+    )
+    .await;
+    let resp = call(&gw, &reader, Method::GET, "/v1/webhooks", None).await;
+    assert_eq!(resp.status(), 200);
+
+    for (url, events) in [
+        ("http://93.184.216.34/h", json!(["agent.run.completed"])),
+        ("https://127.0.0.1/h", json!(["agent.run.completed"])),
+        ("https://10.0.0.8/h", json!(["agent.run.completed"])),
+        (
+            "https://169.254.169.254/latest/meta-data",
+            json!(["agent.run.completed"]),
+        ),
+        ("https://localhost/h", json!(["agent.run.completed"])),
+        ("not a url", json!(["agent.run.completed"])),
+        ("https://93.184.216.34/h", json!(["agent.run.exploded"])),
+        ("https://93.184.216.34/h", json!(["*"])),
+        ("https://93.184.216.34/h", json!([])),
+        ("https://93.184.216.34/h", json!("agent.run.*")),
+    ] {
+        let resp = create(&gw, &writer, json!({"url": url, "events": events})).await;
+        assert_error(resp, 400, "invalid_request_error").await;
+    }
+    for body in [
+        json!({"events": ["agent.run.*"]}),
+        json!({"url": "https://93.184.216.34/h"}),
+        json!([1]),
+        json!({"url": "https://93.184.216.34/h", "events": ["agent.run.*"], "x": 1}),
+    ] {
+        assert_error(
+            create(&gw, &writer, body).await,
+            400,
+            "invalid_request_error",
+        )
+        .await;
+    }
+    let list: Value = call(&gw, &writer, Method::GET, "/v1/webhooks", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        list["data"],
+        json!([]),
+        "nothing was created by a refused request"
+    );
+}
+
+#[tokio::test]
+async fn insecure_targets_can_be_allowed_for_development() {
+    let gw = Gateway::builder()
+        .toml("[webhooks]\nallow_insecure_targets = true\n")
+        .start()
+        .await;
+    let (_, key) = gw.create_key("test", WRITE).await;
+    let resp = create(
+        &gw,
+        &key,
+        json!({"url": "http://127.0.0.1:4000/hook", "events": ["agent.run.*"]}),
+    )
+    .await;
+    assert_eq!(resp.status(), 201);
+}
