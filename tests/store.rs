@@ -219,6 +219,44 @@ async fn secrets_are_created_once_and_shared(store: Arc<dyn Store>) {
     assert_ne!(store.secret("tokens").await.unwrap(), a);
 }
 
+async fn a_usage_batch_is_added_once_however_often_it_is_sent(store: Arc<dyn Store>) {
+    use svcgate::metering::usage::{UsageFlush, WorkspaceFlush};
+    let ws = new_id("ws");
+    let mut keys = std::collections::HashMap::new();
+    keys.insert("key_1".to_string(), 250);
+    let flush = UsageFlush {
+        id: new_id("flush"),
+        month: "2026-11".into(),
+        now: 0,
+        workspaces: vec![WorkspaceFlush {
+            workspace: ws.clone(),
+            total: 250,
+            keys,
+            watch_keys: vec!["key_1".into()],
+            event_id: new_id("evt"),
+            ..Default::default()
+        }],
+        rate: Vec::new(),
+    };
+    let first = store.flush_usage(&flush).await.unwrap();
+    let again = store.flush_usage(&flush).await.unwrap();
+    assert_eq!(first.workspaces[&ws].total, 250);
+    assert_eq!(
+        again.workspaces[&ws].total, 250,
+        "a retried batch adds nothing"
+    );
+    assert_eq!(again.workspaces[&ws].keys["key_1"], 250);
+    let next = UsageFlush {
+        id: new_id("flush"),
+        ..flush.clone()
+    };
+    assert_eq!(
+        store.flush_usage(&next).await.unwrap().workspaces[&ws].total,
+        500
+    );
+    assert_eq!(store.usage_report(&ws, "2026-11").await.unwrap().total, 500);
+}
+
 macro_rules! store_suite {
     ($($name:ident),*) => {
         mod memory {
@@ -252,5 +290,6 @@ store_suite!(
     concurrent_updates_lose_nothing,
     changes_are_logged_by_epoch,
     rotation_is_atomic_and_idempotent,
-    secrets_are_created_once_and_shared
+    secrets_are_created_once_and_shared,
+    a_usage_batch_is_added_once_however_often_it_is_sent
 );

@@ -134,7 +134,7 @@ impl Meter {
     pub async fn flush_usage(&self) -> bool {
         let now = crate::ids::unix_now();
         let month = month_of(now);
-        let workspaces = self.usage.begin_flush(&month, now);
+        let (id, workspaces) = self.usage.begin_flush(&month);
         let window = now / 60;
         let mut rate: Vec<RateFlush> = self
             .rate
@@ -160,6 +160,7 @@ impl Meter {
             return true;
         }
         let flush = UsageFlush {
+            id,
             month,
             now,
             workspaces,
@@ -182,8 +183,8 @@ impl Meter {
                 true
             }
             Err(e) => {
-                self.usage.abort_flush();
-                tracing::debug!(error = %e, "usage flush failed; kept for the next one");
+                // The batch stays as it is and goes again, under the same id, next time.
+                tracing::debug!(error = %e, "usage flush failed; it will be retried");
                 false
             }
         }

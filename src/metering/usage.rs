@@ -43,6 +43,9 @@ impl BudgetScope {
 /// One flush: what to add, and what to read back. Amounts are micro-credits.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct UsageFlush {
+    /// Unique per batch, and the same when a batch is retried: the store adds a batch once,
+    /// even if the answer to an earlier attempt was lost.
+    pub id: String,
     /// `YYYY-MM` (UTC) the spend is charged to.
     pub month: String,
     /// Unix seconds, for events.
@@ -149,8 +152,10 @@ impl PendingSpend {
 struct Ledger {
     /// Spend since the last flush, per workspace.
     pending: HashMap<String, PendingSpend>,
-    /// Spend taken by a flush still under way (added back if it fails).
+    /// Spend taken by a flush still under way or failed (retried as the same batch).
     in_flight: HashMap<String, PendingSpend>,
+    /// That batch, with its id, until the store confirms it.
+    in_flight_batch: Option<(String, Vec<WorkspaceFlush>)>,
     /// Month totals from the last flush.
     totals: HashMap<String, WorkspaceTotals>,
     /// What to read back at the next flush.
@@ -268,13 +273,17 @@ impl Usage {
         }
     }
 
-    /// Takes the unflushed spend and the watch lists for a flush of `month`.
-    pub fn begin_flush(&self, month: &str, now: u64) -> Vec<WorkspaceFlush> {
+    /// The next batch for a flush of `month`: the one that failed last time, unchanged (same
+    /// id), or else the unflushed spend and the watch lists.
+    pub fn begin_flush(&self, month: &str) -> (String, Vec<WorkspaceFlush>) {
         let mut ledger = self.ledger();
         if ledger.month != month {
             // A new month: last month's totals no longer apply.
             ledger.month = month.to_string();
             ledger.totals.clear();
+        }
+        if let Some(batch) = &ledger.in_flight_batch {
+            return batch.clone();
         }
         let pending = std::mem::take(&mut ledger.pending);
         let mut workspaces: HashSet<String> = pending.keys().cloned().collect();
@@ -302,25 +311,18 @@ impl Usage {
                 workspace: ws,
             });
         }
-        let _ = now;
-        out
+        let batch = (crate::ids::new_id("flush"), out);
+        ledger.in_flight_batch = Some(batch.clone());
+        batch
     }
 
     /// The flush landed: its spend is in the totals now.
     pub fn finish_flush(&self, snapshot: &UsageSnapshot) {
         let mut ledger = self.ledger();
         ledger.in_flight.clear();
+        ledger.in_flight_batch = None;
         for (ws, totals) in &snapshot.workspaces {
             ledger.totals.insert(ws.clone(), totals.clone());
-        }
-    }
-
-    /// The flush failed: keep its spend for the next one.
-    pub fn abort_flush(&self) {
-        let mut ledger = self.ledger();
-        let in_flight = std::mem::take(&mut ledger.in_flight);
-        for (ws, spend) in in_flight {
-            ledger.pending.entry(ws).or_default().add(&spend);
         }
     }
 
@@ -402,7 +404,7 @@ mod tests {
         let k = key(Some(3_000_000));
         assert_eq!(usage.check(&k, None), Ok(()));
         usage.charge(&k, None, Credits::from_micros(1_000_000));
-        let flush = usage.begin_flush("2026-11", 0);
+        let (_, flush) = usage.begin_flush("2026-11");
         assert_eq!(flush[0].total, 1_000_000);
         assert_eq!(flush[0].watch_keys, vec!["key_1".to_string()]);
         // Another replica spent 1.5 meanwhile; the store reports 2.5 in all.
@@ -420,18 +422,23 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_flush_keeps_its_spend() {
+    fn a_failed_flush_is_retried_as_the_same_batch() {
         let usage = Usage::new(HashMap::new());
         let k = key(None);
         usage.charge(&k, Some("p"), Credits::from_micros(7));
-        let first = usage.begin_flush("2026-11", 0);
+        let (id, first) = usage.begin_flush("2026-11");
         assert_eq!(first[0].total, 7);
         usage.charge(&k, Some("p"), Credits::from_micros(3));
-        usage.abort_flush();
-        let second = usage.begin_flush("2026-11", 0);
-        assert_eq!(second[0].total, 10);
-        assert_eq!(second[0].projects["p"], 10);
+        // No answer from the store: the same batch goes again, the new spend waits.
+        let (retry_id, retry) = usage.begin_flush("2026-11");
+        assert_eq!((retry_id.as_str(), retry[0].total), (id.as_str(), 7));
+        assert_eq!(retry[0].event_id, first[0].event_id);
         assert_eq!(usage.unflushed()["ws_1"].total, 10);
+        usage.finish_flush(&UsageSnapshot::default());
+        let (next_id, next) = usage.begin_flush("2026-11");
+        assert_ne!(next_id, id);
+        assert_eq!(next[0].total, 3);
+        assert_eq!(next[0].projects["p"], 3);
     }
 
     #[test]
@@ -443,7 +450,7 @@ mod tests {
         usage.charge(&k, Some("p"), Credits::from_micros(5));
         assert_eq!(usage.check(&k, Some("p")), Err(BudgetScope::Project));
         assert_eq!(usage.check(&k, Some("q")), Ok(()));
-        usage.begin_flush("2026-11", 0);
+        usage.begin_flush("2026-11");
         let mut snapshot = UsageSnapshot::default();
         snapshot.workspaces.insert(
             "ws_1".into(),
@@ -456,7 +463,7 @@ mod tests {
         usage.finish_flush(&snapshot);
         assert_eq!(usage.check(&k, Some("q")), Err(BudgetScope::Workspace));
         // A new month starts from zero.
-        usage.begin_flush("2026-12", 0);
+        usage.begin_flush("2026-12");
         assert_eq!(usage.check(&k, Some("q")), Ok(()));
     }
 

@@ -45,6 +45,8 @@ struct Inner {
     audit: HashMap<String, VecDeque<AuditRecord>>,
     /// Webhook endpoints per workspace, oldest first.
     endpoints: HashMap<String, Vec<Endpoint>>,
+    /// Ids of the latest usage batches added, so a retry adds nothing.
+    flushes: VecDeque<String>,
 }
 
 /// How many audit records the memory store keeps per workspace.
@@ -310,8 +312,26 @@ impl Store for MemoryStore {
     async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError> {
         let mut guard = self.write();
         let inner = &mut *guard;
+        let fresh = !inner.flushes.contains(&flush.id);
+        if fresh {
+            if inner.flushes.len() == 1_000 {
+                inner.flushes.pop_front();
+            }
+            inner.flushes.push_back(flush.id.clone());
+        }
         let mut snapshot = UsageSnapshot::default();
         for w in &flush.workspaces {
+            let w = &if fresh {
+                w.clone()
+            } else {
+                // A retried batch: read the totals, add nothing.
+                crate::metering::usage::WorkspaceFlush {
+                    total: 0,
+                    keys: HashMap::new(),
+                    projects: HashMap::new(),
+                    ..w.clone()
+                }
+            };
             let row = inner
                 .spend
                 .entry((w.workspace.clone(), flush.month.clone()))
@@ -365,7 +385,9 @@ impl Store for MemoryStore {
         for r in &flush.rate {
             let current = {
                 let c = inner.rate.entry((r.key.clone(), r.window)).or_default();
-                *c += r.count;
+                if fresh {
+                    *c += r.count;
+                }
                 *c
             };
             let previous = inner

@@ -14,6 +14,7 @@
 //! | `ns:secret:<name>` | string | a shared secret (hex), created on first use |
 //! | `{ns}:spend:<ws>:<YYYY-MM>` | hash | micro-credits: `total`, `key:<id>`, `project:<name>`; `low_fired` |
 //! | `{ns}:budgets:<ws>` | hash | project → monthly budget (micro-credits) |
+//! | `{ns}:flush:<id>` | string | a usage batch already added (a day), so a retry adds nothing |
 //! | `{ns}:rl:<key id>:<minute>` | integer | requests in that minute window, all replicas (expires) |
 //! | `{ns}:endpoints:<ws>` | hash | webhook endpoint id → endpoint JSON (with its secret) |
 //! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array) |
@@ -176,9 +177,12 @@ static FLUSH_USAGE: LazyLock<Script> = LazyLock::new(|| {
 local p = ARGV[1]
 local b = cjson.decode(ARGV[2])
 local function int(n) return string.format('%d', n) end
+-- A batch is added once: a retry after a lost answer only reads the totals.
+local fresh = redis.call('SET', p .. ':flush:' .. b.id, '1', 'NX', 'EX', 86400)
 local out = {workspaces = {}, rate = {}}
 for _, w in ipairs(b.workspaces) do
   local h = p .. ':spend:' .. w.workspace .. ':' .. b.month
+  if not fresh then w.total = 0; w.keys = {}; w.projects = {} end
   local total
   if w.total ~= 0 then
     total = redis.call('HINCRBY', h, 'total', int(w.total))
@@ -222,7 +226,7 @@ end
 for _, r in ipairs(b.rate) do
   local k = p .. ':rl:' .. r.key .. ':'
   local cur
-  if r.count > 0 then
+  if fresh and r.count > 0 then
     cur = redis.call('INCRBY', k .. int(r.window), int(r.count))
     redis.call('EXPIRE', k .. int(r.window), 180)
   else
@@ -848,6 +852,7 @@ impl Store for RedisStore {
         let mut out = Vec::new();
         let mut end = "+".to_string();
         let since_ms = query.since.map(|s| s * 1000);
+        let mut seen = std::collections::HashSet::new();
         'pages: loop {
             let page: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
                 .arg(&key)
@@ -875,7 +880,12 @@ impl Store for RedisStore {
                 let json: String = entry.get("records").unwrap_or_default();
                 let mut batch: Vec<AuditRecord> = serde_json::from_str(&json).unwrap_or_default();
                 batch.sort_by_key(|r| std::cmp::Reverse(r.time_ms));
-                out.extend(batch.into_iter().filter(|r| query.matches(r)));
+                // A batch whose acknowledgement was lost is written again: show it once.
+                out.extend(
+                    batch
+                        .into_iter()
+                        .filter(|r| query.matches(r) && seen.insert(r.request_id.clone())),
+                );
                 if out.len() >= query.limit {
                     break 'pages;
                 }
