@@ -301,7 +301,7 @@ impl Gateway {
     }
 
     async fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let admin_up = self
                 .http
