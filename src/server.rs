@@ -44,6 +44,17 @@ pub struct ServeOptions {
 /// Runs the gateway until it is told to stop.
 pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     metrics::init();
+    // Pingora binds its listeners after start-up and retries a taken port silently; check
+    // first so a conflict fails at once with the key to change. In an upgrade the old
+    // process still holds the ports and hands them over, so there is nothing to check.
+    let server_cfg = &config.server;
+    if !options.upgrade {
+        drop(bind("server.listen", &server_cfg.listen)?);
+        drop(bind("server.admin_listen", &server_cfg.admin_listen)?);
+        drop(bind("server.metrics_listen", &server_cfg.metrics_listen)?);
+    }
+    let admin_listener = bind_shared("server.admin_listen", &server_cfg.admin_listen)?;
+
     // The store's connections, its change listener and the key cache's follower live on a
     // runtime of their own, which outlives every Pingora service runtime.
     let store_runtime = tokio::runtime::Builder::new_multi_thread()
@@ -73,17 +84,6 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     let metering = store_runtime.spawn(meter.clone().run(audit_writer, meter_stopped));
     let routes = RouteTable::new(&config.routes()).map_err(StartError::Config)?;
     let upstreams = Upstreams::from_config(&config.upstream).map_err(StartError::Config)?;
-
-    // Pingora binds its listeners after start-up and retries a taken port silently; check
-    // first so a conflict fails at once with the key to change. In an upgrade the old
-    // process still holds the ports and hands them over, so there is nothing to check.
-    let server_cfg = &config.server;
-    if !options.upgrade {
-        drop(bind("server.listen", &server_cfg.listen)?);
-        drop(bind("server.admin_listen", &server_cfg.admin_listen)?);
-        drop(bind("server.metrics_listen", &server_cfg.metrics_listen)?);
-    }
-    let admin_listener = bind_shared("server.admin_listen", &server_cfg.admin_listen)?;
 
     let threads = match server_cfg.threads {
         0 => std::thread::available_parallelism().map_or(2, usize::from),
