@@ -479,6 +479,15 @@ async fn listen_for_changes(client: redis::Client, channel: String, changed: Arc
     }
 }
 
+/// `Ok` for a write that created its record; a conflict naming it otherwise.
+fn created_or_conflict(created: bool, what: &str, id: &str) -> Result<(), StoreError> {
+    if created {
+        Ok(())
+    } else {
+        Err(StoreError::Conflict(format!("{what} {id} exists")))
+    }
+}
+
 fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
@@ -508,14 +517,7 @@ impl Store for RedisStore {
             .set_nx(self.layout.workspace(&workspace.id), encode(workspace))
             .await
             .map_err(unavailable)?;
-        if created {
-            Ok(())
-        } else {
-            Err(StoreError::Conflict(format!(
-                "workspace {} exists",
-                workspace.id
-            )))
-        }
+        created_or_conflict(created, "workspace", &workspace.id)
     }
 
     async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError> {
@@ -737,10 +739,7 @@ impl Store for RedisStore {
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        match created {
-            Some(_) => Ok(()),
-            None => Err(StoreError::Conflict(format!("token {} exists", token.id))),
-        }
+        created_or_conflict(created.is_some(), "token", &token.id)
     }
 
     async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError> {
@@ -933,14 +932,7 @@ impl Store for RedisStore {
             )
             .await
             .map_err(unavailable)?;
-        if created {
-            Ok(())
-        } else {
-            Err(StoreError::Conflict(format!(
-                "endpoint {} exists",
-                endpoint.id
-            )))
-        }
+        created_or_conflict(created, "endpoint", &endpoint.id)
     }
 
     async fn endpoints(&self, workspace: &str) -> Result<Vec<Endpoint>, StoreError> {
