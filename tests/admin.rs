@@ -176,11 +176,7 @@ async fn patching_scopes_and_budget_takes_effect() {
 async fn revoke_marks_the_key_revoked() {
     let gw = Gateway::builder().start().await;
     let (id, _) = gw.create_key("live", &["models:read"]).await;
-    let resp = gw
-        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/revoke"))
-        .send()
-        .await
-        .unwrap();
+    let resp = gw.admin_post(&format!("/admin/v1/keys/{id}/revoke")).await;
     assert_eq!(resp.status(), 200);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["status"], "revoked");

@@ -167,10 +167,8 @@ async fn bad_authorization_values_get_401_and_the_gateway_keeps_serving() {
     let gw = Gateway::builder().live(live.addr).start().await;
     let (revoked_id, revoked) = gw.create_key("live", &["chat.completions:create"]).await;
     let resp = gw
-        .admin_request(Method::POST, &format!("/admin/v1/keys/{revoked_id}/revoke"))
-        .send()
-        .await
-        .unwrap();
+        .admin_post(&format!("/admin/v1/keys/{revoked_id}/revoke"))
+        .await;
     assert_eq!(resp.status(), 200);
     let (_, valid) = gw.create_key("live", &["chat.completions:create"]).await;
 

@@ -22,11 +22,7 @@ async fn replicas_share_keys_and_a_revocation_reaches_every_replica() {
             assert_eq!(gw.chat(&key).await.status(), 200);
         }
     }
-    let resp = a
-        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/revoke"))
-        .send()
-        .await
-        .unwrap();
+    let resp = a.admin_post(&format!("/admin/v1/keys/{id}/revoke")).await;
     assert_eq!(resp.status(), 200);
     // The replica that revoked it refuses it at once …
     assert_eq!(a.chat(&key).await.status(), 401);
@@ -189,10 +185,8 @@ async fn a_revocation_made_while_a_replica_was_cut_off_is_caught_up() {
     redis.stop().await;
     redis.resume().await;
     let revoked = eventually(Duration::from_secs(10), || async {
-        a.admin_request(Method::POST, &format!("/admin/v1/keys/{id}/revoke"))
-            .send()
+        a.admin_post(&format!("/admin/v1/keys/{id}/revoke"))
             .await
-            .unwrap()
             .status()
             == 200
     })
@@ -320,10 +314,8 @@ async fn an_operator_can_end_a_grace_period_early() {
     assert_eq!(b.chat(&key).await.status(), 200);
 
     let resp = a
-        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/end-grace"))
-        .send()
-        .await
-        .unwrap();
+        .admin_post(&format!("/admin/v1/keys/{id}/end-grace"))
+        .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(a.chat(&key).await.status(), 401);
     eventually(Duration::from_secs(5), || async {
@@ -375,16 +367,10 @@ async fn bad_rotations_change_nothing() {
     let resp = rotate(&gw, &revoked_id, serde_json::json!({}), None).await;
     assert_error(resp, 400, "invalid_request_error").await;
     let resp = gw
-        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/end-grace"))
-        .send()
-        .await
-        .unwrap();
+        .admin_post(&format!("/admin/v1/keys/{id}/end-grace"))
+        .await;
     assert_error(resp, 400, "invalid_request_error").await;
-    let resp = gw
-        .admin_request(Method::POST, "/admin/v1/keys/key_missing/end-grace")
-        .send()
-        .await
-        .unwrap();
+    let resp = gw.admin_post("/admin/v1/keys/key_missing/end-grace").await;
     assert_error(resp, 404, "not_found").await;
 
     // Nothing was half-written: the same two keys, the first still active and working.

@@ -155,10 +155,8 @@ async fn no_secret_reaches_the_log_even_at_debug_level() {
     let token = token["value"].as_str().unwrap().to_string();
     assert_eq!(gw.chat(&token).await.status(), 200);
     let rotated: serde_json::Value = gw
-        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/rotate"))
-        .send()
+        .admin_post(&format!("/admin/v1/keys/{id}/rotate"))
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();

@@ -435,6 +435,14 @@ impl Gateway {
             .unwrap()
     }
 
+    /// `POST` on the admin API with no body.
+    pub async fn admin_post(&self, path: &str) -> reqwest::Response {
+        self.admin_request(reqwest::Method::POST, path)
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// The keys of a workspace, as the admin API lists them.
     pub async fn list_keys(&self, workspace: &str) -> Vec<Value> {
         let listed = self
