@@ -542,9 +542,10 @@ impl Drop for TestNamespace {
     }
 }
 
-/// A `redis-server` of the test's own on a free port, so a test can stop and restart it.
+/// A `redis-server` of the test's own, so a test can stop and restart it. It listens on a Unix
+/// socket in a directory of its own: a TCP port freed by a stop could be taken by another test
+/// before the restart.
 pub struct RedisServer {
-    pub port: u16,
     child: Option<Child>,
     dir: tempfile::TempDir,
 }
@@ -552,7 +553,6 @@ pub struct RedisServer {
 impl RedisServer {
     pub async fn start() -> Self {
         let mut server = Self {
-            port: free_port(),
             child: None,
             dir: tempfile::tempdir().unwrap(),
         };
@@ -561,14 +561,18 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!(
+            "redis+unix://{}",
+            self.dir.path().join("redis.sock").display()
+        )
     }
 
-    /// Starts it (again) on the same port, with the data it had (an RDB dump is kept).
+    /// Starts it (again), with the data it had (an RDB dump is kept).
     pub async fn resume(&mut self) {
         assert!(self.child.is_none());
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--port", "0", "--unixsocket"])
+            .arg(self.dir.path().join("redis.sock"))
             .args([
                 "--save",
                 "",
@@ -612,6 +616,7 @@ impl RedisServer {
             let _ = child.kill();
             let _ = child.wait();
         }
+        let _ = std::fs::remove_file(self.dir.path().join("redis.sock"));
     }
 }
 
