@@ -351,24 +351,27 @@ async fn metrics_count_requests_and_auth_failures() {
     let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
     assert_eq!(gw.chat(&key).await.status(), 200);
     assert_eq!(gw.chat("svc_live_nope").await.status(), 401);
-    let text = gw
-        .http
-        .get(format!("{}/metrics", gw.metrics))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
+    // A request is counted in its logging phase, just after its answer went out.
+    let scrape = || async {
+        gw.http
+            .get(format!("{}/metrics", gw.metrics))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let counted = |text: &str| {
         text.contains(
-            r#"svcgate_requests_total{environment="live",route="/v1/chat/completions",status="200"} 1"#
-        ),
-        "{text}"
-    );
-    assert!(
-        text.contains(r#"svcgate_auth_failures_total{reason="bad_length"} 1"#),
-        "{text}"
-    );
+            r#"svcgate_requests_total{environment="live",route="/v1/chat/completions",status="200"} 1"#,
+        ) && text.contains(r#"svcgate_auth_failures_total{reason="bad_length"} 1"#)
+    };
+    eventually(std::time::Duration::from_secs(5), || async {
+        counted(&scrape().await)
+    })
+    .await
+    .expect("both requests are counted");
+    let text = scrape().await;
     assert!(!text.contains(&key));
 }

@@ -58,8 +58,24 @@ async fn metrics_parse_and_move_with_a_scripted_set_of_requests() {
     let unknown = svcgate::keys::format::generate(svcgate::keys::Environment::Live).value;
     assert_eq!(gw.chat(&unknown).await.status(), 401);
 
-    let m = scrape(&gw).await;
     let chat = "/v1/chat/completions";
+    // Requests are counted in their logging phase, just after their answers went out.
+    eventually(Duration::from_secs(5), || async {
+        let m = scrape(&gw).await;
+        sample(
+            &m,
+            "svcgate_auth_failures_total",
+            &[("reason", "unknown_key")],
+        ) == Some(1.0)
+            && sample(
+                &m,
+                "svcgate_requests_total",
+                &[("route", chat), ("status", "429")],
+            ) == Some(1.0)
+    })
+    .await
+    .expect("every request is counted");
+    let m = scrape(&gw).await;
     assert_eq!(
         sample(
             &m,

@@ -396,6 +396,12 @@ impl ProxyHttp for Gateway {
         // Pingora does not reuse a client connection after a failed proxy attempt, so the
         // answer must say `Connection: close` rather than invite a reuse that would be reset.
         session.set_keepalive(None);
+        // Closing a socket with unread request bytes makes the kernel reset it, and the client
+        // may lose the answer: read what is left of a small body first, briefly.
+        if !session.is_body_done() {
+            session.set_total_drain_timeout(Some(std::time::Duration::from_secs(1)));
+            let _ = session.drain_request_body().await;
+        }
         if let Err(write_err) =
             respond::error(session, &err, &ctx.request_id, &ctx.rate_headers()).await
         {

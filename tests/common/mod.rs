@@ -605,17 +605,33 @@ impl RedisServer {
         }
     }
 
-    /// Saves its data and stops it.
+    /// Saves its data and stops it (`SHUTDOWN SAVE`: the data is on disk before it exits).
     pub async fn stop(&mut self) {
-        if let Ok(client) = redis::Client::open(self.url()) {
+        let client = redis::Client::open(self.url()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
             if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                let _: redis::RedisResult<String> = redis::cmd("SAVE").query_async(&mut conn).await;
+                // The connection closes as the server exits, so the reply is an error either way.
+                let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN")
+                    .arg("SAVE")
+                    .query_async(&mut conn)
+                    .await;
             }
+            let exited = self
+                .child
+                .as_mut()
+                .is_none_or(|c| c.try_wait().ok().flatten().is_some());
+            if exited {
+                break;
+            }
+            assert!(Instant::now() < deadline, "redis-server did not shut down");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.child = None;
+        assert!(
+            self.dir.path().join("dump.rdb").exists(),
+            "redis-server saved its data"
+        );
         let _ = std::fs::remove_file(self.dir.path().join("redis.sock"));
     }
 }
