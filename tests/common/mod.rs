@@ -194,7 +194,18 @@ impl GatewayBuilder {
         self
     }
 
+    /// Starts the gateway; if a port picked for it was taken meanwhile by another test, starts
+    /// it again on fresh ports.
     pub async fn start(self) -> Gateway {
+        for _ in 0..3 {
+            if let Some(gw) = self.try_start().await {
+                return gw;
+            }
+        }
+        panic!("gateway did not start on three sets of ports");
+    }
+
+    async fn try_start(&self) -> Option<Gateway> {
         let dir = tempfile::tempdir().unwrap();
         let (listen, admin, metrics) = (free_port(), free_port(), free_port());
         let mut upstream =
@@ -250,7 +261,7 @@ impl GatewayBuilder {
             .stderr(std::fs::File::create(&log_path).unwrap())
             .spawn()
             .expect("svcgate starts");
-        let gw = Gateway {
+        let mut gw = Gateway {
             config_path: config_path.clone(),
             spool_dir,
             child: Some(child),
@@ -261,8 +272,8 @@ impl GatewayBuilder {
             log_path,
             _dir: dir,
         };
-        gw.wait_ready().await;
-        gw
+        let ready = gw.wait_ready().await;
+        ready.then_some(gw)
     }
 }
 
@@ -300,9 +311,19 @@ impl Gateway {
         GatewayBuilder::default()
     }
 
-    async fn wait_ready(&self) {
+    /// Waits until both listeners answer; `false` if the process exited because a port was
+    /// taken.
+    async fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
+            if let Some(child) = self.child.as_mut() {
+                if child.try_wait().ok().flatten().is_some() {
+                    let log = self.logs();
+                    assert!(log.contains("cannot listen"), "gateway exited; log:\n{log}");
+                    self.child = None;
+                    return false;
+                }
+            }
             let admin_up = self
                 .http
                 .get(format!("{}/healthz", self.admin))
@@ -311,7 +332,7 @@ impl Gateway {
             let gw_up = self.http.get(format!("{}/healthz", self.base)).send().await;
             if matches!((admin_up, gw_up), (Ok(a), Ok(g)) if a.status() == 200 && g.status() == 200)
             {
-                return;
+                return true;
             }
             assert!(
                 Instant::now() < deadline,
