@@ -22,10 +22,7 @@ async fn logged(ns: &str) -> Vec<redis::streams::StreamId> {
 #[tokio::test]
 async fn a_backend_event_enters_the_log() {
     let ns = TestNamespace::new();
-    let gw = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let gw = on_redis(&ns).await;
     let ws = gw.create_workspace().await;
     let resp = gw
         .admin_request(Method::POST, "/admin/v1/events")
@@ -87,10 +84,7 @@ async fn a_backend_event_enters_the_log() {
 #[tokio::test]
 async fn events_trigger_publishes_a_sample_of_every_type() {
     let ns = TestNamespace::new();
-    let gw = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let gw = on_redis(&ns).await;
     let ws = gw.create_workspace().await;
     for event_type in svcgate::events::EVENT_TYPES {
         let out = svcgate_command()

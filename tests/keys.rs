@@ -41,17 +41,11 @@ async fn keys_outlive_gateway_restarts() {
     let ws;
     let key;
     {
-        let gw = Gateway::builder()
-            .redis(&redis_url(), &ns.name)
-            .start()
-            .await;
+        let gw = on_redis(&ns).await;
         ws = gw.create_workspace().await;
         key = gw.create_key_in(&ws, "live", &["models:read"]).await.1;
     }
-    let gw = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let gw = on_redis(&ns).await;
     let resp = gw
         .request(Method::GET, "/v1/models")
         .bearer_auth(&key)
@@ -65,10 +59,7 @@ async fn keys_outlive_gateway_restarts() {
 #[tokio::test]
 async fn the_redis_store_starts_without_a_demo_workspace() {
     let ns = TestNamespace::new();
-    let gw = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let gw = on_redis(&ns).await;
     let resp = gw
         .admin_request(Method::POST, "/admin/v1/keys")
         .json(&serde_json::json!({"workspace": DEMO_WS, "environment": "live", "scopes": ["a:b"]}))
@@ -268,10 +259,7 @@ async fn a_rotated_key_works_until_its_grace_period_ends() {
 #[tokio::test]
 async fn a_retried_rotation_with_an_idempotency_key_returns_the_same_key() {
     let ns = TestNamespace::new();
-    let gw = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let gw = on_redis(&ns).await;
     let ws = gw.create_workspace().await;
     let (id, _) = gw.create_key_in(&ws, "test", &["models:read"]).await;
 
@@ -329,10 +317,7 @@ async fn an_operator_can_end_a_grace_period_early() {
 #[tokio::test]
 async fn bad_rotations_change_nothing() {
     let ns = TestNamespace::new();
-    let gw = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let gw = on_redis(&ns).await;
     let ws = gw.create_workspace().await;
     let (id, key) = gw
         .create_key_in(&ws, "live", &["chat.completions:create"])

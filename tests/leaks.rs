@@ -82,10 +82,7 @@ async fn live_keys_are_revoked_and_others_reported() {
 #[tokio::test]
 async fn a_revocation_logs_one_key_auto_revoked_event_without_the_secret() {
     let ns = TestNamespace::new();
-    let gw = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let gw = on_redis(&ns).await;
     let ws = gw.create_workspace().await;
     let (id, key) = gw.create_key_in(&ws, "live", &["models:read"]).await;
 

@@ -34,10 +34,7 @@ async fn call(
 #[tokio::test]
 async fn an_endpoint_is_created_listed_changed_paused_resumed_and_deleted() {
     let ns = TestNamespace::new();
-    let gw = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let gw = on_redis(&ns).await;
     let ws = gw.create_workspace().await;
     let (_, key) = gw.create_key_in(&ws, "live", WRITE).await;
 
@@ -116,10 +113,7 @@ async fn an_endpoint_is_created_listed_changed_paused_resumed_and_deleted() {
 #[tokio::test]
 async fn endpoints_are_kept_apart_by_workspace_and_environment() {
     let ns = TestNamespace::new();
-    let gw = Gateway::builder()
-        .redis(&redis_url(), &ns.name)
-        .start()
-        .await;
+    let gw = on_redis(&ns).await;
     let ws = gw.create_workspace().await;
     let other_ws = gw.create_workspace().await;
     let (_, live) = gw.create_key_in(&ws, "live", WRITE).await;

@@ -110,17 +110,17 @@ pub async fn broken_upstream() -> SocketAddr {
     addr
 }
 
+/// A gateway on the shared Redis, in `namespace`.
+pub async fn on_redis(namespace: &TestNamespace) -> Gateway {
+    Gateway::builder()
+        .redis(&redis_url(), &namespace.name)
+        .start()
+        .await
+}
+
 /// Two gateway replicas sharing one Redis namespace.
 pub async fn replicas(namespace: &TestNamespace) -> (Gateway, Gateway) {
-    let a = Gateway::builder()
-        .redis(&redis_url(), &namespace.name)
-        .start()
-        .await;
-    let b = Gateway::builder()
-        .redis(&redis_url(), &namespace.name)
-        .start()
-        .await;
-    (a, b)
+    (on_redis(namespace).await, on_redis(namespace).await)
 }
 
 /// Builder for a gateway process.
