@@ -104,3 +104,120 @@ impl Event {
         }
     }
 }
+
+/// An event as read from the event log, with its position there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoggedEvent {
+    /// The log position (a Redis stream entry id such as `1764115200000-0`).
+    pub position: String,
+    /// The event.
+    pub event: Event,
+}
+
+impl Event {
+    /// Reads an event from the fields of an event-log entry at `position`.
+    ///
+    /// Backends may add entries straight to the log, so only `type`, `workspace` and `data` (a
+    /// JSON object) are required. Without an `id`, one is derived from the position, so it is
+    /// the same on every delivery; without `created`, the time of the position is used;
+    /// without `environment`, `live`.
+    pub fn from_log_entry<'a>(
+        position: &str,
+        field: impl Fn(&str) -> Option<&'a str>,
+    ) -> Result<Self, String> {
+        let event_type = field("type").ok_or("no 'type' field")?;
+        if !is_event_type(event_type) {
+            return Err(format!("unknown event type '{event_type}'"));
+        }
+        let workspace = field("workspace")
+            .filter(|w| !w.is_empty())
+            .ok_or("no 'workspace' field")?;
+        let data: serde_json::Value = serde_json::from_str(field("data").unwrap_or("{}"))
+            .map_err(|e| format!("'data' is not JSON: {e}"))?;
+        if !data.is_object() {
+            return Err("'data' must be a JSON object".into());
+        }
+        let environment = match field("environment") {
+            None => Environment::Live,
+            Some("live") => Environment::Live,
+            Some("test") => Environment::Test,
+            Some(e) => return Err(format!("unknown environment '{e}'")),
+        };
+        let position_ms = position
+            .split('-')
+            .next()
+            .and_then(|ms| ms.parse::<u64>().ok());
+        let created = match field("created") {
+            Some(c) => c
+                .parse()
+                .map_err(|_| format!("'created' is not a unix time: {c}"))?,
+            None => position_ms.map_or_else(unix_now, |ms| ms / 1000),
+        };
+        let id = match field("id") {
+            Some(id) if id.starts_with("evt_") && id.len() <= 64 => id.to_string(),
+            Some(id) => return Err(format!("'{id}' is not an evt_… id")),
+            None => format!("evt_{}", position.replace('-', "x")),
+        };
+        Ok(Self {
+            id,
+            event_type: event_type.to_string(),
+            created,
+            workspace: workspace.to_string(),
+            environment,
+            data,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry<'a>(fields: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<&'a str> {
+        move |name| fields.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
+    }
+
+    #[test]
+    fn log_entries_from_backends_need_only_type_workspace_and_data() {
+        let e = Event::from_log_entry(
+            "1764115200123-4",
+            entry(&[
+                ("type", "agent.run.completed"),
+                ("workspace", "ws_1"),
+                ("data", r#"{"run_id":"run_1"}"#),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(e.id, "evt_1764115200123x4");
+        assert_eq!(e.created, 1_764_115_200);
+        assert_eq!(e.environment, Environment::Live);
+        assert_eq!(e.data["run_id"], "run_1");
+        let full = Event::new("key.auto_revoked", "ws_2", Environment::Test, serde_json::json!({}));
+        let created = full.created.to_string();
+        let fields = [
+            ("id", full.id.as_str()),
+            ("type", "key.auto_revoked"),
+            ("created", created.as_str()),
+            ("workspace", "ws_2"),
+            ("environment", "test"),
+            ("data", "{}"),
+        ];
+        assert_eq!(Event::from_log_entry("1-0", entry(&fields)).unwrap(), full);
+    }
+
+    #[test]
+    fn malformed_log_entries_are_refused() {
+        for fields in [
+            vec![("workspace", "ws_1"), ("data", "{}")],
+            vec![("type", "nope"), ("workspace", "ws_1")],
+            vec![("type", "agent.run.failed")],
+            vec![("type", "agent.run.failed"), ("workspace", "ws_1"), ("data", "[1]")],
+            vec![("type", "agent.run.failed"), ("workspace", "ws_1"), ("data", "{")],
+            vec![("type", "agent.run.failed"), ("workspace", "ws_1"), ("id", "x")],
+            vec![("type", "agent.run.failed"), ("workspace", "ws_1"), ("environment", "prod")],
+            vec![("type", "agent.run.failed"), ("workspace", "ws_1"), ("created", "soon")],
+        ] {
+            assert!(Event::from_log_entry("1-0", entry(&fields)).is_err(), "{fields:?}");
+        }
+    }
+}

@@ -11,12 +11,15 @@ mod redis;
 
 use async_trait::async_trait;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::Notify;
 
-use crate::events::Event;
+use crate::events::{Event, LoggedEvent};
+use crate::keys::Environment;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
 use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{UsageFlush, UsageSnapshot};
+use crate::webhooks::delivery::Delivery;
 use crate::webhooks::endpoint::Endpoint;
 
 pub use cache::{CacheConfig, CacheOutcome, KeyCache};
@@ -76,6 +79,48 @@ pub struct UsageReport {
     pub keys: std::collections::HashMap<String, i64>,
     /// Per project.
     pub projects: std::collections::HashMap<String, i64>,
+}
+
+/// A reader of the event log with a connection of its own (its reads may block).
+#[async_trait]
+pub trait EventFeed: Send {
+    /// The next events, oldest first, at most `max`; waits up to `block` while there are none.
+    async fn next(&mut self, max: usize, block: Duration) -> Result<Vec<LoggedEvent>, StoreError>;
+}
+
+/// A delivery claimed by a worker, with its endpoint as it is now (`None`: deleted).
+#[derive(Debug, Clone)]
+pub struct ClaimedDelivery {
+    /// The delivery.
+    pub delivery: Delivery,
+    /// Its endpoint.
+    pub endpoint: Option<Endpoint>,
+}
+
+/// What [`Store::claim_deliveries`] may take.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// Now, in unix milliseconds: deliveries due by then are taken.
+    pub now_ms: u64,
+    /// How long a claim holds: after it, the delivery is due again (its worker died).
+    pub lease: Duration,
+    /// Most deliveries to take.
+    pub max: usize,
+    /// Most deliveries in flight per endpoint, counting `busy`.
+    pub per_endpoint: usize,
+    /// Deliveries this worker has in flight per endpoint id.
+    pub busy: &'a [(&'a str, usize)],
+}
+
+/// The delivery queue at a glance, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Deliveries waiting for an attempt (first or retry), or in flight.
+    pub pending: u64,
+    /// When the earliest pending delivery was due (unix milliseconds).
+    pub oldest_due_ms: Option<u64>,
+    /// Endpoints paused after failing every retry.
+    pub paused_endpoints: u64,
 }
 
 /// Shared, persistent state.
@@ -184,4 +229,56 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes an endpoint; whether it existed.
     async fn delete_endpoint(&self, workspace: &str, id: &str) -> Result<bool, StoreError>;
+
+    /// Follows the event log from now on (`svcgate listen`).
+    async fn tail_events(&self) -> Result<Box<dyn EventFeed>, StoreError>;
+
+    /// Consumes the event log as `consumer` of the webhook workers' group, which it creates if
+    /// it is missing: entries no worker has taken, and entries a worker took but did not hand
+    /// to [`Store::enqueue_deliveries`] within `reclaim_after` (it died).
+    async fn consume_events(
+        &self,
+        consumer: &str,
+        reclaim_after: Duration,
+    ) -> Result<Box<dyn EventFeed>, StoreError>;
+
+    /// Stores new deliveries, due at their `next_attempt_ms`, indexes `events` for replay, and
+    /// marks the event-log `entries` they came from as consumed; atomically.
+    async fn enqueue_deliveries(
+        &self,
+        entries: &[String],
+        events: &[&Event],
+        deliveries: &[Delivery],
+    ) -> Result<(), StoreError>;
+
+    /// Claims due deliveries for one lease, oldest first per endpoint, never more than
+    /// `per_endpoint` in flight for one endpoint.
+    async fn claim_deliveries(
+        &self,
+        request: &ClaimRequest<'_>,
+    ) -> Result<Vec<ClaimedDelivery>, StoreError>;
+
+    /// Saves a delivery after an attempt: a pending one is due again at its `next_attempt_ms`,
+    /// a final one leaves the queue. With `pause`, its endpoint is paused in the same step;
+    /// answers whether this call paused it (it was active).
+    async fn save_delivery(&self, delivery: &Delivery, pause: bool) -> Result<bool, StoreError>;
+
+    /// The latest deliveries to an endpoint, newest first.
+    async fn deliveries(&self, endpoint: &str, limit: usize) -> Result<Vec<Delivery>, StoreError>;
+
+    /// A delivered (or undeliverable) event by id, within the retention window.
+    async fn event(&self, id: &str) -> Result<Option<Event>, StoreError>;
+
+    /// The events of a workspace and environment created at or after `since` (unix seconds),
+    /// oldest first, at most `max`.
+    async fn events_since(
+        &self,
+        workspace: &str,
+        environment: Environment,
+        since: u64,
+        max: usize,
+    ) -> Result<Vec<Event>, StoreError>;
+
+    /// The delivery queue at a glance.
+    async fn queue_stats(&self) -> Result<QueueStats, StoreError>;
 }

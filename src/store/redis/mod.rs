@@ -17,13 +17,26 @@
 //! | `{ns}:flush:<id>` | string | a usage batch already added (a day), so a retry adds nothing |
 //! | `{ns}:rl:<key id>:<minute>` | integer | requests in that minute window, all replicas (expires) |
 //! | `{ns}:endpoints:<ws>` | hash | webhook endpoint id → endpoint JSON (with its secret) |
+//! | `{ns}:wh:cursor` | string | the newest event-log entry the webhook workers consumed (where a lost consumer group restarts) |
+//! | `{ns}:wh:ready` | sorted set | `<ws> <endpoint id>` of every endpoint with queued deliveries, scored by the earliest due time (ms) |
+//! | `{ns}:wh:due:<endpoint id>` | sorted set | the endpoint's queued delivery ids, scored by due time (ms); a claimed one by its lease's end |
+//! | `{ns}:wh:dlv:<delivery id>` | string | delivery JSON: event, status, attempts, last attempt (30 days) |
+//! | `{ns}:wh:log:<endpoint id>` | list | the endpoint's latest delivery ids, newest first (1,000) |
+//! | `{ns}:wh:evt:<event id>` | string | event JSON, for replay by id (30 days) |
+//! | `{ns}:wh:pending` | integer | queued deliveries |
+//! | `{ns}:wh:paused` | set | `<ws> <endpoint id>` of paused endpoints |
 //! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array) |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
+//!
+//! The event log is consumed by the consumer group `webhooks`; see [`webhooks`] for the entry
+//! format backends may add.
 //!
 //! The key registry and the event log share one hash tag, `{ns}`, so that a key write, the
 //! epoch bump, the change-log entry, an event it causes and the notification happen in one Lua
 //! script, atomically, on Redis Cluster too. At about 500 bytes a key, one slot holds millions
 //! of keys; high-volume counters go to other slots.
+
+mod webhooks;
 
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
@@ -32,7 +45,12 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-use super::{EndpointChange, KeyChange, KeyChanges, Rotation, Store, StoreError, UsageReport};
+use super::{
+    ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed, KeyChange, KeyChanges, QueueStats,
+    Rotation, Store, StoreError, UsageReport,
+};
+use crate::keys::Environment;
+use crate::webhooks::delivery::Delivery;
 use crate::events::Event;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
 use crate::metering::audit::{AuditQuery, AuditRecord};
@@ -342,6 +360,7 @@ return out
 
 /// Workspaces and keys in Redis.
 pub struct RedisStore {
+    client: redis::Client,
     conn: ConnectionManager,
     layout: Layout,
     changed: Arc<Notify>,
@@ -365,11 +384,12 @@ impl RedisStore {
         let layout = Layout::new(namespace);
         let changed = Arc::new(Notify::new());
         tokio::spawn(listen_for_changes(
-            client,
+            client.clone(),
             layout.channel(),
             changed.clone(),
         ));
         Ok(Self {
+            client,
             conn,
             layout,
             changed,
@@ -972,7 +992,11 @@ impl Store for RedisStore {
                 .await
                 .map_err(unavailable)?;
             match swapped {
-                1 => return Ok(Some(next)),
+                1 => {
+                    let paused = next.status == crate::webhooks::endpoint::EndpointStatus::Paused;
+                    self.track_paused(workspace, id, paused).await?;
+                    return Ok(Some(next));
+                }
                 -1 => return Ok(None),
                 _ => continue,
             }
@@ -988,7 +1012,62 @@ impl Store for RedisStore {
             .hdel(self.layout.endpoints(workspace), id)
             .await
             .map_err(unavailable)?;
+        self.track_paused(workspace, id, false).await?;
         Ok(removed > 0)
+    }
+
+    async fn tail_events(&self) -> Result<Box<dyn EventFeed>, StoreError> {
+        self.tail().await
+    }
+
+    async fn consume_events(
+        &self,
+        consumer: &str,
+        reclaim_after: Duration,
+    ) -> Result<Box<dyn EventFeed>, StoreError> {
+        self.consume(consumer, reclaim_after).await
+    }
+
+    async fn enqueue_deliveries(
+        &self,
+        entries: &[String],
+        events: &[&Event],
+        deliveries: &[Delivery],
+    ) -> Result<(), StoreError> {
+        self.enqueue(entries, events, deliveries).await
+    }
+
+    async fn claim_deliveries(
+        &self,
+        request: &ClaimRequest<'_>,
+    ) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        self.claim(request).await
+    }
+
+    async fn save_delivery(&self, delivery: &Delivery, pause: bool) -> Result<bool, StoreError> {
+        self.save(delivery, pause).await
+    }
+
+    async fn deliveries(&self, endpoint: &str, limit: usize) -> Result<Vec<Delivery>, StoreError> {
+        self.list_deliveries(endpoint, limit).await
+    }
+
+    async fn event(&self, id: &str) -> Result<Option<Event>, StoreError> {
+        self.event_by_id(id).await
+    }
+
+    async fn events_since(
+        &self,
+        workspace: &str,
+        environment: Environment,
+        since: u64,
+        max: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.log_since(workspace, environment, since, max).await
+    }
+
+    async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
+        self.stats().await
     }
 
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {

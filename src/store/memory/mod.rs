@@ -1,12 +1,21 @@
 //! An in-process store: the zero-config demo and unit tests. State lives and dies with the
 //! process, so it serves exactly one gateway replica.
 
+mod webhooks;
+
 use async_trait::async_trait;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 
-use super::{EndpointChange, KeyChange, KeyChanges, Rotation, Store, StoreError, UsageReport};
+use super::{
+    ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed, KeyChange, KeyChanges, QueueStats,
+    Rotation, Store, StoreError, UsageReport,
+};
+use crate::keys::Environment;
+use crate::webhooks::delivery::Delivery;
+use crate::webhooks::endpoint::EndpointStatus;
+use std::time::Duration;
 use crate::events::Event;
 use crate::ids::unix_now;
 use crate::keys::KeyStatus;
@@ -33,8 +42,8 @@ struct Inner {
     secrets: HashMap<String, [u8; 32]>,
     /// `(expires_at, id)` of scoped tokens, in minting order, for clean-up.
     tokens: VecDeque<(u64, String)>,
-    /// The event log, oldest first.
-    events: Vec<Event>,
+    /// The event log and the webhook delivery queue.
+    webhooks: webhooks::WebhookState,
     /// Spend per `(workspace, month)`.
     spend: HashMap<(String, String), SpendRow>,
     /// Project budgets per workspace (micro-credits).
@@ -73,8 +82,10 @@ impl Inner {
 /// Workspaces and keys in process memory.
 #[derive(Default)]
 pub struct MemoryStore {
-    inner: RwLock<Inner>,
+    inner: Arc<RwLock<Inner>>,
     changed: Arc<Notify>,
+    /// Woken whenever an event is logged.
+    logged: Arc<Notify>,
 }
 
 impl MemoryStore {
@@ -114,7 +125,7 @@ impl MemoryStore {
 impl MemoryStore {
     /// Every logged event, oldest first.
     pub fn events(&self) -> Vec<Event> {
-        self.read().events.clone()
+        self.read().webhooks.events().cloned().collect()
     }
 
     fn update(
@@ -137,10 +148,13 @@ impl MemoryStore {
         inner.keys.insert(id.to_string(), next.clone());
         inner.record_change(next.hash);
         if let Some(event) = event {
-            inner.events.push(event.clone());
+            inner.webhooks.log(event.clone());
         }
         drop(inner);
         self.changed.notify_one();
+        if event.is_some() {
+            self.logged.notify_waiters();
+        }
         Ok(Some(next))
     }
 }
@@ -368,7 +382,7 @@ impl Store for MemoryStore {
                         let remaining = credits.micros() - row.total;
                         if remaining < threshold.micros() && !row.low_fired {
                             row.low_fired = true;
-                            inner.events.push(crate::metering::usage::credits_low_event(
+                            inner.webhooks.log(crate::metering::usage::credits_low_event(
                                 w,
                                 flush,
                                 remaining,
@@ -408,6 +422,8 @@ impl Store for MemoryStore {
         if let Some(newest) = flush.rate.iter().map(|r| r.window).max() {
             inner.rate.retain(|(_, w), _| w + 2 >= newest);
         }
+        drop(guard);
+        self.logged.notify_waiters();
         Ok(snapshot)
     }
 
@@ -463,10 +479,8 @@ impl Store for MemoryStore {
     }
 
     async fn append_event(&self, event: &Event) -> Result<(), StoreError> {
-        let mut inner = self.write();
-        let oldest = unix_now().saturating_sub(crate::events::RETENTION_SECS);
-        inner.events.retain(|e| e.created >= oldest);
-        inner.events.push(event.clone());
+        self.write().webhooks.log(event.clone());
+        self.logged.notify_waiters();
         Ok(())
     }
 
@@ -527,6 +541,95 @@ impl Store for MemoryStore {
         let before = list.len();
         list.retain(|e| e.id != id);
         Ok(list.len() != before)
+    }
+
+    async fn tail_events(&self) -> Result<Box<dyn EventFeed>, StoreError> {
+        Ok(self.tail())
+    }
+
+    async fn consume_events(
+        &self,
+        _consumer: &str,
+        reclaim_after: Duration,
+    ) -> Result<Box<dyn EventFeed>, StoreError> {
+        Ok(self.consume(reclaim_after))
+    }
+
+    async fn enqueue_deliveries(
+        &self,
+        entries: &[String],
+        events: &[&Event],
+        deliveries: &[Delivery],
+    ) -> Result<(), StoreError> {
+        self.write().webhooks.enqueue(entries, events, deliveries);
+        Ok(())
+    }
+
+    async fn claim_deliveries(
+        &self,
+        request: &ClaimRequest<'_>,
+    ) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        let mut guard = self.write();
+        let inner = &mut *guard;
+        Ok(inner.webhooks.claim(request, &inner.endpoints))
+    }
+
+    async fn save_delivery(&self, delivery: &Delivery, pause: bool) -> Result<bool, StoreError> {
+        let mut guard = self.write();
+        let inner = &mut *guard;
+        inner.webhooks.save(delivery);
+        let endpoint = inner
+            .endpoints
+            .get_mut(&delivery.workspace)
+            .and_then(|list| list.iter_mut().find(|e| e.id == delivery.endpoint));
+        match endpoint {
+            Some(e) if pause && e.status == EndpointStatus::Active => {
+                e.status = EndpointStatus::Paused;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn deliveries(&self, endpoint: &str, limit: usize) -> Result<Vec<Delivery>, StoreError> {
+        Ok(self.read().webhooks.deliveries(endpoint, limit))
+    }
+
+    async fn event(&self, id: &str) -> Result<Option<Event>, StoreError> {
+        Ok(self.read().webhooks.event(id))
+    }
+
+    async fn events_since(
+        &self,
+        workspace: &str,
+        environment: Environment,
+        since: u64,
+        max: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        Ok(self
+            .read()
+            .webhooks
+            .events()
+            .filter(|e| {
+                e.workspace == workspace && e.environment == environment && e.created >= since
+            })
+            .take(max)
+            .cloned()
+            .collect())
+    }
+
+    async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
+        let inner = self.read();
+        let paused = inner
+            .endpoints
+            .values()
+            .flatten()
+            .filter(|e| e.status == EndpointStatus::Paused)
+            .count();
+        Ok(QueueStats {
+            paused_endpoints: paused as u64,
+            ..inner.webhooks.stats()
+        })
     }
 
     async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {

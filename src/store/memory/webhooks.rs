@@ -1,0 +1,252 @@
+//! The event log and the webhook delivery queue in process memory: the same behaviour as the
+//! Redis layout (one consumer group, leases, per-endpoint caps), for a single process.
+
+use async_trait::async_trait;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+use super::{Inner, MemoryStore};
+use crate::events::{Event, LoggedEvent, RETENTION_SECS};
+use crate::ids::unix_now;
+use crate::store::{ClaimRequest, ClaimedDelivery, EventFeed, QueueStats, StoreError};
+use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED};
+use crate::webhooks::endpoint::Endpoint;
+
+/// Events, deliveries and their schedule.
+#[derive(Default)]
+pub(super) struct WebhookState {
+    /// `(sequence number, event)`, oldest first; positions are the sequence numbers.
+    log: VecDeque<(u64, Event)>,
+    next_seq: u64,
+    /// The consumer group: the next sequence number to hand out, and entries handed out but
+    /// not yet fanned out, with when.
+    group_next: u64,
+    group_pending: BTreeMap<u64, Instant>,
+    /// Events fanned out, by id, for replay.
+    by_id: HashMap<String, Event>,
+    deliveries: HashMap<String, Delivery>,
+    /// Queued delivery ids and when they are due (ms; a claimed one: its lease's end).
+    due: HashMap<String, u64>,
+    /// Delivery ids per endpoint, newest first.
+    listed: HashMap<String, VecDeque<String>>,
+}
+
+impl WebhookState {
+    /// Appends an event to the log, dropping what is past retention.
+    pub(super) fn log(&mut self, event: Event) {
+        let oldest = unix_now().saturating_sub(RETENTION_SECS);
+        while self.log.front().is_some_and(|(_, e)| e.created < oldest) {
+            self.log.pop_front();
+        }
+        self.by_id.retain(|_, e| e.created >= oldest);
+        self.log.push_back((self.next_seq, event));
+        self.next_seq += 1;
+    }
+
+    /// Every logged event, oldest first.
+    pub(super) fn events(&self) -> impl Iterator<Item = &Event> {
+        self.log.iter().map(|(_, e)| e)
+    }
+
+    fn after(&self, seq: u64, max: usize) -> Vec<LoggedEvent> {
+        self.log
+            .iter()
+            .filter(|(s, _)| *s >= seq)
+            .take(max)
+            .map(|(s, e)| LoggedEvent {
+                position: s.to_string(),
+                event: e.clone(),
+            })
+            .collect()
+    }
+
+    pub(super) fn enqueue(&mut self, entries: &[String], events: &[&Event], deliveries: &[Delivery]) {
+        for entry in entries {
+            if let Ok(seq) = entry.parse() {
+                self.group_pending.remove(&seq);
+            }
+        }
+        for event in events {
+            self.by_id.insert(event.id.clone(), Event::clone(event));
+        }
+        for d in deliveries {
+            self.due.insert(d.id.clone(), d.next_attempt_ms.unwrap_or(0));
+            let listed = self.listed.entry(d.endpoint.clone()).or_default();
+            listed.push_front(d.id.clone());
+            if listed.len() > DELIVERIES_LISTED {
+                if let Some(old) = listed.pop_back() {
+                    if !self.due.contains_key(&old) {
+                        self.deliveries.remove(&old);
+                    }
+                }
+            }
+            self.deliveries.insert(d.id.clone(), d.clone());
+        }
+    }
+
+    pub(super) fn claim(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        endpoints: &HashMap<String, Vec<Endpoint>>,
+    ) -> Vec<ClaimedDelivery> {
+        let mut due: Vec<(u64, &String)> = self
+            .due
+            .iter()
+            .filter(|(_, at)| **at <= request.now_ms)
+            .map(|(id, at)| (*at, id))
+            .collect();
+        due.sort();
+        let mut in_flight: HashMap<&str, usize> = request.busy.iter().copied().collect();
+        let mut taken = Vec::new();
+        for (_, id) in due {
+            if taken.len() == request.max {
+                break;
+            }
+            let Some(d) = self.deliveries.get(id) else { continue };
+            let n = in_flight.entry(d.endpoint.as_str()).or_default();
+            if *n >= request.per_endpoint {
+                continue;
+            }
+            *n += 1;
+            let endpoint = endpoints
+                .get(&d.workspace)
+                .and_then(|list| list.iter().find(|e| e.id == d.endpoint))
+                .cloned();
+            taken.push(ClaimedDelivery {
+                delivery: d.clone(),
+                endpoint,
+            });
+        }
+        let lease_end = request.now_ms + request.lease.as_millis() as u64;
+        for c in &taken {
+            self.due.insert(c.delivery.id.clone(), lease_end);
+        }
+        taken
+    }
+
+    pub(super) fn save(&mut self, d: &Delivery) {
+        match (d.is_final(), d.next_attempt_ms) {
+            (false, Some(ms)) => self.due.insert(d.id.clone(), ms),
+            _ => self.due.remove(&d.id),
+        };
+        self.deliveries.insert(d.id.clone(), d.clone());
+    }
+
+    pub(super) fn deliveries(&self, endpoint: &str, limit: usize) -> Vec<Delivery> {
+        self.listed
+            .get(endpoint)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.deliveries.get(id))
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    pub(super) fn event(&self, id: &str) -> Option<Event> {
+        self.by_id.get(id).cloned()
+    }
+
+    pub(super) fn stats(&self) -> QueueStats {
+        QueueStats {
+            pending: self.due.len() as u64,
+            oldest_due_ms: self.due.values().min().copied(),
+            paused_endpoints: 0,
+        }
+    }
+}
+
+impl MemoryStore {
+    pub(super) fn tail(&self) -> Box<dyn EventFeed> {
+        let after = self.read().webhooks.next_seq;
+        Box::new(Feed {
+            inner: self.inner.clone(),
+            logged: self.logged.clone(),
+            mode: Mode::Tail { next: after },
+        })
+    }
+
+    pub(super) fn consume(&self, reclaim_after: Duration) -> Box<dyn EventFeed> {
+        Box::new(Feed {
+            inner: self.inner.clone(),
+            logged: self.logged.clone(),
+            mode: Mode::Group { reclaim_after },
+        })
+    }
+}
+
+enum Mode {
+    Tail { next: u64 },
+    Group { reclaim_after: Duration },
+}
+
+struct Feed {
+    inner: Arc<RwLock<Inner>>,
+    logged: Arc<Notify>,
+    mode: Mode,
+}
+
+impl Feed {
+    fn take(&mut self, max: usize) -> Vec<LoggedEvent> {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let state = &mut inner.webhooks;
+        match &mut self.mode {
+            Mode::Tail { next } => {
+                let events = state.after(*next, max);
+                if let Some(last) = events.last() {
+                    *next = last.position.parse::<u64>().unwrap_or(*next) + 1;
+                }
+                events
+            }
+            Mode::Group { reclaim_after } => {
+                let now = Instant::now();
+                let stale: Vec<u64> = state
+                    .group_pending
+                    .iter()
+                    .filter(|(_, at)| now.duration_since(**at) >= *reclaim_after)
+                    .map(|(seq, _)| *seq)
+                    .take(max)
+                    .collect();
+                let mut events: Vec<LoggedEvent> = stale
+                    .iter()
+                    .filter_map(|seq| state.after(*seq, 1).into_iter().next())
+                    .filter(|e| stale.contains(&e.position.parse().unwrap_or(u64::MAX)))
+                    .collect();
+                if events.is_empty() {
+                    events = state.after(state.group_next, max);
+                    if let Some(last) = events.last() {
+                        state.group_next = last.position.parse::<u64>().unwrap_or(0) + 1;
+                    }
+                }
+                for e in &events {
+                    if let Ok(seq) = e.position.parse() {
+                        state.group_pending.insert(seq, now);
+                    }
+                }
+                events
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl EventFeed for Feed {
+    async fn next(&mut self, max: usize, block: Duration) -> Result<Vec<LoggedEvent>, StoreError> {
+        let deadline = tokio::time::Instant::now() + block;
+        loop {
+            let logged = self.logged.clone();
+            let notified = logged.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let events = self.take(max);
+            if !events.is_empty() {
+                return Ok(events);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+}

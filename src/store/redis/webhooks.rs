@@ -1,0 +1,594 @@
+//! The event log and the webhook delivery queue in Redis.
+//!
+//! ## The event log: `{ns}:events`
+//!
+//! A stream. Backends may add events to it directly:
+//!
+//! ```text
+//! XADD {svcgate}:events * type agent.run.completed workspace ws_123 data '{"run_id":"run_1"}'
+//! ```
+//!
+//! Fields: `type` (an event name), `workspace` and `data` (a JSON object) are required; `id`
+//! (`evt_…`; default: derived from the entry id), `created` (unix seconds; default: the entry's
+//! time) and `environment` (`live` or `test`; default `live`) are optional. An entry that does
+//! not parse is acknowledged, logged and skipped.
+//!
+//! ## The delivery queue
+//!
+//! Workers read the log in the consumer group `webhooks`. For each entry a worker stores one
+//! delivery per subscribed endpoint and acknowledges the entry in one script, so an entry is
+//! either still pending in the group (and reclaimed from a dead worker) or fanned out. Each
+//! endpoint has its own queue of due deliveries (`{ns}:wh:due:<endpoint>`), and `{ns}:wh:ready`
+//! lists the endpoints with work by their earliest due time; claiming takes from several
+//! endpoints, never more than a cap per endpoint, so a slow endpoint never holds up another.
+//! A claim moves a delivery's due time to the end of its lease: if the worker dies, the
+//! delivery is due again then. Retries are the same due times, so a restart keeps the schedule.
+
+use async_trait::async_trait;
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamRangeReply, StreamReadReply};
+use redis::{AsyncCommands, Script};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use super::{decode, encode, unavailable, RedisStore};
+use crate::events::{Event, LoggedEvent, RETENTION_SECS};
+use crate::keys::Environment;
+use crate::store::{ClaimRequest, ClaimedDelivery, EventFeed, QueueStats, StoreError};
+use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED, DELIVERY_RETENTION_SECS};
+use crate::webhooks::endpoint::Endpoint;
+
+/// The workers' consumer group on the event log.
+const GROUP: &str = "webhooks";
+
+/// Shared Lua: `newer(a, b)` compares stream ids.
+const NEWER: &str = r"
+local function newer(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if not bm then return true end
+  if not am then return false end
+  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+  return am > bm or (am == bm and as > bs)
+end
+";
+
+/// Recomputes an endpoint's place in the ready set from its queue.
+const RESCORE: &str = r"
+local function rescore(p, member, queue)
+  local first = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+  if #first == 0 then
+    redis.call('ZREM', p .. ':wh:ready', member)
+  else
+    redis.call('ZADD', p .. ':wh:ready', first[2], member)
+  end
+end
+";
+
+/// Fans event-log entries out. KEYS: the event log. ARGV: prefix, group, ttl, then a count
+/// and that many entry ids, a count and that many `(event id, event json)`, a count and that
+/// many `(workspace, endpoint, delivery id, due ms, delivery json)`.
+static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NEWER}
+local p, group, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local i = 4
+local n = tonumber(ARGV[i]); i = i + 1
+local newest = redis.call('GET', p .. ':wh:cursor') or ''
+for _ = 1, n do
+  redis.call('XACK', KEYS[1], group, ARGV[i])
+  if newer(ARGV[i], newest) then newest = ARGV[i] end
+  i = i + 1
+end
+if n > 0 then redis.call('SET', p .. ':wh:cursor', newest) end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('SET', p .. ':wh:evt:' .. ARGV[i], ARGV[i + 1], 'EX', ttl)
+  i = i + 2
+end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local ws, we, id, due, json = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  i = i + 5
+  redis.call('SET', p .. ':wh:dlv:' .. id, json, 'EX', ttl)
+  redis.call('ZADD', p .. ':wh:due:' .. we, due, id)
+  redis.call('ZADD', p .. ':wh:ready', 'LT', due, ws .. ' ' .. we)
+  local log = p .. ':wh:log:' .. we
+  redis.call('LPUSH', log, id)
+  redis.call('LTRIM', log, 0, {listed} - 1)
+  redis.call('EXPIRE', log, ttl)
+  redis.call('INCR', p .. ':wh:pending')
+end
+return n
+",
+        listed = DELIVERIES_LISTED
+    ))
+});
+
+/// Claims due deliveries. ARGV: prefix, now ms, lease end ms, max, per endpoint, busy JSON
+/// (`{endpoint: in flight}`). Returns `endpoint json or '', delivery json` pairs.
+static CLAIM: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{RESCORE}
+local p, now, lease_end = ARGV[1], ARGV[2], ARGV[3]
+local max, per = tonumber(ARGV[4]), tonumber(ARGV[5])
+local busy = cjson.decode(ARGV[6])
+local out, taken = {{}}, 0
+local ready = redis.call('ZRANGEBYSCORE', p .. ':wh:ready', '-inf', now, 'LIMIT', 0, 1000)
+for _, member in ipairs(ready) do
+  if taken >= max then break end
+  local sp = string.find(member, ' ', 1, true)
+  local ws, we = string.sub(member, 1, sp - 1), string.sub(member, sp + 1)
+  local room = math.min(per - (busy[we] or 0), max - taken)
+  if room > 0 then
+    local queue = p .. ':wh:due:' .. we
+    local ids = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'LIMIT', 0, room)
+    local endpoint = ''
+    if #ids > 0 then endpoint = redis.call('HGET', p .. ':endpoints:' .. ws, we) or '' end
+    for _, id in ipairs(ids) do
+      local json = redis.call('GET', p .. ':wh:dlv:' .. id)
+      if json then
+        redis.call('ZADD', queue, lease_end, id)
+        out[#out + 1] = endpoint
+        out[#out + 1] = json
+        taken = taken + 1
+      else
+        redis.call('ZREM', queue, id)
+        redis.call('DECR', p .. ':wh:pending')
+      end
+    end
+    rescore(p, member, queue)
+  end
+end
+return out
+"
+    ))
+});
+
+/// Saves a delivery after an attempt. ARGV: prefix, workspace, endpoint, delivery id, json,
+/// next due ms (-1: final), pause (1/0), ttl. Returns 1 if it paused the endpoint.
+static SAVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{RESCORE}
+local p, ws, we, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local queue, member = p .. ':wh:due:' .. we, ws .. ' ' .. we
+redis.call('SET', p .. ':wh:dlv:' .. id, ARGV[5], 'EX', ARGV[8])
+if tonumber(ARGV[6]) >= 0 then
+  redis.call('ZADD', queue, ARGV[6], id)
+elseif redis.call('ZREM', queue, id) == 1 then
+  redis.call('DECR', p .. ':wh:pending')
+end
+rescore(p, member, queue)
+if ARGV[7] == '1' then
+  local endpoints = p .. ':endpoints:' .. ws
+  local raw = redis.call('HGET', endpoints, we)
+  if raw then
+    local e = cjson.decode(raw)
+    if e.status == 'active' then
+      e.status = 'paused'
+      redis.call('HSET', endpoints, we, cjson.encode(e))
+      redis.call('SADD', p .. ':wh:paused', member)
+      return 1
+    end
+  end
+end
+return 0
+"
+    ))
+});
+
+impl RedisStore {
+    fn prefix(&self) -> String {
+        format!("{{{}}}", self.layout.ns)
+    }
+
+    /// A connection of its own, without a response timeout: for blocking reads.
+    async fn blocking_connection(&self) -> Result<MultiplexedConnection, StoreError> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(500)))
+            .set_response_timeout(None);
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Keeps the set of paused endpoints (for the metric) in step with an endpoint's status.
+    pub(super) async fn track_paused(
+        &self,
+        workspace: &str,
+        id: &str,
+        paused: bool,
+    ) -> Result<(), StoreError> {
+        let key = format!("{}:wh:paused", self.prefix());
+        let member = format!("{workspace} {id}");
+        let mut conn = self.conn();
+        let result: redis::RedisResult<i64> = if paused {
+            conn.sadd(key, member).await
+        } else {
+            conn.srem(key, member).await
+        };
+        result.map(drop).map_err(unavailable)
+    }
+
+    pub(super) async fn tail(&self) -> Result<Box<dyn EventFeed>, StoreError> {
+        let key = self.layout.events();
+        let newest: StreamRangeReply = redis::cmd("XREVRANGE")
+            .arg(&key)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let after = newest
+            .ids
+            .first()
+            .map_or_else(|| "0-0".to_string(), |e| e.id.clone());
+        Ok(Box::new(Tail {
+            conn: self.blocking_connection().await?,
+            key,
+            after,
+        }))
+    }
+
+    pub(super) async fn consume(
+        &self,
+        consumer: &str,
+        reclaim_after: Duration,
+    ) -> Result<Box<dyn EventFeed>, StoreError> {
+        let mut group = Group {
+            conn: self.blocking_connection().await?,
+            key: self.layout.events(),
+            cursor: format!("{}:wh:cursor", self.prefix()),
+            consumer: consumer.to_string(),
+            reclaim_after,
+            next_reclaim: Instant::now(),
+        };
+        group.create().await?;
+        Ok(Box::new(group))
+    }
+
+    pub(super) async fn enqueue(
+        &self,
+        entries: &[String],
+        events: &[&Event],
+        deliveries: &[Delivery],
+    ) -> Result<(), StoreError> {
+        let mut invocation = ENQUEUE.prepare_invoke();
+        invocation
+            .key(self.layout.events())
+            .arg(self.prefix())
+            .arg(GROUP)
+            .arg(DELIVERY_RETENTION_SECS)
+            .arg(entries.len())
+            .arg(entries)
+            .arg(events.len());
+        for event in events {
+            invocation.arg(&event.id).arg(encode(event));
+        }
+        invocation.arg(deliveries.len());
+        for d in deliveries {
+            invocation
+                .arg(&d.workspace)
+                .arg(&d.endpoint)
+                .arg(&d.id)
+                .arg(d.next_attempt_ms.unwrap_or(0))
+                .arg(encode(d));
+        }
+        invocation
+            .invoke_async::<i64>(&mut self.conn())
+            .await
+            .map(drop)
+            .map_err(unavailable)
+    }
+
+    pub(super) async fn claim(
+        &self,
+        request: &ClaimRequest<'_>,
+    ) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        let busy: serde_json::Map<String, serde_json::Value> = request
+            .busy
+            .iter()
+            .map(|(id, n)| (id.to_string(), (*n).into()))
+            .collect();
+        let lease_end = request.now_ms + request.lease.as_millis() as u64;
+        let flat: Vec<String> = CLAIM
+            .prepare_invoke()
+            .arg(self.prefix())
+            .arg(request.now_ms)
+            .arg(lease_end)
+            .arg(request.max)
+            .arg(request.per_endpoint)
+            .arg(serde_json::Value::Object(busy).to_string())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let mut claimed = Vec::with_capacity(flat.len() / 2);
+        for pair in flat.chunks_exact(2) {
+            let endpoint = match pair[0].as_str() {
+                "" => None,
+                raw => Some(decode::<Endpoint>("endpoint", raw)?),
+            };
+            let delivery = decode::<Delivery>("delivery", &pair[1])?;
+            claimed.push(ClaimedDelivery { delivery, endpoint });
+        }
+        Ok(claimed)
+    }
+
+    pub(super) async fn save(&self, d: &Delivery, pause: bool) -> Result<bool, StoreError> {
+        let next: i64 = match (d.is_final(), d.next_attempt_ms) {
+            (false, Some(ms)) => ms as i64,
+            _ => -1,
+        };
+        let paused: i64 = SAVE
+            .prepare_invoke()
+            .arg(self.prefix())
+            .arg(&d.workspace)
+            .arg(&d.endpoint)
+            .arg(&d.id)
+            .arg(encode(d))
+            .arg(next)
+            .arg(if pause { "1" } else { "0" })
+            .arg(DELIVERY_RETENTION_SECS)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(paused == 1)
+    }
+
+    pub(super) async fn list_deliveries(
+        &self,
+        endpoint: &str,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let p = self.prefix();
+        let ids: Vec<String> = self
+            .conn()
+            .lrange(format!("{p}:wh:log:{endpoint}"), 0, limit as isize - 1)
+            .await
+            .map_err(unavailable)?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = ids.iter().map(|id| format!("{p}:wh:dlv:{id}")).collect();
+        let raws: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        raws.into_iter()
+            .flatten()
+            .map(|raw| decode("delivery", &raw))
+            .collect()
+    }
+
+    pub(super) async fn event_by_id(&self, id: &str) -> Result<Option<Event>, StoreError> {
+        self.get_json(&format!("{}:wh:evt:{id}", self.prefix()))
+            .await
+    }
+
+    pub(super) async fn log_since(
+        &self,
+        workspace: &str,
+        environment: Environment,
+        since: u64,
+        max: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        let floor = crate::ids::unix_now().saturating_sub(RETENTION_SECS);
+        let since = since.max(floor);
+        let mut start = format!("{}", since * 1000);
+        let mut out = Vec::new();
+        loop {
+            let page: StreamRangeReply = redis::cmd("XRANGE")
+                .arg(self.layout.events())
+                .arg(&start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            for entry in &page.ids {
+                let Ok(event) = parse(entry) else { continue };
+                if event.workspace == workspace
+                    && event.environment == environment
+                    && event.created >= since
+                {
+                    out.push(event);
+                    if out.len() == max {
+                        return Ok(out);
+                    }
+                }
+            }
+            match page.ids.last() {
+                Some(last) if page.ids.len() == 1000 => start = format!("({}", last.id),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    pub(super) async fn stats(&self) -> Result<QueueStats, StoreError> {
+        let p = self.prefix();
+        let (pending, first, paused): (Option<i64>, Vec<(String, f64)>, u64) = redis::pipe()
+            .get(format!("{p}:wh:pending"))
+            .zrange_withscores(format!("{p}:wh:ready"), 0, 0)
+            .scard(format!("{p}:wh:paused"))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(QueueStats {
+            pending: pending.unwrap_or(0).max(0) as u64,
+            oldest_due_ms: first.first().map(|(_, score)| *score as u64),
+            paused_endpoints: paused,
+        })
+    }
+}
+
+/// Reads an event from a log entry.
+fn parse(entry: &StreamId) -> Result<Event, String> {
+    Event::from_log_entry(&entry.id, |name| match entry.map.get(name) {
+        Some(redis::Value::BulkString(bytes)) => std::str::from_utf8(bytes).ok(),
+        Some(redis::Value::SimpleString(s)) => Some(s.as_str()),
+        _ => None,
+    })
+}
+
+/// Follows the log from a position, without a group.
+struct Tail {
+    conn: MultiplexedConnection,
+    key: String,
+    after: String,
+}
+
+#[async_trait]
+impl EventFeed for Tail {
+    async fn next(&mut self, max: usize, block: Duration) -> Result<Vec<LoggedEvent>, StoreError> {
+        let reply: Option<StreamReadReply> = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(max)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&self.key)
+            .arg(&self.after)
+            .query_async(&mut self.conn)
+            .await
+            .map_err(unavailable)?;
+        let mut out = Vec::new();
+        for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
+            self.after.clone_from(&entry.id);
+            if let Ok(event) = parse(&entry) {
+                out.push(LoggedEvent {
+                    position: entry.id,
+                    event,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A member of the workers' consumer group.
+struct Group {
+    conn: MultiplexedConnection,
+    key: String,
+    cursor: String,
+    consumer: String,
+    reclaim_after: Duration,
+    next_reclaim: Instant,
+}
+
+impl Group {
+    /// Creates the group if it is missing: where the workers left off, if Redis still knows,
+    /// else at the start of the log, so nothing logged before any worker ran is lost.
+    async fn create(&mut self) -> Result<(), StoreError> {
+        let cursor: Option<String> = self.conn.get(&self.cursor).await.map_err(unavailable)?;
+        let start = cursor.unwrap_or_else(|| "0".to_string());
+        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.key)
+            .arg(GROUP)
+            .arg(&start)
+            .arg("MKSTREAM")
+            .query_async(&mut self.conn)
+            .await;
+        match created {
+            Err(e) if e.code() != Some("BUSYGROUP") => Err(unavailable(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes over entries that another consumer took and did not finish in time.
+    async fn reclaim(&mut self, max: usize) -> Result<Vec<StreamId>, StoreError> {
+        let mut start = "0-0".to_string();
+        let mut out = Vec::new();
+        loop {
+            let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+                .arg(&self.key)
+                .arg(GROUP)
+                .arg(&self.consumer)
+                .arg(self.reclaim_after.as_millis() as u64)
+                .arg(&start)
+                .arg("COUNT")
+                .arg(max)
+                .query_async(&mut self.conn)
+                .await
+                .map_err(unavailable)?;
+            out.extend(reply.claimed);
+            if out.len() >= max || reply.next_stream_id == "0-0" {
+                return Ok(out);
+            }
+            start = reply.next_stream_id;
+        }
+    }
+
+    async fn read(&mut self, max: usize, block: Duration) -> redis::RedisResult<Vec<StreamId>> {
+        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(max)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&self.key)
+            .arg(">")
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|k| k.ids)
+            .collect())
+    }
+}
+
+#[async_trait]
+impl EventFeed for Group {
+    async fn next(&mut self, max: usize, block: Duration) -> Result<Vec<LoggedEvent>, StoreError> {
+        let mut entries = Vec::new();
+        if Instant::now() >= self.next_reclaim {
+            self.next_reclaim = Instant::now() + (self.reclaim_after / 4).max(Duration::from_secs(1));
+            entries = self.reclaim(max).await?;
+            if !entries.is_empty() {
+                tracing::warn!(
+                    entries = entries.len(),
+                    "took over events another worker did not finish"
+                );
+            }
+        }
+        if entries.is_empty() {
+            entries = match self.read(max, block).await {
+                Err(e) if e.code() == Some("NOGROUP") => {
+                    tracing::warn!("the webhook consumer group was lost; recreating it");
+                    self.create().await?;
+                    self.read(max, block).await.map_err(unavailable)?
+                }
+                other => other.map_err(unavailable)?,
+            };
+        }
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            match parse(&entry) {
+                Ok(event) => out.push(LoggedEvent {
+                    position: entry.id,
+                    event,
+                }),
+                Err(why) => {
+                    tracing::warn!(entry = %entry.id, %why, "skipping a malformed event-log entry");
+                    redis::cmd("XACK")
+                        .arg(&self.key)
+                        .arg(GROUP)
+                        .arg(&entry.id)
+                        .query_async::<i64>(&mut self.conn)
+                        .await
+                        .map_err(unavailable)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}

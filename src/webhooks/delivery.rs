@@ -1,0 +1,173 @@
+//! Deliveries: one event on its way to one endpoint, with its attempts and schedule.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+use crate::events::Event;
+use crate::ids::new_id;
+
+/// How long delivery records are kept for the deliveries listing: as long as events.
+pub const DELIVERY_RETENTION_SECS: u64 = crate::events::RETENTION_SECS;
+
+/// How many deliveries the listing keeps per endpoint.
+pub const DELIVERIES_LISTED: usize = 1_000;
+
+/// One event for one endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// `dlv_…`
+    pub id: String,
+    /// The endpoint (`we_…`).
+    pub endpoint: String,
+    /// The endpoint's workspace.
+    pub workspace: String,
+    /// What is delivered; its id is the `Service-Event-Id` of every attempt.
+    pub event: Event,
+    /// Where it stands.
+    pub status: DeliveryStatus,
+    /// Attempts made so far.
+    pub attempts: u32,
+    /// When the next attempt is due (unix milliseconds), while pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_ms: Option<u64>,
+    /// The latest attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt: Option<Attempt>,
+    /// Whether a replay asked for it.
+    #[serde(default)]
+    pub replay: bool,
+    /// Unix milliseconds.
+    pub created_ms: u64,
+}
+
+/// Where a delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryStatus {
+    /// Waiting for its first attempt or a retry.
+    Pending,
+    /// The endpoint answered 2xx in time.
+    Succeeded,
+    /// Every attempt failed; the endpoint was paused.
+    Failed,
+    /// Not attempted: the endpoint was paused or deleted. It can be replayed.
+    Skipped,
+}
+
+impl DeliveryStatus {
+    /// The name used in JSON and metrics.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
+/// What one attempt got.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// Unix milliseconds when it started.
+    pub at_ms: u64,
+    /// The HTTP status, if the endpoint answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_code: Option<u16>,
+    /// Why it failed, if it did: never a secret, never the response body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// How long it took.
+    pub duration_ms: u64,
+}
+
+impl Delivery {
+    /// A new delivery of `event` to `endpoint`, due at `now_ms`.
+    pub fn new(event: &Event, workspace: &str, endpoint: &str, now_ms: u64, replay: bool) -> Self {
+        Self {
+            id: new_id("dlv"),
+            endpoint: endpoint.to_string(),
+            workspace: workspace.to_string(),
+            event: event.clone(),
+            status: DeliveryStatus::Pending,
+            attempts: 0,
+            next_attempt_ms: Some(now_ms),
+            last_attempt: None,
+            replay,
+            created_ms: now_ms,
+        }
+    }
+
+    /// Records a failed attempt: the next retry of `schedule` (counted from now), or, when
+    /// every retry is spent, `Failed`. Returns whether the delivery has failed for good.
+    pub fn fail(&mut self, attempt: Attempt, schedule: &[Duration]) -> bool {
+        let now_ms = attempt.at_ms + attempt.duration_ms;
+        self.attempts += 1;
+        self.last_attempt = Some(attempt);
+        match schedule.get(self.attempts as usize - 1) {
+            Some(wait) => {
+                self.next_attempt_ms = Some(now_ms + wait.as_millis() as u64);
+                false
+            }
+            None => {
+                self.status = DeliveryStatus::Failed;
+                self.next_attempt_ms = None;
+                true
+            }
+        }
+    }
+
+    /// Records a successful attempt.
+    pub fn succeed(&mut self, attempt: Attempt) {
+        self.attempts += 1;
+        self.last_attempt = Some(attempt);
+        self.status = DeliveryStatus::Succeeded;
+        self.next_attempt_ms = None;
+    }
+
+    /// Gives the delivery up without an attempt: its endpoint is paused or gone.
+    pub fn skip(&mut self, why: &str, now_ms: u64) {
+        self.status = DeliveryStatus::Skipped;
+        self.next_attempt_ms = None;
+        self.last_attempt = Some(Attempt {
+            at_ms: now_ms,
+            status_code: None,
+            error: Some(why.to_string()),
+            duration_ms: 0,
+        });
+    }
+
+    /// Whether no more attempts will be made.
+    pub fn is_final(&self) -> bool {
+        self.status != DeliveryStatus::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Environment;
+
+    fn attempt(at_ms: u64) -> Attempt {
+        Attempt {
+            at_ms,
+            status_code: Some(500),
+            error: None,
+            duration_ms: 10,
+        }
+    }
+
+    #[test]
+    fn failures_follow_the_schedule_from_the_previous_failure_then_fail_for_good() {
+        let event = Event::new("agent.run.failed", "ws_1", Environment::Live, "{}".parse().unwrap());
+        let mut d = Delivery::new(&event, "ws_1", "we_1", 1_000, false);
+        let schedule = [Duration::from_secs(60), Duration::from_secs(300)];
+        assert!(!d.fail(attempt(1_000), &schedule));
+        assert_eq!(d.next_attempt_ms, Some(1_010 + 60_000));
+        assert!(!d.fail(attempt(70_000), &schedule));
+        assert_eq!(d.next_attempt_ms, Some(70_010 + 300_000));
+        assert!(d.fail(attempt(400_000), &schedule));
+        assert_eq!((d.status, d.attempts, d.next_attempt_ms), (DeliveryStatus::Failed, 3, None));
+        assert!(d.is_final());
+    }
+}
