@@ -12,6 +12,28 @@ pub const DELIVERY_RETENTION_SECS: u64 = crate::events::RETENTION_SECS;
 /// How many deliveries the listing keeps per endpoint.
 pub const DELIVERIES_LISTED: usize = 1_000;
 
+/// The body every delivery of `event` carries, byte for byte the same on every attempt,
+/// retry, replay and `svcgate listen` forward: `{"id","type","created","workspace","data"}`.
+pub fn body(event: &Event) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Body<'a> {
+        id: &'a str,
+        #[serde(rename = "type")]
+        event_type: &'a str,
+        created: u64,
+        workspace: &'a str,
+        data: &'a serde_json::Value,
+    }
+    serde_json::to_vec(&Body {
+        id: &event.id,
+        event_type: &event.event_type,
+        created: event.created,
+        workspace: &event.workspace,
+        data: &event.data,
+    })
+    .expect("an event serializes")
+}
+
 /// One event for one endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Delivery {
