@@ -26,6 +26,15 @@ enum Command {
         /// Take the listeners over from a running svcgate (send it SIGQUIT afterwards).
         #[arg(long, short = 'u')]
         upgrade: bool,
+        /// Run no webhook worker in this process (run `svcgate worker` separately).
+        #[arg(long)]
+        no_worker: bool,
+    },
+    /// Run the webhook worker alone, with /metrics, /healthz and /readyz on the metrics port.
+    Worker {
+        /// TOML config file; without one, the embedded demo defaults apply.
+        #[arg(long, short, env = "SVCGATE_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Manage API keys through the admin API.
     Keys {
@@ -139,28 +148,42 @@ enum KeysCommand {
 /// Runs the parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Serve { config, upgrade } => {
-            let config = match Config::load(config.as_deref(), std::env::vars()) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("svcgate: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            crate::logging::init(&config.log);
-            match server::serve(config, ServeOptions { upgrade }) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("svcgate: {e}");
-                    ExitCode::from(1)
-                }
-            }
-        }
+        Command::Serve {
+            config,
+            upgrade,
+            no_worker,
+        } => run_server(config, |config| {
+            server::serve(config, ServeOptions { upgrade, no_worker })
+        }),
+        Command::Worker { config } => run_server(config, server::work),
         Command::Keys { admin, command } => {
             call_admin(&admin, |client, base| keys(client, base, command))
         }
         Command::Events { admin, command } => {
             call_admin(&admin, |client, base| events(client, base, command))
+        }
+    }
+}
+
+/// Loads the configuration (exit 2 if it is invalid), then runs a server (exit 1 if it cannot
+/// start).
+fn run_server(
+    path: Option<PathBuf>,
+    run: impl FnOnce(Config) -> Result<(), server::StartError>,
+) -> ExitCode {
+    let config = match Config::load(path.as_deref(), std::env::vars()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("svcgate: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    crate::logging::init(&config.log);
+    match run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("svcgate: {e}");
+            ExitCode::from(1)
         }
     }
 }

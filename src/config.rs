@@ -37,6 +37,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Webhook endpoints and deliveries.
     pub webhooks: WebhooksConfig,
+    /// Admin e-mails.
+    pub smtp: SmtpConfig,
     /// The route table. Giving any `[[routes]]` replaces the whole default table.
     pub routes: Vec<RouteConfig>,
 }
@@ -248,11 +250,58 @@ pub struct ProjectBudgetConfig {
 }
 
 /// `[webhooks]`
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WebhooksConfig {
+    /// Waits before each retry, counted from the previous failure (seconds). After the last
+    /// one fails, the endpoint is paused.
+    pub retry_schedule_seconds: Vec<u64>,
+    /// A delivery succeeds on a 2xx within this time (seconds).
+    pub timeout_seconds: u64,
     /// Allow `http://` endpoints and internal addresses (development and tests only).
     pub allow_insecure_targets: bool,
+    /// Where admin e-mails are written when no `[smtp]` host is configured.
+    pub outbox_dir: String,
+    /// Deliveries one worker has in flight at most.
+    pub max_in_flight: usize,
+    /// Deliveries one worker has in flight to one endpoint at most.
+    pub max_in_flight_per_endpoint: usize,
+}
+
+impl Default for WebhooksConfig {
+    fn default() -> Self {
+        Self {
+            retry_schedule_seconds: vec![60, 300, 1_800, 7_200, 43_200],
+            timeout_seconds: 10,
+            allow_insecure_targets: false,
+            outbox_dir: "data/outbox".to_string(),
+            max_in_flight: 512,
+            max_in_flight_per_endpoint: 16,
+        }
+    }
+}
+
+/// `[smtp]`: how admin e-mails are sent. Without a host they go to `webhooks.outbox_dir`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SmtpConfig {
+    /// SMTP relay host; absent: write e-mails to the outbox directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// SMTP port (plain SMTP, as to a local relay or sidecar).
+    pub port: u16,
+    /// Sender address.
+    pub from: String,
+}
+
+impl Default for SmtpConfig {
+    fn default() -> Self {
+        Self {
+            host: None,
+            port: 25,
+            from: "svcgate@example.com".to_string(),
+        }
+    }
 }
 
 /// `[limits]`
@@ -474,6 +523,28 @@ impl Config {
                 }
             }
         }
+        let w = &self.webhooks;
+        if w.retry_schedule_seconds.len() > 20 {
+            problems.push(Problem::new(
+                "webhooks.retry_schedule_seconds",
+                "at most 20 retries",
+            ));
+        }
+        if w.timeout_seconds == 0 || w.timeout_seconds > 60 {
+            problems.push(Problem::new("webhooks.timeout_seconds", "must be 1-60"));
+        }
+        if w.max_in_flight == 0 {
+            problems.push(Problem::new("webhooks.max_in_flight", "must be at least 1"));
+        }
+        if w.max_in_flight_per_endpoint == 0 || w.max_in_flight_per_endpoint > w.max_in_flight {
+            problems.push(Problem::new(
+                "webhooks.max_in_flight_per_endpoint",
+                "must be 1 to webhooks.max_in_flight",
+            ));
+        }
+        if self.smtp.from.parse::<lettre::message::Mailbox>().is_err() {
+            problems.push(Problem::new("smtp.from", "not an e-mail address"));
+        }
         if self.store.kind == StoreKind::Redis {
             if let Err(e) = redis::Client::open(self.store.url.as_str()) {
                 problems.push(Problem::new("store.url", format!("not a Redis URL: {e}")));
@@ -661,7 +732,7 @@ fn apply_env(
 fn is_optional_string(section: &str, key: &str) -> bool {
     matches!(
         (section, key),
-        ("upstream", "live") | ("upstream", "sandbox")
+        ("upstream", "live") | ("upstream", "sandbox") | ("smtp", "host")
     )
 }
 
@@ -849,6 +920,10 @@ scope = "models:read"
         assert_eq!(
             toml::to_string(&shipped.webhooks).unwrap(),
             toml::to_string(&defaults.webhooks).unwrap()
+        );
+        assert_eq!(
+            toml::to_string(&shipped.smtp).unwrap(),
+            toml::to_string(&defaults.smtp).unwrap()
         );
         assert_eq!(shipped.routes(), default_routes());
     }

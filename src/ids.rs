@@ -27,6 +27,14 @@ pub fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// Milliseconds since the Unix epoch.
+pub fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

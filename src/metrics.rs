@@ -4,8 +4,8 @@
 //! fixed reason names. Never key ids or workspace ids.
 
 use prometheus::{
-    register_gauge, register_histogram_vec, register_int_counter_vec, register_int_gauge, Gauge,
-    HistogramVec, IntCounterVec, IntGauge,
+    register_gauge, register_histogram, register_histogram_vec, register_int_counter_vec, register_int_gauge, Gauge,
+    Histogram, HistogramVec, IntCounterVec, IntGauge,
 };
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -88,6 +88,66 @@ static CACHE_SYNC_AGE: LazyLock<Gauge> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+static DELIVERIES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "svcgate_webhook_deliveries_total",
+        "Webhook delivery attempts, by outcome (succeeded, failed_retrying, failed_final, skipped).",
+        &["outcome"]
+    )
+    .expect("metric registers once")
+});
+
+static DELIVERY_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "svcgate_webhook_delivery_duration_seconds",
+        "Time of one delivery attempt, from sending to the endpoint's answer, by outcome.",
+        &["outcome"],
+        vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+    )
+    .expect("metric registers once")
+});
+
+static DELIVERY_LAG: LazyLock<Histogram> = LazyLock::new(|| {
+    register_histogram!(
+        "svcgate_webhook_delivery_lag_seconds",
+        "Time from a delivery being queued (its event fanned out, or replayed) to the end of its successful attempt.",
+        vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0]
+    )
+    .expect("metric registers once")
+});
+
+static QUEUE_DEPTH: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "svcgate_webhook_queue_depth",
+        "Deliveries queued for a first attempt or a retry, or in flight (all workers)."
+    )
+    .expect("metric registers once")
+});
+
+static OLDEST_PENDING: LazyLock<Gauge> = LazyLock::new(|| {
+    register_gauge!(
+        "svcgate_webhook_oldest_pending_seconds",
+        "How long the most overdue queued delivery has been due (0 when none is overdue)."
+    )
+    .expect("metric registers once")
+});
+
+static PAUSED_ENDPOINTS: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "svcgate_webhook_paused_endpoints",
+        "Endpoints paused after every retry failed (all workspaces)."
+    )
+    .expect("metric registers once")
+});
+
+static IN_FLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "svcgate_webhook_in_flight",
+        "Delivery attempts this worker has in flight."
+    )
+    .expect("metric registers once")
+});
+
 /// Registers every metric so `/metrics` lists them before the first request.
 pub fn init() {
     LazyLock::force(&REQUESTS);
@@ -98,6 +158,41 @@ pub fn init() {
     LazyLock::force(&UPSTREAM_DURATION);
     LazyLock::force(&CACHE_KEYS);
     LazyLock::force(&CACHE_SYNC_AGE);
+    init_webhooks();
+}
+
+/// Registers the webhook worker's metrics.
+pub fn init_webhooks() {
+    LazyLock::force(&DELIVERIES);
+    LazyLock::force(&DELIVERY_DURATION);
+    LazyLock::force(&DELIVERY_LAG);
+    LazyLock::force(&QUEUE_DEPTH);
+    LazyLock::force(&OLDEST_PENDING);
+    LazyLock::force(&PAUSED_ENDPOINTS);
+    LazyLock::force(&IN_FLIGHT);
+}
+
+/// Counts one delivery outcome; `attempt` is how long the attempt took, if one was made.
+pub fn record_delivery(outcome: &'static str, attempt: Option<Duration>) {
+    DELIVERIES.with_label_values(&[outcome]).inc();
+    if let Some(took) = attempt {
+        DELIVERY_DURATION
+            .with_label_values(&[outcome])
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// Records the time from an event's creation to its delivery.
+pub fn record_delivery_lag(lag: Duration) {
+    DELIVERY_LAG.observe(lag.as_secs_f64());
+}
+
+/// Publishes the delivery queue's state.
+pub fn record_webhook_queue(depth: u64, oldest_overdue: Duration, paused: u64, in_flight: usize) {
+    QUEUE_DEPTH.set(depth as i64);
+    OLDEST_PENDING.set(oldest_overdue.as_secs_f64());
+    PAUSED_ENDPOINTS.set(paused as i64);
+    IN_FLIGHT.set(in_flight as i64);
 }
 
 /// Records how long the backend took to answer.

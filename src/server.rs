@@ -15,6 +15,8 @@ use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
 use crate::store::{KeyCache, MemoryStore, RedisStore, Store};
+use crate::webhooks::mail::Mailer;
+use crate::webhooks::{Worker, WorkerSettings};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +41,8 @@ pub enum StartError {
 pub struct ServeOptions {
     /// Take the listeners over from a running svcgate (graceful upgrade).
     pub upgrade: bool,
+    /// Run no webhook worker in this process (`--no-worker`).
+    pub no_worker: bool,
 }
 
 /// Runs the gateway until it is told to stop.
@@ -63,16 +67,9 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         .enable_all()
         .build()
         .map_err(|e| StartError::Config(format!("cannot start the store runtime: {e}")))?;
-    let store: Arc<dyn Store> = match config.store.kind {
-        StoreKind::Memory => Arc::new(MemoryStore::with_demo_workspace()),
-        StoreKind::Redis => {
-            let _guard = store_runtime.enter();
-            Arc::new(
-                RedisStore::connect(&config.store.url, &config.store.namespace)
-                    .map_err(|e| StartError::Config(format!("store.url: {e}")))?
-                    .with_audit_retention_days(config.metering.audit_retention_days),
-            )
-        }
+    let store = {
+        let _guard = store_runtime.enter();
+        connect_store(&config)?
     };
     let keys = Arc::new(KeyCache::new(store.clone(), config.store.cache()));
     if let Err(e) = store_runtime.block_on(keys.sync()) {
@@ -82,6 +79,17 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     let (meter, audit_writer) = Meter::new(store.clone(), config.meter());
     let (stop_meter, meter_stopped) = tokio::sync::watch::channel(false);
     let metering = store_runtime.spawn(meter.clone().run(audit_writer, meter_stopped));
+    let (stop_worker, worker_stopped) = tokio::sync::watch::channel(false);
+    let worker = match options.no_worker {
+        true => None,
+        false => {
+            let worker = {
+                let _guard = store_runtime.enter();
+                webhook_worker(&config, store.clone())?
+            };
+            Some(store_runtime.spawn(worker.run(worker_stopped)))
+        }
+    };
     let routes = RouteTable::new(&config.routes()).map_err(StartError::Config)?;
     let upstreams = Upstreams::from_config(&config.upstream).map_err(StartError::Config)?;
 
@@ -144,6 +152,11 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         "svcgate serving"
     );
     server.run(RunArgs::default());
+    // Attempts in flight get to finish; anything unfinished is taken over after its lease.
+    let _ = stop_worker.send(true);
+    if let Some(worker) = worker {
+        let _ = store_runtime.block_on(worker);
+    }
     // Requests have drained: write what they spent and their audit records (or spool them).
     let _ = stop_meter.send(true);
     let flushed = store_runtime.block_on(async {
@@ -155,6 +168,84 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     store_runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     tracing::info!("svcgate stopped");
     Ok(())
+}
+
+fn webhook_worker(config: &Config, store: Arc<dyn Store>) -> Result<Arc<Worker>, StartError> {
+    let mailer = Mailer::new(&config.smtp, &config.webhooks);
+    Worker::new(store, WorkerSettings::from_config(&config.webhooks), mailer)
+        .map_err(StartError::Config)
+}
+
+fn connect_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
+    Ok(match config.store.kind {
+        StoreKind::Memory => Arc::new(MemoryStore::with_demo_workspace()),
+        StoreKind::Redis => Arc::new(
+            RedisStore::connect(&config.store.url, &config.store.namespace)
+                .map_err(|e| StartError::Config(format!("store.url: {e}")))?
+                .with_audit_retention_days(config.metering.audit_retention_days),
+        ),
+    })
+}
+
+/// Runs the webhook worker alone (`svcgate worker`) with `/metrics`, `/healthz` and `/readyz`
+/// on the metrics listener, until SIGTERM or SIGINT.
+pub fn work(config: Config) -> Result<(), StartError> {
+    metrics::init_webhooks();
+    let listener = bind("server.metrics_listen", &config.server.metrics_listen)?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| StartError::Config(format!("server.metrics_listen: {e}")))?;
+    let threads = match config.server.threads {
+        0 => std::thread::available_parallelism().map_or(2, usize::from),
+        n => n,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("svcgate-worker")
+        .enable_all()
+        .build()
+        .map_err(|e| StartError::Config(format!("cannot start the runtime: {e}")))?;
+    runtime.block_on(async move {
+        if config.store.kind == StoreKind::Memory {
+            tracing::warn!(
+                "the worker runs on the in-memory store: it sees only events of this process; \
+                 set store.kind = \"redis\""
+            );
+        }
+        let store = connect_store(&config)?;
+        let worker = webhook_worker(&config, store.clone())?;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let running = tokio::spawn(worker.run(stopped));
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| StartError::Config(format!("server.metrics_listen: {e}")))?;
+        let probes = tokio::spawn(async move {
+            axum::serve(listener, admin::probes_router(store)).await
+        });
+        tracing::info!(
+            metrics = %config.server.metrics_listen,
+            store = ?config.store.kind,
+            "svcgate worker running"
+        );
+        shutdown_signal().await;
+        tracing::info!("stopping: attempts in flight get to finish");
+        let _ = stop.send(true);
+        let _ = running.await;
+        probes.abort();
+        Ok(())
+    })
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }
 
 /// Binds the admin listener with `SO_REUSEPORT`, so during a graceful upgrade the new process

@@ -96,6 +96,35 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
+/// Probes and `/metrics` for a process without an admin API (`svcgate worker`).
+pub fn probes_router(store: Arc<dyn Store>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route(
+            "/readyz",
+            get(|State(store): State<Arc<dyn Store>>| async move {
+                store.ping().await?;
+                Ok::<_, ApiError>(Json(serde_json::json!({"status": "ready"})))
+            }),
+        )
+        .route("/metrics", get(prometheus_text))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(middleware::from_fn(with_request_id))
+        .with_state(store)
+}
+
+async fn prometheus_text() -> Response {
+    use prometheus::Encoder;
+    let mut buffer = Vec::new();
+    let encoder = prometheus::TextEncoder::new();
+    match encoder.encode(&prometheus::gather(), &mut buffer) {
+        Ok(()) => ([(http::header::CONTENT_TYPE, encoder.format_type().to_string())], buffer)
+            .into_response(),
+        Err(e) => ApiError::ServiceUnavailable(format!("cannot encode metrics: {e}").into())
+            .into_response(),
+    }
+}
+
 async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok"}))
 }

@@ -20,7 +20,7 @@ pub enum Handler {
 }
 
 /// Routes the gateway answers itself; configured routes cannot take their paths.
-const BUILT_IN: [(&str, &str, &str, Handler); 7] = [
+const BUILT_IN: [(&str, &str, &str, Handler); 9] = [
     ("POST", "/v1/tokens", "tokens:create", Handler::MintToken),
     (
         "GET",
@@ -57,6 +57,18 @@ const BUILT_IN: [(&str, &str, &str, Handler); 7] = [
         "/v1/webhooks/{id}/resume",
         "webhooks:write",
         Handler::Webhooks(WebhookOp::Resume),
+    ),
+    (
+        "GET",
+        "/v1/webhooks/{id}/deliveries",
+        "webhooks:read",
+        Handler::Webhooks(WebhookOp::Deliveries),
+    ),
+    (
+        "POST",
+        "/v1/webhooks/{id}/replay",
+        "webhooks:write",
+        Handler::Webhooks(WebhookOp::Replay),
     ),
 ];
 

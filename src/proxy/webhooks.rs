@@ -8,7 +8,9 @@ use super::auth::Authenticated;
 use super::body::read_bounded;
 use super::respond;
 use crate::error::ApiError;
-use crate::ids::{new_id, unix_now};
+use crate::events::RETENTION_SECS;
+use crate::ids::{new_id, unix_millis, unix_now};
+use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED};
 use crate::keys::Environment;
 use crate::store::Store;
 use crate::webhooks::endpoint::{check_filter, check_url, new_secret, Endpoint, EndpointStatus};
@@ -33,6 +35,10 @@ pub enum WebhookOp {
     Delete,
     /// `POST /v1/webhooks/{id}/resume`
     Resume,
+    /// `GET /v1/webhooks/{id}/deliveries`
+    Deliveries,
+    /// `POST /v1/webhooks/{id}/replay`
+    Replay,
 }
 
 /// An endpoint as the API shows it; the secret only in the answer that created it.
@@ -60,6 +66,63 @@ impl<'a> EndpointView<'a> {
             secret: None,
         }
     }
+}
+
+/// A delivery as the API shows it: the event's id and type, not its payload.
+#[derive(Serialize)]
+struct DeliveryView<'a> {
+    id: &'a str,
+    event_id: &'a str,
+    event_type: &'a str,
+    status: &'static str,
+    attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_attempt_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_attempt: Option<AttemptView<'a>>,
+    replay: bool,
+    created_at: u64,
+}
+
+#[derive(Serialize)]
+struct AttemptView<'a> {
+    at: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status_code: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    duration_ms: u64,
+}
+
+impl<'a> DeliveryView<'a> {
+    fn of(d: &'a Delivery) -> Self {
+        Self {
+            id: &d.id,
+            event_id: &d.event.id,
+            event_type: &d.event.event_type,
+            status: d.status.as_str(),
+            attempts: d.attempts,
+            next_attempt_at: d.next_attempt_ms.map(|ms| ms / 1000),
+            last_attempt: d.last_attempt.as_ref().map(|a| AttemptView {
+                at: a.at_ms / 1000,
+                status_code: a.status_code,
+                error: a.error.as_deref(),
+                duration_ms: a.duration_ms,
+            }),
+            replay: d.replay,
+            created_at: d.created_ms / 1000,
+        }
+    }
+}
+
+/// `POST /v1/webhooks/{id}/replay`: one event, or every event since a time.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayInput {
+    #[serde(default)]
+    event_id: Option<String>,
+    #[serde(default)]
+    since: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -177,6 +240,44 @@ pub async fn handle(
                 .ok_or_else(not_found)?;
             (200, serde_json::to_vec(&EndpointView::of(&updated)))
         }
+        WebhookOp::Deliveries => {
+            let all = store.endpoints(workspace).await?;
+            let endpoint = all
+                .iter()
+                .find(|e| e.id == id && mine(e))
+                .ok_or_else(not_found)?;
+            let limit = deliveries_limit(session.req_header().uri.query())?;
+            let deliveries = store.deliveries(&endpoint.id, limit).await?;
+            let views: Vec<DeliveryView> = deliveries.iter().map(DeliveryView::of).collect();
+            (
+                200,
+                serde_json::to_vec(&serde_json::json!({ "data": views })),
+            )
+        }
+        WebhookOp::Replay => {
+            let input: ReplayInput = read_json(session).await?;
+            let all = store.endpoints(workspace).await?;
+            let endpoint = all
+                .iter()
+                .find(|e| e.id == id && mine(e))
+                .ok_or_else(not_found)?;
+            if endpoint.status == EndpointStatus::Paused {
+                return Err(ApiError::invalid(
+                    "the endpoint is paused; resume it before replaying",
+                ));
+            }
+            let (replayed, truncated) = replay(store, endpoint, input).await?;
+            let ids: Vec<&str> = replayed.iter().map(|d| d.id.as_str()).collect();
+            (
+                202,
+                serde_json::to_vec(&serde_json::json!({
+                    "endpoint": endpoint.id,
+                    "replayed": replayed.len(),
+                    "delivery_ids": ids,
+                    "truncated": truncated,
+                })),
+            )
+        }
         WebhookOp::Delete => {
             let exists = store
                 .endpoints(workspace)
@@ -197,7 +298,96 @@ pub async fn handle(
         .map_err(|_| ApiError::Upstream("could not write the response".into()))
 }
 
+/// Most events one replay queues.
+const REPLAY_MAX: usize = 10_000;
+/// Deliveries listed by default, and at most.
+const LISTED_DEFAULT: usize = 50;
+
+/// Queues the replay asked for; answers the new deliveries, and whether `REPLAY_MAX` cut the
+/// list short.
+async fn replay(
+    store: &dyn Store,
+    endpoint: &Endpoint,
+    input: ReplayInput,
+) -> Result<(Vec<Delivery>, bool), ApiError> {
+    let now = unix_now();
+    let oldest = now.saturating_sub(RETENTION_SECS);
+    let (events, truncated) = match (input.event_id, input.since) {
+        (Some(event_id), None) => {
+            let event = store
+                .event(&event_id)
+                .await?
+                .filter(|e| {
+                    e.workspace == endpoint.workspace
+                        && e.environment == endpoint.environment
+                        && e.created >= oldest
+                })
+                .ok_or_else(|| {
+                    ApiError::not_found(format!(
+                        "no event '{}' in the last 30 days",
+                        truncate(&event_id)
+                    ))
+                })?;
+            if !endpoint.wants(&event.event_type) {
+                return Err(ApiError::invalid(format!(
+                    "the endpoint does not subscribe to {}",
+                    event.event_type
+                )));
+            }
+            (vec![event], false)
+        }
+        (None, Some(since)) => {
+            if since < oldest || since > now {
+                return Err(ApiError::invalid(
+                    "since must be a unix time within the last 30 days",
+                ));
+            }
+            let events = store
+                .events_since(&endpoint.workspace, endpoint.environment, since, REPLAY_MAX)
+                .await?;
+            let truncated = events.len() == REPLAY_MAX;
+            let wanted = events
+                .into_iter()
+                .filter(|e| endpoint.wants(&e.event_type))
+                .collect();
+            (wanted, truncated)
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "give either event_id or since (a unix time)",
+            ))
+        }
+    };
+    let now_ms = unix_millis();
+    let deliveries: Vec<Delivery> = events
+        .iter()
+        .map(|e| Delivery::new(e, &endpoint.workspace, &endpoint.id, now_ms, true))
+        .collect();
+    store.enqueue_deliveries(&[], &[], &deliveries).await?;
+    Ok((deliveries, truncated))
+}
+
+/// `?limit=N` of the deliveries listing: 1 to the number kept.
+fn deliveries_limit(query: Option<&str>) -> Result<usize, ApiError> {
+    let Some((_, value)) = url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .find(|(k, _)| k == "limit")
+    else {
+        return Ok(LISTED_DEFAULT);
+    };
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=DELIVERIES_LISTED).contains(n))
+        .ok_or_else(|| {
+            ApiError::invalid(format!("limit must be 1-{DELIVERIES_LISTED}"))
+        })
+}
+
 async fn read_input(session: &mut Session) -> Result<EndpointInput, ApiError> {
+    read_json(session).await
+}
+
+async fn read_json<T: serde::de::DeserializeOwned>(session: &mut Session) -> Result<T, ApiError> {
     let body = read_bounded(session, BODY_LIMIT)
         .await
         .map_err(|_| ApiError::invalid("could not read the request body"))?
@@ -207,7 +397,7 @@ async fn read_input(session: &mut Session) -> Result<EndpointInput, ApiError> {
     if !value.is_object() {
         return Err(ApiError::invalid("the body must be a JSON object"));
     }
-    serde_json::from_value(value).map_err(|e| ApiError::invalid(format!("invalid endpoint: {e}")))
+    serde_json::from_value(value).map_err(|e| ApiError::invalid(format!("invalid body: {e}")))
 }
 
 fn check_events(events: &[String]) -> Result<(), ApiError> {

@@ -1,10 +1,18 @@
 //! Webhooks: signed deliveries of events to customer endpoints.
 //!
-//! Landed so far: [`signature`], the signing scheme and the receiver-side [`verify`]. The
-//! endpoints API, the delivery worker, retries, pausing, replay and `svcgate listen` come next.
+//! - [`endpoint`]: where a workspace wants its events (URL rules, event filters);
+//! - [`delivery`]: one event on its way to one endpoint, its attempts and retry schedule;
+//! - [`signature`]: the signing scheme and the receiver-side [`verify`];
+//! - [`sender`]: one signed POST, guarded against server-side request forgery;
+//! - [`mail`]: e-mail to workspace admins when an endpoint is paused;
+//! - [`worker`]: consumes the event log and delivers, retries and pauses.
 
 pub mod delivery;
 pub mod endpoint;
+pub mod mail;
+pub mod sender;
 pub mod signature;
+pub mod worker;
 
 pub use signature::{sign, verify, VerifyError};
+pub use worker::{Worker, WorkerSettings};

@@ -1,0 +1,93 @@
+//! E-mail to workspace admins: over SMTP when a relay is configured, else as `.eml` files in
+//! the outbox directory (development, tests, or a mail pickup directory).
+
+use lettre::message::Mailbox;
+use lettre::{AsyncFileTransport, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use std::path::PathBuf;
+
+use crate::config::{SmtpConfig, WebhooksConfig};
+use crate::webhooks::endpoint::Endpoint;
+
+/// Where admin e-mails go.
+#[derive(Clone)]
+pub struct Mailer {
+    from: Mailbox,
+    transport: Transport,
+}
+
+#[derive(Clone)]
+enum Transport {
+    Smtp(AsyncSmtpTransport<Tokio1Executor>),
+    Outbox(PathBuf),
+}
+
+impl Mailer {
+    /// From the `[smtp]` and `[webhooks]` settings (already validated).
+    pub fn new(smtp: &SmtpConfig, webhooks: &WebhooksConfig) -> Self {
+        let from = smtp
+            .from
+            .parse()
+            .unwrap_or_else(|_| Mailbox::new(None, "svcgate@example.com".parse().expect("valid")));
+        let transport = match &smtp.host {
+            Some(host) => Transport::Smtp(
+                AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
+                    .port(smtp.port)
+                    .build(),
+            ),
+            None => Transport::Outbox(PathBuf::from(&webhooks.outbox_dir)),
+        };
+        Self { from, transport }
+    }
+
+    /// Tells `admins` that `endpoint` was paused after its last retry failed.
+    pub async fn endpoint_paused(
+        &self,
+        admins: &[String],
+        endpoint: &Endpoint,
+        last_error: &str,
+    ) -> Result<(), String> {
+        let mut message = Message::builder()
+            .from(self.from.clone())
+            .subject(format!("Webhook endpoint {} paused", endpoint.id));
+        let mut recipients = 0;
+        for admin in admins {
+            match admin.parse::<Mailbox>() {
+                Ok(to) => {
+                    message = message.to(to);
+                    recipients += 1;
+                }
+                Err(_) => tracing::warn!(workspace = %endpoint.workspace, "skipping an admin address that does not parse"),
+            }
+        }
+        if recipients == 0 {
+            return Err(format!(
+                "workspace {} has no admin e-mail address",
+                endpoint.workspace
+            ));
+        }
+        let body = format!(
+            "Every delivery attempt to your webhook endpoint failed, so it is paused and gets no \
+             events until it is resumed.\n\n\
+             Endpoint: {id}\nURL: {url}\nEnvironment: {env}\nLast error: {last_error}\n\n\
+             Fix the endpoint, then resume it with POST /v1/webhooks/{id}/resume and replay \
+             the events it missed with POST /v1/webhooks/{id}/replay {{\"since\": <unix time>}}.\n",
+            id = endpoint.id,
+            url = endpoint.url,
+            env = endpoint.environment.as_str(),
+        );
+        let message = message.body(body).map_err(|e| e.to_string())?;
+        match &self.transport {
+            Transport::Smtp(smtp) => smtp.send(message).await.map(drop).map_err(|e| e.to_string()),
+            Transport::Outbox(dir) => {
+                tokio::fs::create_dir_all(dir)
+                    .await
+                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                AsyncFileTransport::<Tokio1Executor>::new(dir)
+                    .send(message)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! One signed POST to one endpoint, guarded against server-side request forgery.
+//!
+//! The guard checks the address actually dialled, not the URL's host name: names are resolved
+//! by [`PublicOnly`], which hands the connector public addresses only, so a name that resolves
+//! (or re-resolves, as in DNS rebinding) to an internal address is never dialled. Address
+//! literals never reach a resolver, so they are checked before sending. Redirects are not
+//! followed: a 3xx is a failure like any other non-2xx.
+
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::events::Event;
+use crate::ids::{unix_millis, unix_now};
+use crate::webhooks::delivery::{body, Attempt};
+use crate::webhooks::endpoint::{is_internal, Endpoint};
+use crate::webhooks::signature::{sign, EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+
+/// Most response bytes read (and discarded) so the connection can be reused.
+const RESPONSE_READ_LIMIT: usize = 64 * 1024;
+
+/// Sends deliveries.
+#[derive(Clone)]
+pub struct Sender {
+    client: reqwest::Client,
+    allow_insecure: bool,
+    timeout: Duration,
+}
+
+impl Sender {
+    /// A sender whose attempts succeed on a 2xx within `timeout`. With `allow_insecure`,
+    /// `http://` and internal addresses are allowed (development and tests).
+    pub fn new(timeout: Duration, allow_insecure: bool) -> Result<Self, String> {
+        let mut builder = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .user_agent(concat!("svcgate-webhooks/", env!("CARGO_PKG_VERSION")))
+            .pool_idle_timeout(Duration::from_secs(60));
+        if !allow_insecure {
+            builder = builder.https_only(true).dns_resolver(Arc::new(PublicOnly));
+        }
+        let client = builder
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Self {
+            client,
+            allow_insecure,
+            timeout,
+        })
+    }
+
+    /// POSTs `event` to `endpoint`, signed with its secret.
+    pub async fn send(&self, endpoint: &Endpoint, event: &Event) -> Attempt {
+        let at_ms = unix_millis();
+        let started = Instant::now();
+        let result = self.post(endpoint, event).await;
+        let duration_ms = started.elapsed().as_millis() as u64;
+        let (status_code, error) = match result {
+            Ok(status) if (200..300).contains(&status) => (Some(status), None),
+            Ok(status) if (300..400).contains(&status) => (
+                Some(status),
+                Some(format!("HTTP {status}: redirects are not followed")),
+            ),
+            Ok(status) => (Some(status), Some(format!("HTTP {status}"))),
+            Err(error) => (None, Some(error)),
+        };
+        Attempt {
+            at_ms,
+            status_code,
+            error,
+            duration_ms,
+        }
+    }
+
+    async fn post(&self, endpoint: &Endpoint, event: &Event) -> Result<u16, String> {
+        let url = reqwest::Url::parse(&endpoint.url).map_err(|e| format!("bad URL: {e}"))?;
+        if !self.allow_insecure {
+            let literal = match url.host() {
+                Some(url::Host::Ipv4(ip)) => Some(std::net::IpAddr::V4(ip)),
+                Some(url::Host::Ipv6(ip)) => Some(std::net::IpAddr::V6(ip)),
+                _ => None,
+            };
+            if let Some(ip) = literal.filter(is_internal) {
+                return Err(format!("refused: {ip} is an internal address"));
+            }
+        }
+        let payload = body(event);
+        let timestamp = unix_now();
+        let signature = sign(&endpoint.secret, timestamp, &payload);
+        let mut response = self
+            .client
+            .post(url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(SIGNATURE_HEADER, signature)
+            .header(TIMESTAMP_HEADER, timestamp)
+            .header(EVENT_ID_HEADER, &event.id)
+            .body(payload)
+            .send()
+            .await
+            .map_err(|e| self.describe(&e))?;
+        let status = response.status().as_u16();
+        let mut read = 0;
+        while read < RESPONSE_READ_LIMIT {
+            match response.chunk().await {
+                Ok(Some(chunk)) => read += chunk.len(),
+                Ok(None) => break,
+                Err(e) => return Err(self.describe(&e)),
+            }
+        }
+        Ok(status)
+    }
+
+    fn describe(&self, e: &reqwest::Error) -> String {
+        if e.is_timeout() {
+            return format!("no answer within {} s", self.timeout.as_secs());
+        }
+        let mut text = if e.is_connect() {
+            "cannot connect".to_string()
+        } else {
+            "request failed".to_string()
+        };
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            text.push_str(": ");
+            text.push_str(&s.to_string());
+            source = s.source();
+        }
+        text
+    }
+}
+
+/// Resolves host names to their public addresses only; a name with none fails.
+struct PublicOnly;
+
+impl Resolve for PublicOnly {
+    fn resolve(&self, name: Name) -> Resolving {
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .collect();
+            let public: Vec<SocketAddr> = found
+                .into_iter()
+                .filter(|a| !is_internal(&a.ip()))
+                .collect();
+            if public.is_empty() {
+                return Err(format!("refused: {host} resolves only to internal addresses").into());
+            }
+            Ok(Box::new(public.into_iter()) as Addrs)
+        })
+    }
+}

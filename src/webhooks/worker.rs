@@ -1,0 +1,397 @@
+//! The webhook worker: consumes the event log, fans each event out to the endpoints that
+//! subscribe to it, and delivers, retries and pauses.
+//!
+//! Three loops share one [`Worker`]:
+//! - **intake** reads the event log in the workers' consumer group and hands each batch to
+//!   [`Store::enqueue_deliveries`], which stores one delivery per subscribed, active endpoint
+//!   and acknowledges the entries in the same step;
+//! - **dispatch** claims due deliveries (first attempts and retries alike) within the global and
+//!   per-endpoint in-flight caps, and runs each attempt as a task of its own;
+//! - **stats** publishes the queue's depth, its most overdue delivery and paused endpoints.
+//!
+//! Nothing lives only in this process: an entry is pending in the group until fanned out, and a
+//! claimed delivery is due again when its lease ends, so a worker killed at any point loses
+//! nothing; another worker (or this one restarted) picks the work up.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+
+use crate::events::LoggedEvent;
+use crate::ids::{new_id, unix_millis};
+use crate::metrics;
+use crate::store::{ClaimRequest, ClaimedDelivery, Store, StoreError};
+use crate::webhooks::delivery::{Delivery, DeliveryStatus};
+use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
+use crate::webhooks::mail::Mailer;
+use crate::webhooks::sender::Sender;
+
+/// Most event-log entries read at once.
+const INTAKE_BATCH: usize = 512;
+/// Most deliveries claimed at once.
+const CLAIM_BATCH: usize = 256;
+/// How long intake waits for new entries per read.
+const INTAKE_BLOCK: Duration = Duration::from_secs(1);
+/// How often dispatch looks for due retries when nothing wakes it.
+const DISPATCH_POLL: Duration = Duration::from_millis(250);
+
+/// How the worker behaves (from `[webhooks]`).
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// Waits before each retry, counted from the previous failure.
+    pub retry_schedule: Vec<Duration>,
+    /// An attempt succeeds on a 2xx within this time.
+    pub timeout: Duration,
+    /// Allow `http://` and internal addresses.
+    pub allow_insecure_targets: bool,
+    /// Attempts in flight at most.
+    pub max_in_flight: usize,
+    /// Attempts in flight to one endpoint at most.
+    pub max_in_flight_per_endpoint: usize,
+}
+
+impl WorkerSettings {
+    /// From the configuration.
+    pub fn from_config(config: &crate::config::WebhooksConfig) -> Self {
+        Self {
+            retry_schedule: config
+                .retry_schedule_seconds
+                .iter()
+                .map(|s| Duration::from_secs(*s))
+                .collect(),
+            timeout: Duration::from_secs(config.timeout_seconds),
+            allow_insecure_targets: config.allow_insecure_targets,
+            max_in_flight: config.max_in_flight,
+            max_in_flight_per_endpoint: config.max_in_flight_per_endpoint,
+        }
+    }
+
+    /// How long a claim or a taken log entry is held before another worker may take it over:
+    /// longer than any attempt can last.
+    fn lease(&self) -> Duration {
+        self.timeout * 2 + Duration::from_secs(1)
+    }
+}
+
+/// One webhook worker.
+pub struct Worker {
+    store: Arc<dyn Store>,
+    sender: Sender,
+    mailer: Mailer,
+    settings: WorkerSettings,
+    /// This worker's name in the consumer group.
+    consumer: String,
+    /// Attempts in flight per endpoint.
+    in_flight: Mutex<HashMap<String, usize>>,
+    /// Wakes dispatch: new deliveries were queued, or an attempt ended.
+    wake: Notify,
+}
+
+impl Worker {
+    /// A worker on `store`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        settings: WorkerSettings,
+        mailer: Mailer,
+    ) -> Result<Arc<Self>, String> {
+        let sender = Sender::new(settings.timeout, settings.allow_insecure_targets)?;
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_string());
+        Ok(Arc::new(Self {
+            store,
+            sender,
+            mailer,
+            settings,
+            consumer: format!("{host}-{}", new_id("w")),
+            in_flight: Mutex::default(),
+            wake: Notify::new(),
+        }))
+    }
+
+    /// Runs until `stop` turns true, then lets attempts in flight finish (up to the timeout).
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        metrics::init_webhooks();
+        tracing::info!(consumer = %self.consumer, "webhook worker running");
+        let intake = tokio::spawn(self.clone().intake());
+        let dispatch = tokio::spawn(self.clone().dispatch());
+        let stats = tokio::spawn(self.clone().stats());
+        let _ = stop.wait_for(|s| *s).await;
+        intake.abort();
+        dispatch.abort();
+        stats.abort();
+        let deadline = tokio::time::Instant::now() + self.settings.timeout + Duration::from_secs(1);
+        while self.total_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tracing::info!(
+            unfinished = self.total_in_flight(),
+            "webhook worker stopped"
+        );
+    }
+
+    fn total_in_flight(&self) -> usize {
+        self.in_flight.lock().map(|m| m.values().sum()).unwrap_or(0)
+    }
+
+    async fn intake(self: Arc<Self>) {
+        let mut backoff = Backoff::default();
+        loop {
+            let mut feed = match self
+                .store
+                .consume_events(&self.consumer, self.settings.lease())
+                .await
+            {
+                Ok(feed) => feed,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the event log; retrying");
+                    backoff.wait().await;
+                    continue;
+                }
+            };
+            backoff.reset();
+            loop {
+                let batch = match feed.next(INTAKE_BATCH, INTAKE_BLOCK).await {
+                    Ok(batch) => batch,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the event log failed; reconnecting");
+                        backoff.wait().await;
+                        break;
+                    }
+                };
+                if batch.is_empty() {
+                    continue;
+                }
+                // On failure the entries stay pending in the group and are taken over after the
+                // lease, by this worker or another.
+                match self.fan_out(&batch).await {
+                    Ok(0) => {}
+                    Ok(_) => self.wake.notify_one(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, entries = batch.len(), "could not queue deliveries; they will be retried");
+                        backoff.wait().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queues one delivery per active endpoint that subscribes to each event; answers how many.
+    async fn fan_out(&self, batch: &[LoggedEvent]) -> Result<usize, StoreError> {
+        let mut endpoints: HashMap<&str, Vec<Endpoint>> = HashMap::new();
+        for logged in batch {
+            let ws = logged.event.workspace.as_str();
+            if !endpoints.contains_key(ws) {
+                endpoints.insert(ws, self.store.endpoints(ws).await?);
+            }
+        }
+        let now_ms = unix_millis();
+        let mut deliveries = Vec::new();
+        for LoggedEvent { event, .. } in batch {
+            let subscribed = endpoints[event.workspace.as_str()].iter().filter(|e| {
+                e.status == EndpointStatus::Active
+                    && e.environment == event.environment
+                    && e.wants(&event.event_type)
+            });
+            deliveries
+                .extend(subscribed.map(|e| Delivery::new(event, &e.workspace, &e.id, now_ms, false)));
+        }
+        let positions: Vec<String> = batch.iter().map(|l| l.position.clone()).collect();
+        let events: Vec<_> = batch.iter().map(|l| &l.event).collect();
+        self.store
+            .enqueue_deliveries(&positions, &events, &deliveries)
+            .await?;
+        Ok(deliveries.len())
+    }
+
+    async fn dispatch(self: Arc<Self>) {
+        let mut backoff = Backoff::default();
+        loop {
+            let claimed = match self.claim().await {
+                Ok(claimed) => {
+                    backoff.reset();
+                    claimed
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot claim deliveries; retrying");
+                    backoff.wait().await;
+                    continue;
+                }
+            };
+            let full = claimed.len() == CLAIM_BATCH;
+            for c in claimed {
+                tokio::spawn(self.clone().attempt(c));
+            }
+            if !full {
+                let _ = tokio::time::timeout(DISPATCH_POLL, self.wake.notified()).await;
+            }
+        }
+    }
+
+    /// Claims what fits under the caps, and counts it in flight.
+    async fn claim(&self) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        let (room, busy) = {
+            let map = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            let total: usize = map.values().sum();
+            let busy: Vec<(String, usize)> = map.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            (self.settings.max_in_flight.saturating_sub(total), busy)
+        };
+        if room == 0 {
+            return Ok(Vec::new());
+        }
+        let busy: Vec<(&str, usize)> = busy.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let claimed = self
+            .store
+            .claim_deliveries(&ClaimRequest {
+                now_ms: unix_millis(),
+                lease: self.settings.lease(),
+                max: room.min(CLAIM_BATCH),
+                per_endpoint: self.settings.max_in_flight_per_endpoint,
+                busy: &busy,
+            })
+            .await?;
+        let mut map = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        for c in &claimed {
+            *map.entry(c.delivery.endpoint.clone()).or_default() += 1;
+        }
+        Ok(claimed)
+    }
+
+    /// One attempt (or a skip), saved; then the slot is freed.
+    async fn attempt(self: Arc<Self>, claimed: ClaimedDelivery) {
+        let ClaimedDelivery {
+            mut delivery,
+            endpoint,
+        } = claimed;
+        let endpoint_id = delivery.endpoint.clone();
+        let now_ms = unix_millis();
+        let (outcome, took) = match &endpoint {
+            None => {
+                delivery.skip("the endpoint was deleted", now_ms);
+                ("skipped", None)
+            }
+            Some(e) if e.status == EndpointStatus::Paused => {
+                delivery.skip("the endpoint is paused", now_ms);
+                ("skipped", None)
+            }
+            Some(e) => {
+                let attempt = self.sender.send(e, &delivery.event).await;
+                let took = Duration::from_millis(attempt.duration_ms);
+                if attempt.error.is_none() {
+                    delivery.succeed(attempt);
+                    let lag = unix_millis().saturating_sub(delivery.created_ms);
+                    metrics::record_delivery_lag(Duration::from_millis(lag));
+                    ("succeeded", Some(took))
+                } else if delivery.fail(attempt, &self.settings.retry_schedule) {
+                    ("failed_final", Some(took))
+                } else {
+                    ("failed_retrying", Some(took))
+                }
+            }
+        };
+        metrics::record_delivery(outcome, took);
+        let pause = delivery.status == DeliveryStatus::Failed;
+        match self.save(&delivery, pause).await {
+            Ok(true) => {
+                if let Some(e) = endpoint {
+                    tracing::warn!(endpoint = %e.id, workspace = %e.workspace, "every retry failed; endpoint paused");
+                    let worker = self.clone();
+                    let error = delivery
+                        .last_attempt
+                        .as_ref()
+                        .and_then(|a| a.error.clone())
+                        .unwrap_or_default();
+                    tokio::spawn(async move { worker.tell_admins(&e, &error).await });
+                }
+            }
+            Ok(false) => {}
+            Err(e) => tracing::error!(
+                error = %e,
+                delivery = %delivery.id,
+                "could not save a delivery; it will be attempted again when its lease ends"
+            ),
+        }
+        {
+            let mut map = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = map.get_mut(&endpoint_id) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&endpoint_id);
+                }
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// Saves a delivery, retrying while the store is briefly away (within the lease).
+    async fn save(&self, delivery: &Delivery, pause: bool) -> Result<bool, StoreError> {
+        let mut backoff = Backoff::default();
+        let deadline = tokio::time::Instant::now() + self.settings.lease() / 2;
+        loop {
+            match self.store.save_delivery(delivery, pause).await {
+                Ok(paused) => return Ok(paused),
+                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => backoff.wait().await,
+            }
+        }
+    }
+
+    /// E-mails the workspace's admins that `endpoint` was paused.
+    async fn tell_admins(&self, endpoint: &Endpoint, last_error: &str) {
+        for attempt in 1..=5u32 {
+            let sent = match self.store.workspace(&endpoint.workspace).await {
+                Ok(Some(ws)) => self
+                    .mailer
+                    .endpoint_paused(&ws.admin_emails, endpoint, last_error)
+                    .await,
+                Ok(None) => Err(format!("workspace {} not found", endpoint.workspace)),
+                Err(e) => Err(e.to_string()),
+            };
+            match sent {
+                Ok(()) => {
+                    tracing::info!(endpoint = %endpoint.id, "admins told the endpoint is paused");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(endpoint = %endpoint.id, error = %e, attempt, "could not e-mail the admins");
+                    tokio::time::sleep(Duration::from_secs(2u64.pow(attempt))).await;
+                }
+            }
+        }
+    }
+
+    async fn stats(self: Arc<Self>) {
+        loop {
+            if let Ok(stats) = self.store.queue_stats().await {
+                let overdue = stats
+                    .oldest_due_ms
+                    .map(|due| unix_millis().saturating_sub(due))
+                    .unwrap_or(0);
+                metrics::record_webhook_queue(
+                    stats.pending,
+                    Duration::from_millis(overdue),
+                    stats.paused_endpoints,
+                    self.total_in_flight(),
+                );
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+}
+
+/// Exponential backoff, 100 ms to 5 s.
+#[derive(Default)]
+struct Backoff {
+    next: Option<Duration>,
+}
+
+impl Backoff {
+    async fn wait(&mut self) {
+        let wait = self.next.unwrap_or(Duration::from_millis(100));
+        self.next = Some((wait * 2).min(Duration::from_secs(5)));
+        tokio::time::sleep(wait).await;
+    }
+
+    fn reset(&mut self) {
+        self.next = None;
+    }
+}
