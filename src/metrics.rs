@@ -4,8 +4,8 @@
 //! fixed reason names. Never key ids or workspace ids.
 
 use prometheus::{
-    register_gauge, register_histogram, register_histogram_vec, register_int_counter_vec, register_int_gauge, Gauge,
-    Histogram, HistogramVec, IntCounterVec, IntGauge,
+    register_gauge, register_histogram, register_histogram_vec, register_int_counter_vec,
+    register_int_gauge, Gauge, Histogram, HistogramVec, IntCounterVec, IntGauge,
 };
 use std::sync::LazyLock;
 use std::time::Duration;

@@ -218,9 +218,8 @@ pub fn work(config: Config) -> Result<(), StartError> {
         let running = tokio::spawn(worker.run(stopped));
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| StartError::Config(format!("server.metrics_listen: {e}")))?;
-        let probes = tokio::spawn(async move {
-            axum::serve(listener, admin::probes_router(store)).await
-        });
+        let probes =
+            tokio::spawn(async move { axum::serve(listener, admin::probes_router(store)).await });
         tracing::info!(
             metrics = %config.server.metrics_listen,
             store = ?config.store.kind,

@@ -118,7 +118,13 @@ async fn prometheus_text() -> Response {
     let mut buffer = Vec::new();
     let encoder = prometheus::TextEncoder::new();
     match encoder.encode(&prometheus::gather(), &mut buffer) {
-        Ok(()) => ([(http::header::CONTENT_TYPE, encoder.format_type().to_string())], buffer)
+        Ok(()) => (
+            [(
+                http::header::CONTENT_TYPE,
+                encoder.format_type().to_string(),
+            )],
+            buffer,
+        )
             .into_response(),
         Err(e) => ApiError::ServiceUnavailable(format!("cannot encode metrics: {e}").into())
             .into_response(),

@@ -10,9 +10,9 @@ use super::respond;
 use crate::error::ApiError;
 use crate::events::RETENTION_SECS;
 use crate::ids::{new_id, unix_millis, unix_now};
-use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED};
 use crate::keys::Environment;
 use crate::store::Store;
+use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED};
 use crate::webhooks::endpoint::{check_filter, check_url, new_secret, Endpoint, EndpointStatus};
 
 /// Largest accepted request body.
@@ -378,9 +378,7 @@ fn deliveries_limit(query: Option<&str>) -> Result<usize, ApiError> {
         .parse::<usize>()
         .ok()
         .filter(|n| (1..=DELIVERIES_LISTED).contains(n))
-        .ok_or_else(|| {
-            ApiError::invalid(format!("limit must be 1-{DELIVERIES_LISTED}"))
-        })
+        .ok_or_else(|| ApiError::invalid(format!("limit must be 1-{DELIVERIES_LISTED}")))
 }
 
 async fn read_input(session: &mut Session) -> Result<EndpointInput, ApiError> {

@@ -56,7 +56,9 @@ impl Mailer {
                     message = message.to(to);
                     recipients += 1;
                 }
-                Err(_) => tracing::warn!(workspace = %endpoint.workspace, "skipping an admin address that does not parse"),
+                Err(_) => {
+                    tracing::warn!(workspace = %endpoint.workspace, "skipping an admin address that does not parse")
+                }
             }
         }
         if recipients == 0 {
@@ -77,7 +79,11 @@ impl Mailer {
         );
         let message = message.body(body).map_err(|e| e.to_string())?;
         match &self.transport {
-            Transport::Smtp(smtp) => smtp.send(message).await.map(drop).map_err(|e| e.to_string()),
+            Transport::Smtp(smtp) => smtp
+                .send(message)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
             Transport::Outbox(dir) => {
                 tokio::fs::create_dir_all(dir)
                     .await

@@ -139,9 +139,8 @@ impl Resolve for PublicOnly {
     fn resolve(&self, name: Name) -> Resolving {
         Box::pin(async move {
             let host = name.as_str().to_string();
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .collect();
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             let public: Vec<SocketAddr> = found
                 .into_iter()
                 .filter(|a| !is_internal(&a.ip()))

@@ -192,8 +192,9 @@ impl Worker {
                     && e.environment == event.environment
                     && e.wants(&event.event_type)
             });
-            deliveries
-                .extend(subscribed.map(|e| Delivery::new(event, &e.workspace, &e.id, now_ms, false)));
+            deliveries.extend(
+                subscribed.map(|e| Delivery::new(event, &e.workspace, &e.id, now_ms, false)),
+            );
         }
         let positions: Vec<String> = batch.iter().map(|l| l.position.clone()).collect();
         let events: Vec<_> = batch.iter().map(|l| &l.event).collect();
@@ -339,10 +340,11 @@ impl Worker {
     async fn tell_admins(&self, endpoint: &Endpoint, last_error: &str) {
         for attempt in 1..=5u32 {
             let sent = match self.store.workspace(&endpoint.workspace).await {
-                Ok(Some(ws)) => self
-                    .mailer
-                    .endpoint_paused(&ws.admin_emails, endpoint, last_error)
-                    .await,
+                Ok(Some(ws)) => {
+                    self.mailer
+                        .endpoint_paused(&ws.admin_emails, endpoint, last_error)
+                        .await
+                }
                 Ok(None) => Err(format!("workspace {} not found", endpoint.workspace)),
                 Err(e) => Err(e.to_string()),
             };

@@ -135,6 +135,7 @@ pub struct GatewayBuilder {
     server_toml: String,
     log_filter: Option<String>,
     extra_toml: String,
+    no_worker: bool,
 }
 
 impl GatewayBuilder {
@@ -184,6 +185,12 @@ impl GatewayBuilder {
     pub fn metering(mut self, toml: &str) -> Self {
         self.metering_toml.push_str(toml);
         self.metering_toml.push('\n');
+        self
+    }
+
+    /// `serve --no-worker`: no webhook worker in the gateway process.
+    pub fn no_worker(mut self) -> Self {
+        self.no_worker = true;
         self
     }
 
@@ -254,8 +261,13 @@ impl GatewayBuilder {
         if let Some(filter) = &self.log_filter {
             command.env("RUST_LOG", filter);
         }
+        if self.no_worker {
+            command.arg("serve").arg("--no-worker");
+        } else {
+            command.arg("serve");
+        }
         let child = command
-            .args(["serve", "--config"])
+            .arg("--config")
             .arg(&config_path)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log_path).unwrap())
@@ -369,6 +381,23 @@ impl Gateway {
             assert!(Instant::now() < deadline, "the old process did not exit");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Starts `svcgate worker` on this gateway's config (its metrics on a port of its own).
+    pub fn start_worker(&self) -> Worker {
+        let log_path = self._dir.path().join(format!("worker-{}.log", free_port()));
+        let child = svcgate_command()
+            .env(
+                "SVCGATE_SERVER_METRICS_LISTEN",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .args(["worker", "--config"])
+            .arg(&self.config_path)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .expect("svcgate worker starts");
+        Worker { child, log_path }
     }
 
     /// The process's log output so far.
@@ -663,6 +692,142 @@ impl Drop for RedisServer {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// A `svcgate worker` process, killed on drop.
+pub struct Worker {
+    pub child: Child,
+    log_path: PathBuf,
+}
+
+impl Worker {
+    /// SIGKILL: no chance to finish anything.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What a webhook receiver does with a request to one path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// Answer with this status at once.
+    Status(u16),
+    /// Wait this long, then answer 200.
+    Slow(Duration),
+    /// Redirect elsewhere (302).
+    Redirect,
+}
+
+/// One request a receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub at: Instant,
+}
+
+type Replies = Arc<Mutex<std::collections::HashMap<String, Vec<Reply>>>>;
+
+/// A webhook receiver on loopback that records every request; what it answers is set per path
+/// (a queue of replies, the last one repeating; default 200).
+pub struct Receiver {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Received>>>,
+    replies: Replies,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl Receiver {
+    pub async fn start() -> Self {
+        let seen: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let replies: Replies = Arc::default();
+        let state = (seen.clone(), replies.clone());
+        let app = axum::Router::new()
+            .fallback(
+                |State((seen, replies)): State<(Arc<Mutex<Vec<Received>>>, Replies)>,
+                 uri: Uri,
+                 headers: HeaderMap,
+                 body: Bytes| async move {
+                    let path = uri.path().to_string();
+                    seen.lock().unwrap().push(Received {
+                        path: path.clone(),
+                        headers,
+                        body,
+                        at: Instant::now(),
+                    });
+                    let reply = {
+                        let mut replies = replies.lock().unwrap();
+                        match replies.get_mut(&path) {
+                            Some(queue) if queue.len() > 1 => queue.remove(0),
+                            Some(queue) => queue[0],
+                            None => Reply::Status(200),
+                        }
+                    };
+                    match reply {
+                        Reply::Status(code) => axum::http::StatusCode::from_u16(code)
+                            .unwrap()
+                            .into_response(),
+                        Reply::Slow(wait) => {
+                            tokio::time::sleep(wait).await;
+                            axum::http::StatusCode::OK.into_response()
+                        }
+                        Reply::Redirect => (
+                            axum::http::StatusCode::FOUND,
+                            [(axum::http::header::LOCATION, "/elsewhere")],
+                        )
+                            .into_response(),
+                    }
+                },
+            )
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self {
+            addr,
+            seen,
+            replies,
+            _task: task,
+        }
+    }
+
+    /// The URL of `path` on this receiver.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Sets what `path` answers: these replies in turn, the last one repeating.
+    pub fn reply(&self, path: &str, replies: &[Reply]) {
+        self.replies
+            .lock()
+            .unwrap()
+            .insert(path.to_string(), replies.to_vec());
+    }
+
+    /// Requests to `path` so far.
+    pub fn received(&self, path: &str) -> Vec<Received> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.path == path)
+            .cloned()
+            .collect()
     }
 }
 

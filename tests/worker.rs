@@ -1,0 +1,597 @@
+//! The webhook worker end to end: real gateway and worker processes, real Redis, real
+//! receivers on loopback.
+
+mod common;
+
+use common::*;
+use hmac::{Hmac, Mac};
+use reqwest::Method;
+use serde_json::{json, Value};
+use sha2::Sha256;
+use std::time::{Duration, Instant};
+
+const SCOPES: &[&str] = &["webhooks:read", "webhooks:write"];
+
+/// `[webhooks]` for tests: loopback receivers, a retry schedule in seconds.
+fn webhooks_toml(outbox: &std::path::Path, schedule: &str, timeout: u64) -> String {
+    format!(
+        "[webhooks]\nallow_insecure_targets = true\nretry_schedule_seconds = {schedule}\n\
+         timeout_seconds = {timeout}\noutbox_dir = \"{}\"\nmax_in_flight_per_endpoint = 2\n",
+        outbox.display()
+    )
+}
+
+struct Setup {
+    gw: Gateway,
+    ws: String,
+    key: String,
+    outbox: tempfile::TempDir,
+    _ns: TestNamespace,
+}
+
+async fn setup(schedule: &str, timeout: u64, no_worker: bool) -> Setup {
+    let ns = TestNamespace::new();
+    let outbox = tempfile::tempdir().unwrap();
+    let mut builder = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .toml(&webhooks_toml(outbox.path(), schedule, timeout));
+    if no_worker {
+        builder = builder.no_worker();
+    }
+    let gw = builder.start().await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", SCOPES).await;
+    Setup {
+        gw,
+        ws,
+        key,
+        outbox,
+        _ns: ns,
+    }
+}
+
+/// Creates an endpoint; returns (id, secret).
+async fn endpoint(gw: &Gateway, key: &str, url: &str, events: &[&str]) -> (String, String) {
+    let resp = gw
+        .request(Method::POST, "/v1/webhooks")
+        .bearer_auth(key)
+        .json(&json!({"url": url, "events": events}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let body: Value = resp.json().await.unwrap();
+    (
+        body["id"].as_str().unwrap().to_string(),
+        body["secret"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Publishes an event through the admin API; returns its id.
+async fn publish(gw: &Gateway, ws: &str, event_type: &str, environment: &str) -> String {
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/events")
+        .json(&json!({
+            "workspace": ws, "type": event_type, "environment": environment,
+            "data": {"run_id": "run_42", "note": "ünïcode ✓"}
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let body: Value = resp.json().await.unwrap();
+    body["id"].as_str().unwrap().to_string()
+}
+
+async fn call(
+    gw: &Gateway,
+    key: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut req = gw.request(method, path).bearer_auth(key);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    req.send().await.unwrap()
+}
+
+async fn deliveries(gw: &Gateway, key: &str, endpoint: &str) -> Vec<Value> {
+    let resp = call(
+        gw,
+        key,
+        Method::GET,
+        &format!("/v1/webhooks/{endpoint}/deliveries"),
+        None,
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    body["data"].as_array().unwrap().clone()
+}
+
+async fn endpoint_status(gw: &Gateway, key: &str, endpoint: &str) -> String {
+    let resp = call(
+        gw,
+        key,
+        Method::GET,
+        &format!("/v1/webhooks/{endpoint}"),
+        None,
+    )
+    .await;
+    let body: Value = resp.json().await.unwrap();
+    body["status"].as_str().unwrap_or_default().to_string()
+}
+
+/// Waits until `path` of `receiver` got `n` requests.
+async fn received(receiver: &Receiver, path: &str, n: usize, limit: Duration) -> Vec<Received> {
+    let got = eventually(limit, || async { receiver.received(path).len() >= n }).await;
+    let seen = receiver.received(path);
+    assert!(
+        got.is_some(),
+        "{path}: expected {n} requests, got {}",
+        seen.len()
+    );
+    seen
+}
+
+/// HMAC-SHA256 computed here, independently of the crate.
+fn expected_signature(secret: &str, timestamp: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    hex::encode(mac.finalize().into_bytes())
+}
+
+fn header<'a>(r: &'a Received, name: &str) -> &'a str {
+    r.headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn events_are_delivered_signed_to_subscribed_endpoints_of_their_environment() {
+    let s = setup("[60]", 10, false).await;
+    let receiver = Receiver::start().await;
+    let (agent, secret) = endpoint(&s.gw, &s.key, &receiver.url("/agent"), &["agent.run.*"]).await;
+    endpoint(
+        &s.gw,
+        &s.key,
+        &receiver.url("/billing"),
+        &["billing.credits.low"],
+    )
+    .await;
+    let (_, test_key) = s.gw.create_key_in(&s.ws, "test", SCOPES).await;
+    let (_, test_secret) =
+        endpoint(&s.gw, &test_key, &receiver.url("/test"), &["agent.run.*"]).await;
+
+    let event_id = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    let got = received(&receiver, "/agent", 1, Duration::from_secs(10)).await;
+    let r = &got[0];
+    let body: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["id"], event_id.as_str());
+    assert_eq!(body["type"], "agent.run.completed");
+    assert_eq!(body["workspace"], s.ws.as_str());
+    assert_eq!(body["data"]["note"], "ünïcode ✓");
+    assert!(body["created"].as_u64().unwrap() > 1_700_000_000);
+    let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys.len(),
+        5,
+        "exactly id, type, created, workspace, data: {keys:?}"
+    );
+    assert_eq!(header(r, "service-event-id"), event_id);
+    assert_eq!(header(r, "content-type"), "application/json");
+    let timestamp = header(r, "service-timestamp");
+    assert_eq!(
+        header(r, "service-signature"),
+        expected_signature(&secret, timestamp, &r.body)
+    );
+    assert!(
+        svcgate::webhooks::verify(&secret, &r.headers, &r.body, svcgate::ids::unix_now()).is_ok()
+    );
+
+    // A test-mode event goes to the test-mode endpoint only, signed with its secret.
+    let test_event = publish(&s.gw, &s.ws, "agent.run.failed", "test").await;
+    let got = received(&receiver, "/test", 1, Duration::from_secs(10)).await;
+    assert_eq!(header(&got[0], "service-event-id"), test_event);
+    let ts = header(&got[0], "service-timestamp");
+    assert_eq!(
+        header(&got[0], "service-signature"),
+        expected_signature(&test_secret, ts, &got[0].body)
+    );
+    // Nothing else arrived anywhere: one delivery per subscribed endpoint.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.received("/agent").len(), 1);
+    assert_eq!(receiver.received("/test").len(), 1);
+    assert!(receiver.received("/billing").is_empty());
+
+    let listed = deliveries(&s.gw, &s.key, &agent).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["event_id"], event_id.as_str());
+    assert_eq!(listed[0]["status"], "succeeded");
+    assert_eq!(listed[0]["attempts"], 1);
+    assert_eq!(listed[0]["last_attempt"]["status_code"], 200);
+}
+
+#[tokio::test]
+async fn failures_are_retried_on_schedule_then_the_endpoint_pauses_and_admins_are_mailed() {
+    let s = setup("[1, 2]", 2, false).await;
+    let receiver = Receiver::start().await;
+    receiver.reply(
+        "/hook",
+        &[Reply::Status(500), Reply::Status(503), Reply::Redirect],
+    );
+    let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
+    let event_id = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+
+    let got = received(&receiver, "/hook", 3, Duration::from_secs(15)).await;
+    for r in &got {
+        assert_eq!(
+            header(r, "service-event-id"),
+            event_id,
+            "the same id on every retry"
+        );
+    }
+    // Each retry waits its scheduled time after the previous failure.
+    let gaps = [got[1].at - got[0].at, got[2].at - got[1].at];
+    assert!(gaps[0] >= Duration::from_millis(950), "{gaps:?}");
+    assert!(gaps[1] >= Duration::from_millis(1950), "{gaps:?}");
+
+    // The last retry (a redirect, which is not followed) failed: paused, admins told.
+    let paused = eventually(Duration::from_secs(5), || async {
+        endpoint_status(&s.gw, &s.key, &id).await == "paused"
+    })
+    .await;
+    assert!(paused.is_some(), "endpoint not paused");
+    let listed = deliveries(&s.gw, &s.key, &id).await;
+    assert_eq!(listed[0]["status"], "failed");
+    assert_eq!(listed[0]["attempts"], 3);
+    assert_eq!(listed[0]["last_attempt"]["status_code"], 302);
+    assert!(listed[0]["last_attempt"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("redirect"));
+    let mail = eventually(Duration::from_secs(5), || async {
+        std::fs::read_dir(s.outbox.path())
+            .map(|d| d.count() > 0)
+            .unwrap_or(false)
+    })
+    .await;
+    assert!(mail.is_some(), "no mail in the outbox");
+    let file = std::fs::read_dir(s.outbox.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let eml = std::fs::read_to_string(file.path()).unwrap();
+    assert!(eml.contains("ops@example.com"), "{eml}");
+    assert!(eml.contains(&id), "{eml}");
+    assert!(!eml.contains("whsec_"), "no secret in mail");
+
+    // While paused, nothing goes out.
+    let missed = publish(&s.gw, &s.ws, "agent.run.failed", "live").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(receiver.received("/hook").len(), 3);
+    let resp = call(
+        &s.gw,
+        &s.key,
+        Method::POST,
+        &format!("/v1/webhooks/{id}/replay"),
+        Some(json!({"event_id": missed})),
+    )
+    .await;
+    assert_error(resp, 400, "invalid_request_error").await;
+
+    // Resumed, the missed event can be replayed; it arrives with its own id.
+    receiver.reply("/hook", &[Reply::Status(204)]);
+    let resp = call(
+        &s.gw,
+        &s.key,
+        Method::POST,
+        &format!("/v1/webhooks/{id}/resume"),
+        None,
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let resp = call(
+        &s.gw,
+        &s.key,
+        Method::POST,
+        &format!("/v1/webhooks/{id}/replay"),
+        Some(json!({"event_id": missed})),
+    )
+    .await;
+    assert_eq!(resp.status(), 202);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["replayed"], 1);
+    let got = received(&receiver, "/hook", 4, Duration::from_secs(10)).await;
+    assert_eq!(header(&got[3], "service-event-id"), missed);
+    let listed = deliveries(&s.gw, &s.key, &id).await;
+    assert_eq!(listed[0]["status"], "succeeded");
+    assert_eq!(listed[0]["replay"], true);
+}
+
+#[tokio::test]
+async fn replay_since_redelivers_every_subscribed_event_of_the_window() {
+    let s = setup("[60]", 10, false).await;
+    let receiver = Receiver::start().await;
+    let since = svcgate::ids::unix_now();
+    let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
+    let a = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    publish(&s.gw, &s.ws, "billing.credits.low", "live").await;
+    publish(&s.gw, &s.ws, "agent.run.failed", "test").await;
+    let b = publish(&s.gw, &s.ws, "agent.run.failed", "live").await;
+    received(&receiver, "/hook", 2, Duration::from_secs(10)).await;
+
+    let resp = call(
+        &s.gw,
+        &s.key,
+        Method::POST,
+        &format!("/v1/webhooks/{id}/replay"),
+        Some(json!({"since": since})),
+    )
+    .await;
+    assert_eq!(resp.status(), 202);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["replayed"], 2, "{body}");
+    let got = received(&receiver, "/hook", 4, Duration::from_secs(10)).await;
+    let mut ids: Vec<&str> = got[2..]
+        .iter()
+        .map(|r| header(r, "service-event-id"))
+        .collect();
+    ids.sort();
+    let mut want = vec![a.as_str(), b.as_str()];
+    want.sort();
+    assert_eq!(ids, want);
+}
+
+#[tokio::test]
+async fn replay_and_deliveries_refuse_bad_input() {
+    let s = setup("[60]", 10, false).await;
+    let (id, _) = endpoint(&s.gw, &s.key, "http://127.0.0.1:9/hook", &["agent.run.*"]).await;
+    let replay = format!("/v1/webhooks/{id}/replay");
+    let now = svcgate::ids::unix_now();
+    for body in [
+        json!({}),
+        json!({"event_id": "evt_x", "since": now}),
+        json!({"since": now - 31 * 86_400}),
+        json!({"since": now + 3600}),
+        json!({"since": "yesterday"}),
+        json!({"event_id": "evt_x", "extra": 1}),
+        json!([1, 2]),
+    ] {
+        let resp = call(&s.gw, &s.key, Method::POST, &replay, Some(body.clone())).await;
+        assert_error(resp, 400, "invalid_request_error").await;
+    }
+    let resp = call(
+        &s.gw,
+        &s.key,
+        Method::POST,
+        &replay,
+        Some(json!({"event_id": "evt_nope"})),
+    )
+    .await;
+    assert_error(resp, 404, "not_found").await;
+    // An event of another workspace is not found either.
+    let other = s.gw.create_workspace().await;
+    let foreign = publish(&s.gw, &other, "agent.run.completed", "live").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resp = call(
+        &s.gw,
+        &s.key,
+        Method::POST,
+        &replay,
+        Some(json!({"event_id": foreign})),
+    )
+    .await;
+    assert_error(resp, 404, "not_found").await;
+    for query in ["limit=0", "limit=1001", "limit=x"] {
+        let resp = call(
+            &s.gw,
+            &s.key,
+            Method::GET,
+            &format!("/v1/webhooks/{id}/deliveries?{query}"),
+            None,
+        )
+        .await;
+        assert_error(resp, 400, "invalid_request_error").await;
+    }
+    let resp = call(
+        &s.gw,
+        &s.key,
+        Method::GET,
+        "/v1/webhooks/we_nope/deliveries",
+        None,
+    )
+    .await;
+    assert_error(resp, 404, "not_found").await;
+    // Reading needs webhooks:read, replaying webhooks:write.
+    let (_, reader) = s.gw.create_key_in(&s.ws, "live", &["webhooks:read"]).await;
+    let resp = call(
+        &s.gw,
+        &reader,
+        Method::POST,
+        &replay,
+        Some(json!({"since": now})),
+    )
+    .await;
+    assert_error(resp, 403, "permission_error").await;
+    let resp = call(
+        &s.gw,
+        &reader,
+        Method::GET,
+        &format!("/v1/webhooks/{id}/deliveries"),
+        None,
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn a_slow_endpoint_does_not_delay_a_fast_one() {
+    let s = setup("[60]", 10, false).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/slow", &[Reply::Slow(Duration::from_secs(10))]);
+    endpoint(&s.gw, &s.key, &receiver.url("/slow"), &["agent.run.*"]).await;
+    endpoint(&s.gw, &s.key, &receiver.url("/fast"), &["agent.run.*"]).await;
+    let started = Instant::now();
+    for _ in 0..6 {
+        publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    }
+    received(&receiver, "/fast", 6, Duration::from_secs(8)).await;
+    // The slow endpoint holds its cap (2) of attempts open the whole time.
+    assert!(started.elapsed() < Duration::from_secs(9));
+    assert_eq!(receiver.received("/slow").len(), 2);
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_delivery_loses_nothing() {
+    let s = setup("[60]", 2, true).await;
+    let receiver = Receiver::start().await;
+    receiver.reply(
+        "/hook",
+        &[Reply::Slow(Duration::from_secs(30)), Reply::Status(200)],
+    );
+    let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
+    let mut worker = s.gw.start_worker();
+    let event_id = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    received(&receiver, "/hook", 1, Duration::from_secs(10)).await;
+    worker.kill();
+
+    // A new worker takes the delivery over once its lease ends, with the same event id.
+    let _worker = s.gw.start_worker();
+    let got = received(&receiver, "/hook", 2, Duration::from_secs(20)).await;
+    assert_eq!(header(&got[1], "service-event-id"), event_id);
+    let done = eventually(Duration::from_secs(5), || async {
+        deliveries(&s.gw, &s.key, &id).await[0]["status"] == "succeeded"
+    })
+    .await;
+    assert!(done.is_some());
+}
+
+#[tokio::test]
+async fn events_written_straight_to_the_stream_are_delivered_and_bad_entries_skipped() {
+    let s = setup("[60]", 10, false).await;
+    let receiver = Receiver::start().await;
+    endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["image.batch.*"]).await;
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{{{}}}:events", s._ns.name);
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("type")
+        .arg("no.such.event")
+        .arg("workspace")
+        .arg(&s.ws)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let entry: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("type")
+        .arg("image.batch.completed")
+        .arg("workspace")
+        .arg(&s.ws)
+        .arg("data")
+        .arg(r#"{"batch_id":"batch_1"}"#)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let got = received(&receiver, "/hook", 1, Duration::from_secs(10)).await;
+    let body: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(body["data"]["batch_id"], "batch_1");
+    assert_eq!(body["id"], format!("evt_{}", entry.replace('-', "x")));
+    assert!(s.gw.logs().contains("malformed event-log entry"));
+}
+
+#[tokio::test]
+async fn a_worker_recreates_its_consumer_group_when_redis_lost_it() {
+    let s = setup("[60]", 10, false).await;
+    let receiver = Receiver::start().await;
+    endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
+    publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    received(&receiver, "/hook", 1, Duration::from_secs(10)).await;
+
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let destroyed: i64 = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(format!("{{{}}}:events", s._ns.name))
+        .arg("webhooks")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(destroyed, 1);
+    let after = publish(&s.gw, &s.ws, "agent.run.failed", "live").await;
+    let got = received(&receiver, "/hook", 2, Duration::from_secs(10)).await;
+    assert_eq!(header(&got[1], "service-event-id"), after);
+    // Restarted where the workers left off: the first event is not delivered again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.received("/hook").len(), 2);
+}
+
+#[tokio::test]
+async fn the_zero_config_gateway_delivers_too() {
+    let outbox = tempfile::tempdir().unwrap();
+    let gw = Gateway::builder()
+        .toml(&webhooks_toml(outbox.path(), "[60]", 10))
+        .start()
+        .await;
+    let (_, key) = gw.create_key("live", SCOPES).await;
+    let receiver = Receiver::start().await;
+    let (id, secret) = endpoint(&gw, &key, &receiver.url("/hook"), &["key.auto_revoked"]).await;
+    let event_id = publish(&gw, DEMO_WS, "key.auto_revoked", "live").await;
+    let got = received(&receiver, "/hook", 1, Duration::from_secs(10)).await;
+    assert_eq!(header(&got[0], "service-event-id"), event_id);
+    assert!(svcgate::webhooks::verify(
+        &secret,
+        &got[0].headers,
+        &got[0].body,
+        svcgate::ids::unix_now()
+    )
+    .is_ok());
+    assert_eq!(deliveries(&gw, &key, &id).await[0]["status"], "succeeded");
+}
+
+#[tokio::test]
+async fn webhook_metrics_report_outcomes_and_the_queue() {
+    let s = setup("[60]", 10, false).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/down", &[Reply::Status(500)]);
+    endpoint(&s.gw, &s.key, &receiver.url("/ok"), &["agent.run.*"]).await;
+    endpoint(&s.gw, &s.key, &receiver.url("/down"), &["agent.run.*"]).await;
+    publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    received(&receiver, "/ok", 1, Duration::from_secs(10)).await;
+    received(&receiver, "/down", 1, Duration::from_secs(10)).await;
+    let metrics = || async {
+        reqwest::get(format!("{}/metrics", s.gw.metrics))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let reported = eventually(Duration::from_secs(10), || async {
+        let text = metrics().await;
+        text.contains("svcgate_webhook_queue_depth 1")
+            && text.contains(r#"svcgate_webhook_deliveries_total{outcome="failed_retrying"} 1"#)
+    })
+    .await;
+    let text = metrics().await;
+    assert!(reported.is_some(), "{text}");
+    for line in [
+        r#"svcgate_webhook_deliveries_total{outcome="succeeded"} 1"#,
+        "svcgate_webhook_paused_endpoints 0",
+        "svcgate_webhook_oldest_pending_seconds 0",
+        "svcgate_webhook_delivery_duration_seconds_count",
+        "svcgate_webhook_delivery_lag_seconds_count 1",
+    ] {
+        assert!(text.contains(line), "{line} missing:\n{text}");
+    }
+}
