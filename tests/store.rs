@@ -5,10 +5,13 @@ mod common;
 use common::*;
 use std::sync::Arc;
 use std::time::Duration;
+use svcgate::events::Event;
 use svcgate::ids::{new_id, unix_now};
 use svcgate::keys::KeyHash;
 use svcgate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes, Workspace};
-use svcgate::store::{MemoryStore, RedisStore, Store, StoreError};
+use svcgate::store::{ClaimRequest, ClaimedDelivery, MemoryStore, RedisStore, Store, StoreError};
+use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus};
+use svcgate::webhooks::endpoint::{Endpoint, EndpointStatus};
 
 fn workspace() -> Workspace {
     Workspace {
@@ -257,6 +260,261 @@ async fn a_usage_batch_is_added_once_however_often_it_is_sent(store: Arc<dyn Sto
     assert_eq!(store.usage_report(&ws, "2026-11").await.unwrap().total, 500);
 }
 
+fn endpoint(workspace: &str, events: &[&str]) -> Endpoint {
+    Endpoint {
+        id: new_id("we"),
+        workspace: workspace.into(),
+        environment: Environment::Live,
+        url: "https://example.com/hook".into(),
+        events: events.iter().map(|e| e.to_string()).collect(),
+        secret: "whsec_x".into(),
+        status: EndpointStatus::Active,
+        created_at: 1,
+    }
+}
+
+fn event(workspace: &str, event_type: &str) -> Event {
+    Event::new(
+        event_type,
+        workspace,
+        Environment::Live,
+        serde_json::json!({"n": 1}),
+    )
+}
+
+async fn the_event_log_is_consumed_once_and_reclaimed_from_dead_consumers(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let mut idle = store
+        .consume_events("idle", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut dying = store
+        .consume_events("dying", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let events = [
+        event(&ws, "agent.run.completed"),
+        event(&ws, "agent.run.failed"),
+    ];
+    for e in &events {
+        store.append_event(e).await.unwrap();
+    }
+    let taken = dying.next(10, Duration::from_millis(500)).await.unwrap();
+    let taken_events: Vec<Event> = taken.iter().map(|l| l.event.clone()).collect();
+    assert_eq!(taken_events, events);
+    // Another consumer does not get them again while they are in progress.
+    assert!(idle
+        .next(10, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .is_empty());
+    // The taker died: after the idle time, a consumer takes them over.
+    let mut rescuer = store
+        .consume_events("rescuer", Duration::from_millis(200))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rescued = rescuer.next(10, Duration::from_millis(100)).await.unwrap();
+    assert_eq!(
+        rescued.iter().map(|l| &l.position).collect::<Vec<_>>(),
+        taken.iter().map(|l| &l.position).collect::<Vec<_>>()
+    );
+    // Fanned out (acknowledged): gone for good, and findable by id.
+    let positions: Vec<String> = rescued.iter().map(|l| l.position.clone()).collect();
+    let refs: Vec<&Event> = events.iter().collect();
+    store
+        .enqueue_deliveries(&positions, &refs, &[])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(rescuer
+        .next(10, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store.event(&events[1].id).await.unwrap(),
+        Some(events[1].clone())
+    );
+    assert_eq!(store.event("evt_missing").await.unwrap(), None);
+}
+
+async fn a_tail_sees_only_events_logged_after_it_started(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    store
+        .append_event(&event(&ws, "agent.run.completed"))
+        .await
+        .unwrap();
+    let mut tail = store.tail_events().await.unwrap();
+    let later = event(&ws, "key.auto_revoked");
+    let appender = {
+        let (store, later) = (store.clone(), later.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            store.append_event(&later).await.unwrap();
+        })
+    };
+    // A blocking read wakes up for the new event.
+    let got = tail.next(10, Duration::from_secs(5)).await.unwrap();
+    appender.await.unwrap();
+    assert_eq!(got.iter().map(|l| &l.event).collect::<Vec<_>>(), [&later]);
+    assert!(tail
+        .next(10, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+async fn events_since_filter_by_workspace_environment_and_time(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let mut old = event(&ws, "agent.run.completed");
+    old.created = unix_now() - 3_600;
+    let live = event(&ws, "agent.run.failed");
+    let mut test = event(&ws, "agent.run.failed");
+    test.environment = Environment::Test;
+    let other = event(&new_id("ws"), "agent.run.failed");
+    for e in [&old, &live, &test, &other] {
+        store.append_event(e).await.unwrap();
+    }
+    let since = unix_now() - 60;
+    let got = store
+        .events_since(&ws, Environment::Live, since, 100)
+        .await
+        .unwrap();
+    assert_eq!(got, [live.clone()]);
+    let got = store
+        .events_since(&ws, Environment::Test, since, 100)
+        .await
+        .unwrap();
+    assert_eq!(got, [test]);
+}
+
+async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let (a, b) = (
+        endpoint(&ws, &["agent.run.*"]),
+        endpoint(&ws, &["agent.run.*"]),
+    );
+    store.create_endpoint(&a).await.unwrap();
+    store.create_endpoint(&b).await.unwrap();
+    let e = event(&ws, "agent.run.completed");
+    let now = 1_000_000u64;
+    let mut queued: Vec<Delivery> = (0..3)
+        .map(|_| Delivery::new(&e, &ws, &a.id, now, false))
+        .collect();
+    queued.push(Delivery::new(&e, &ws, &b.id, now, false));
+    queued.push(Delivery::new(&e, &ws, &b.id, now + 10_000, false));
+    store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    assert_eq!(store.queue_stats().await.unwrap().pending, 5);
+    assert_eq!(store.queue_stats().await.unwrap().oldest_due_ms, Some(now));
+
+    let claim = |now_ms: u64, busy: Vec<(String, usize)>| {
+        let store = store.clone();
+        async move {
+            let busy: Vec<(&str, usize)> = busy.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            store
+                .claim_deliveries(&ClaimRequest {
+                    now_ms,
+                    lease: Duration::from_secs(5),
+                    max: 10,
+                    per_endpoint: 2,
+                    busy: &busy,
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let first = claim(now, vec![]).await;
+    let per =
+        |c: &[ClaimedDelivery], id: &str| c.iter().filter(|c| c.delivery.endpoint == id).count();
+    assert_eq!(
+        (per(&first, &a.id), per(&first, &b.id)),
+        (2, 1),
+        "cap 2 per endpoint; only due ones"
+    );
+    assert!(first
+        .iter()
+        .all(|c| c.endpoint.as_ref().is_some_and(|e| e.workspace == ws)));
+    // While those are in flight, A's third must wait for a free slot of A.
+    let busy = vec![(a.id.clone(), 2), (b.id.clone(), 1)];
+    assert!(claim(now + 1, busy).await.is_empty());
+    let third = claim(now + 1, vec![(b.id.clone(), 1)]).await;
+    assert_eq!(third.len(), 1);
+    assert_eq!(third[0].delivery.endpoint, a.id);
+
+    // A success leaves the queue; a failure is due again at its retry time.
+    let of_a: Vec<&Delivery> = first
+        .iter()
+        .map(|c| &c.delivery)
+        .filter(|d| d.endpoint == a.id)
+        .collect();
+    let mut ok = of_a[0].clone();
+    ok.succeed(attempt(now, Some(200)));
+    assert!(!store.save_delivery(&ok, false).await.unwrap());
+    let mut retry = of_a[1].clone();
+    retry.fail(attempt(now, Some(500)), &[Duration::from_secs(60)]);
+    store.save_delivery(&retry, false).await.unwrap();
+    // After the leases end, what is unfinished is due again (the worker died).
+    let later = claim(now + 6_000, vec![]).await;
+    let ids: Vec<&str> = later.iter().map(|c| c.delivery.id.as_str()).collect();
+    assert!(
+        !ids.contains(&ok.id.as_str()) && !ids.contains(&retry.id.as_str()),
+        "{ids:?}"
+    );
+    assert_eq!(
+        later.len(),
+        2,
+        "A's third and B's first, leases over: {ids:?}"
+    );
+    let retried = claim(now + 61_100, vec![]).await;
+    assert!(retried
+        .iter()
+        .any(|c| c.delivery.id == retry.id && c.delivery.attempts == 1));
+
+    // The final failure pauses the endpoint, once.
+    let mut dead = retry.clone();
+    assert!(dead.fail(attempt(now + 70_000, None), &[Duration::from_secs(60)]));
+    assert!(store.save_delivery(&dead, true).await.unwrap());
+    assert!(!store.save_delivery(&dead, true).await.unwrap());
+    let endpoints = store.endpoints(&ws).await.unwrap();
+    let paused = endpoints.iter().find(|e| e.id == a.id).unwrap();
+    assert_eq!(paused.status, EndpointStatus::Paused);
+    assert_eq!(
+        paused.secret, a.secret,
+        "the endpoint survives the pause intact"
+    );
+    assert_eq!(paused.events, a.events);
+    assert_eq!(store.queue_stats().await.unwrap().paused_endpoints, 1);
+    store
+        .update_endpoint(&ws, &a.id, &|e: &mut Endpoint| {
+            e.status = EndpointStatus::Active
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.queue_stats().await.unwrap().paused_endpoints, 0);
+
+    let listed = store.deliveries(&a.id, 10).await.unwrap();
+    assert_eq!(listed.len(), 3);
+    assert_eq!(listed[2].id, queued[0].id, "newest first");
+    assert_eq!(
+        listed.iter().find(|d| d.id == ok.id).unwrap().status,
+        DeliveryStatus::Succeeded
+    );
+    assert_eq!(
+        listed.iter().find(|d| d.id == dead.id).unwrap().status,
+        DeliveryStatus::Failed
+    );
+}
+
+fn attempt(at_ms: u64, status_code: Option<u16>) -> Attempt {
+    Attempt {
+        at_ms,
+        status_code,
+        error: None,
+        duration_ms: 5,
+    }
+}
+
 macro_rules! store_suite {
     ($($name:ident),*) => {
         mod memory {
@@ -291,5 +549,9 @@ store_suite!(
     changes_are_logged_by_epoch,
     rotation_is_atomic_and_idempotent,
     secrets_are_created_once_and_shared,
-    a_usage_batch_is_added_once_however_often_it_is_sent
+    a_usage_batch_is_added_once_however_often_it_is_sent,
+    the_event_log_is_consumed_once_and_reclaimed_from_dead_consumers,
+    a_tail_sees_only_events_logged_after_it_started,
+    events_since_filter_by_workspace_environment_and_time,
+    claims_respect_due_times_leases_and_per_endpoint_caps
 );

@@ -152,3 +152,55 @@ impl Resolve for PublicOnly {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Environment;
+    use crate::webhooks::endpoint::EndpointStatus;
+
+    fn endpoint(url: &str) -> Endpoint {
+        Endpoint {
+            id: "we_1".into(),
+            workspace: "ws_1".into(),
+            environment: Environment::Live,
+            url: url.into(),
+            events: vec!["agent.run.*".into()],
+            secret: "whsec_x".into(),
+            status: EndpointStatus::Active,
+            created_at: 0,
+        }
+    }
+
+    /// The guard holds at dial time, whatever the endpoint record says: an endpoint stored
+    /// before a name started resolving inside (DNS rebinding) is never dialled there.
+    #[tokio::test]
+    async fn internal_addresses_are_never_dialled() {
+        let sender = Sender::new(Duration::from_secs(2), false).unwrap();
+        let event = Event::new(
+            "agent.run.completed",
+            "ws_1",
+            Environment::Live,
+            "{}".parse().unwrap(),
+        );
+        for url in [
+            "https://127.0.0.1:1/hook",
+            "https://10.0.0.1/hook",
+            "https://169.254.169.254/latest/meta-data",
+            "https://[::1]:1/hook",
+            "https://localhost:1/hook",
+        ] {
+            let attempt = sender.send(&endpoint(url), &event).await;
+            let error = attempt.error.unwrap_or_default();
+            assert!(error.contains("internal"), "{url}: {error}");
+            assert_eq!(attempt.status_code, None);
+        }
+        let attempt = sender
+            .send(&endpoint("http://example.com/hook"), &event)
+            .await;
+        assert!(
+            attempt.error.is_some(),
+            "plain http is refused without allow_insecure"
+        );
+    }
+}
