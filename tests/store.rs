@@ -381,7 +381,7 @@ async fn events_since_filter_by_workspace_environment_and_time(store: Arc<dyn St
         .events_since(&ws, Environment::Live, since, 100)
         .await
         .unwrap();
-    assert_eq!(got, [live.clone()]);
+    assert_eq!(got, [live]);
     let got = store
         .events_since(&ws, Environment::Test, since, 100)
         .await
