@@ -192,7 +192,12 @@ mod tests {
         assert_eq!(e.created, 1_764_115_200);
         assert_eq!(e.environment, Environment::Live);
         assert_eq!(e.data["run_id"], "run_1");
-        let full = Event::new("key.auto_revoked", "ws_2", Environment::Test, serde_json::json!({}));
+        let full = Event::new(
+            "key.auto_revoked",
+            "ws_2",
+            Environment::Test,
+            serde_json::json!({}),
+        );
         let created = full.created.to_string();
         let fields = [
             ("id", full.id.as_str()),
@@ -211,13 +216,36 @@ mod tests {
             vec![("workspace", "ws_1"), ("data", "{}")],
             vec![("type", "nope"), ("workspace", "ws_1")],
             vec![("type", "agent.run.failed")],
-            vec![("type", "agent.run.failed"), ("workspace", "ws_1"), ("data", "[1]")],
-            vec![("type", "agent.run.failed"), ("workspace", "ws_1"), ("data", "{")],
-            vec![("type", "agent.run.failed"), ("workspace", "ws_1"), ("id", "x")],
-            vec![("type", "agent.run.failed"), ("workspace", "ws_1"), ("environment", "prod")],
-            vec![("type", "agent.run.failed"), ("workspace", "ws_1"), ("created", "soon")],
+            vec![
+                ("type", "agent.run.failed"),
+                ("workspace", "ws_1"),
+                ("data", "[1]"),
+            ],
+            vec![
+                ("type", "agent.run.failed"),
+                ("workspace", "ws_1"),
+                ("data", "{"),
+            ],
+            vec![
+                ("type", "agent.run.failed"),
+                ("workspace", "ws_1"),
+                ("id", "x"),
+            ],
+            vec![
+                ("type", "agent.run.failed"),
+                ("workspace", "ws_1"),
+                ("environment", "prod"),
+            ],
+            vec![
+                ("type", "agent.run.failed"),
+                ("workspace", "ws_1"),
+                ("created", "soon"),
+            ],
         ] {
-            assert!(Event::from_log_entry("1-0", entry(&fields)).is_err(), "{fields:?}");
+            assert!(
+                Event::from_log_entry("1-0", entry(&fields)).is_err(),
+                "{fields:?}"
+            );
         }
     }
 }

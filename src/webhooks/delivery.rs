@@ -181,7 +181,12 @@ mod tests {
 
     #[test]
     fn failures_follow_the_schedule_from_the_previous_failure_then_fail_for_good() {
-        let event = Event::new("agent.run.failed", "ws_1", Environment::Live, "{}".parse().unwrap());
+        let event = Event::new(
+            "agent.run.failed",
+            "ws_1",
+            Environment::Live,
+            "{}".parse().unwrap(),
+        );
         let mut d = Delivery::new(&event, "ws_1", "we_1", 1_000, false);
         let schedule = [Duration::from_secs(60), Duration::from_secs(300)];
         assert!(!d.fail(attempt(1_000), &schedule));
@@ -189,7 +194,10 @@ mod tests {
         assert!(!d.fail(attempt(70_000), &schedule));
         assert_eq!(d.next_attempt_ms, Some(70_010 + 300_000));
         assert!(d.fail(attempt(400_000), &schedule));
-        assert_eq!((d.status, d.attempts, d.next_attempt_ms), (DeliveryStatus::Failed, 3, None));
+        assert_eq!(
+            (d.status, d.attempts, d.next_attempt_ms),
+            (DeliveryStatus::Failed, 3, None)
+        );
         assert!(d.is_final());
     }
 }

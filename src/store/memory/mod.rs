@@ -12,18 +12,18 @@ use super::{
     ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed, KeyChange, KeyChanges, QueueStats,
     Rotation, Store, StoreError, UsageReport,
 };
-use crate::keys::Environment;
-use crate::webhooks::delivery::Delivery;
-use crate::webhooks::endpoint::EndpointStatus;
-use std::time::Duration;
 use crate::events::Event;
 use crate::ids::unix_now;
+use crate::keys::Environment;
 use crate::keys::KeyStatus;
 use crate::keys::{KeyHash, KeyRecord, Workspace};
 use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
+use crate::webhooks::delivery::Delivery;
 use crate::webhooks::endpoint::Endpoint;
+use crate::webhooks::endpoint::EndpointStatus;
 use rand::RngCore;
+use std::time::Duration;
 
 /// The workspace the demo store starts with, so a newcomer can create a key at once.
 pub const DEMO_WORKSPACE: &str = "ws_demo";
@@ -382,12 +382,14 @@ impl Store for MemoryStore {
                         let remaining = credits.micros() - row.total;
                         if remaining < threshold.micros() && !row.low_fired {
                             row.low_fired = true;
-                            inner.webhooks.log(crate::metering::usage::credits_low_event(
-                                w,
-                                flush,
-                                remaining,
-                                threshold.micros(),
-                            ));
+                            inner
+                                .webhooks
+                                .log(crate::metering::usage::credits_low_event(
+                                    w,
+                                    flush,
+                                    remaining,
+                                    threshold.micros(),
+                                ));
                         } else if remaining >= threshold.micros() {
                             row.low_fired = false;
                         }

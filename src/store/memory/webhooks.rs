@@ -62,7 +62,12 @@ impl WebhookState {
             .collect()
     }
 
-    pub(super) fn enqueue(&mut self, entries: &[String], events: &[&Event], deliveries: &[Delivery]) {
+    pub(super) fn enqueue(
+        &mut self,
+        entries: &[String],
+        events: &[&Event],
+        deliveries: &[Delivery],
+    ) {
         for entry in entries {
             if let Ok(seq) = entry.parse() {
                 self.group_pending.remove(&seq);
@@ -72,7 +77,8 @@ impl WebhookState {
             self.by_id.insert(event.id.clone(), Event::clone(event));
         }
         for d in deliveries {
-            self.due.insert(d.id.clone(), d.next_attempt_ms.unwrap_or(0));
+            self.due
+                .insert(d.id.clone(), d.next_attempt_ms.unwrap_or(0));
             let listed = self.listed.entry(d.endpoint.clone()).or_default();
             listed.push_front(d.id.clone());
             if listed.len() > DELIVERIES_LISTED {
@@ -104,7 +110,9 @@ impl WebhookState {
             if taken.len() == request.max {
                 break;
             }
-            let Some(d) = self.deliveries.get(id) else { continue };
+            let Some(d) = self.deliveries.get(id) else {
+                continue;
+            };
             let n = in_flight.entry(d.endpoint.as_str()).or_default();
             if *n >= request.per_endpoint {
                 continue;

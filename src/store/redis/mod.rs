@@ -49,12 +49,12 @@ use super::{
     ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed, KeyChange, KeyChanges, QueueStats,
     Rotation, Store, StoreError, UsageReport,
 };
-use crate::keys::Environment;
-use crate::webhooks::delivery::Delivery;
 use crate::events::Event;
+use crate::keys::Environment;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
 use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
+use crate::webhooks::delivery::Delivery;
 use crate::webhooks::endpoint::Endpoint;
 use rand::RngCore;
 use std::collections::HashMap;

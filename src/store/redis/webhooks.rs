@@ -551,7 +551,8 @@ impl EventFeed for Group {
     async fn next(&mut self, max: usize, block: Duration) -> Result<Vec<LoggedEvent>, StoreError> {
         let mut entries = Vec::new();
         if Instant::now() >= self.next_reclaim {
-            self.next_reclaim = Instant::now() + (self.reclaim_after / 4).max(Duration::from_secs(1));
+            self.next_reclaim =
+                Instant::now() + (self.reclaim_after / 4).max(Duration::from_secs(1));
             entries = self.reclaim(max).await?;
             if !entries.is_empty() {
                 tracing::warn!(
