@@ -1,9 +1,13 @@
-//! The command line: `svcgate serve`, and `svcgate keys …` which talks to the admin API.
+//! The command line: `svcgate serve`, `svcgate keys …` and `svcgate events …` which talk to
+//! the admin API, and `svcgate listen`, which forwards webhook events to a local URL.
+
+mod listen;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::str::FromStr;
 
 use crate::config::{Config, DEMO_ADMIN_TOKEN};
 use crate::server::{self, ServeOptions};
@@ -50,6 +54,59 @@ enum Command {
         #[command(subcommand)]
         command: EventsCommand,
     },
+    /// Forward the workspace's webhook events to a local URL, signed as production signs them.
+    Listen(ListenArgs),
+}
+
+#[derive(Debug, Args)]
+struct ListenArgs {
+    /// API key with the `webhooks:read` scope; a test key gets test-mode events only.
+    #[arg(long, env = "SVCGATE_API_KEY", hide_env_values = true)]
+    api_key: ApiKey,
+    /// Where each event is POSTed, e.g. http://localhost:3000/webhooks.
+    #[arg(long, value_parser = parse_forward_url)]
+    forward_to: url::Url,
+    /// Event names or resource wildcards (agent.run.*), repeated or comma-separated; default all.
+    #[arg(long, value_delimiter = ',')]
+    events: Vec<String>,
+    /// Base URL of the gateway.
+    #[arg(
+        long,
+        env = "SVCGATE_GATEWAY_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    gateway_url: String,
+}
+
+/// An API key from the command line; its `Debug` does not show it.
+#[derive(Clone)]
+struct ApiKey(String);
+
+impl FromStr for ApiKey {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "" => Err("the API key is empty".into()),
+            key => Ok(Self(key.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(…)")
+    }
+}
+
+fn parse_forward_url(raw: &str) -> Result<url::Url, String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("not a URL: {e}"))?;
+    match url.scheme() {
+        "http" | "https" => Ok(url),
+        other => Err(format!(
+            "the URL must be http:// or https://, not {other}://"
+        )),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -161,6 +218,34 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Events { admin, command } => {
             call_admin(&admin, |client, base| events(client, base, command))
+        }
+        Command::Listen(args) => listen(args),
+    }
+}
+
+/// Runs `svcgate listen` until its stream ends (it exits 1 then: the stream is meant to last).
+fn listen(args: ListenArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("svcgate: cannot start a runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let options = listen::Options {
+        api_key: args.api_key.0,
+        forward_to: args.forward_to,
+        events: args.events,
+        gateway_url: args.gateway_url,
+    };
+    match runtime.block_on(listen::run(options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("svcgate: {message}");
+            ExitCode::from(1)
         }
     }
 }
@@ -326,11 +411,16 @@ async fn send(request: reqwest::RequestBuilder, base: &str) -> Result<Value, Str
     if status.is_success() {
         Ok(body)
     } else {
-        Err(format!(
-            "{} ({}): {}",
-            body["error"]["code"].as_str().unwrap_or("error"),
-            status.as_u16(),
-            body["error"]["message"].as_str().unwrap_or("no message"),
-        ))
+        Err(api_error(Some(status.as_u16()), &body))
+    }
+}
+
+/// An error answer with the SPEC body, as one line: `permission_error (403): …`.
+fn api_error(status: Option<u16>, body: &Value) -> String {
+    let code = body["error"]["code"].as_str().unwrap_or("error");
+    let message = body["error"]["message"].as_str().unwrap_or("no message");
+    match status {
+        Some(status) => format!("{code} ({status}): {message}"),
+        None => format!("{code}: {message}"),
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod auth;
 mod body;
+pub mod listen;
 pub mod policy;
 pub mod respond;
 pub mod routes;
@@ -142,6 +143,12 @@ impl Gateway {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let (store, insecure) = (self.store.as_ref(), self.allow_insecure_targets);
                 webhooks::handle(session, op, caller, store, insecure, &ctx.request_id).await?;
+                Ok(Admission::Answer)
+            }
+            Handler::Listen => {
+                let caller = ctx.caller.as_ref().expect("authorized");
+                let store = self.store.as_ref();
+                listen::stream(session, caller, &self.auth, &route, store, &ctx.request_id).await?;
                 Ok(Admission::Answer)
             }
             Handler::Forward if ctx.target == Target::Simulated => {

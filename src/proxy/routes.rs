@@ -17,11 +17,20 @@ pub enum Handler {
     MintToken,
     /// The gateway's webhook endpoints API.
     Webhooks(WebhookOp),
+    /// The stream of events behind `svcgate listen` (`GET /v1/webhooks/listen`).
+    Listen,
 }
 
 /// Routes the gateway answers itself; configured routes cannot take their paths.
-const BUILT_IN: [(&str, &str, &str, Handler); 9] = [
+/// (A static segment wins over a parameter, so `/v1/webhooks/listen` is not an endpoint id.)
+const BUILT_IN: [(&str, &str, &str, Handler); 10] = [
     ("POST", "/v1/tokens", "tokens:create", Handler::MintToken),
+    (
+        "GET",
+        "/v1/webhooks/listen",
+        "webhooks:read",
+        Handler::Listen,
+    ),
     (
         "GET",
         "/v1/webhooks",
@@ -220,6 +229,21 @@ mod tests {
             price: Credits::ZERO,
         });
         assert!(RouteTable::new(&routes).is_err());
+    }
+
+    #[test]
+    fn listen_is_not_taken_for_an_endpoint_id() {
+        let t = RouteTable::new(&default_routes()).unwrap();
+        let listen = t.find(&Method::GET, "/v1/webhooks/listen").unwrap();
+        assert_eq!(
+            (listen.handler, &*listen.scope),
+            (Handler::Listen, "webhooks:read")
+        );
+        let get = t.find(&Method::GET, "/v1/webhooks/we_1").unwrap();
+        assert_eq!(get.handler, Handler::Webhooks(WebhookOp::Get));
+        let delete = t.find(&Method::DELETE, "/v1/webhooks/listen").unwrap();
+        assert_eq!(delete.handler, Handler::Webhooks(WebhookOp::Delete));
+        assert!(t.find(&Method::GET, "/v1/webhooks/listen/x").is_none());
     }
 
     #[test]

@@ -1,0 +1,219 @@
+//! `svcgate listen`: forwards the workspace's webhook events to a local URL.
+//!
+//! The gateway streams every event already signed with a secret made for this session (see
+//! [`crate::proxy::listen`]); this side only POSTs each body, byte for byte, with the
+//! signature headers production sends, and prints one line per delivery.
+
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+
+use crate::webhooks::signature::{EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+
+/// A delivery succeeds on an answer within this time, as in production.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+/// The gateway sends a keep-alive every 15 s; silence three times as long means it is gone.
+const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
+/// Deliveries forwarded at once: a slow receiver delays the stream only once all are busy.
+const MAX_IN_FLIGHT: usize = 8;
+
+/// What to listen to and where to forward it.
+pub struct Options {
+    /// The API key (`webhooks:read`); sent to the gateway only, never printed.
+    pub api_key: String,
+    /// Where deliveries are POSTed.
+    pub forward_to: url::Url,
+    /// Event names and `resource.*` wildcards; empty means every event.
+    pub events: Vec<String>,
+    /// The gateway's base URL.
+    pub gateway_url: String,
+}
+
+#[derive(Deserialize)]
+struct SessionData {
+    secret: String,
+}
+
+/// One signed delivery, as the gateway streams it.
+#[derive(Deserialize)]
+struct Delivery {
+    event_id: String,
+    event_type: String,
+    timestamp: u64,
+    signature: String,
+    body: String,
+}
+
+/// Streams and forwards until the stream ends; the reason it ended.
+pub async fn run(options: Options) -> Result<(), String> {
+    let base = options.gateway_url.trim_end_matches('/');
+    let stream_client = reqwest::Client::builder()
+        .connect_timeout(FORWARD_TIMEOUT)
+        .read_timeout(STREAM_IDLE_TIMEOUT)
+        .build()
+        .map_err(|e| format!("cannot start an HTTP client: {e}"))?;
+    let forward_client = reqwest::Client::builder()
+        .timeout(FORWARD_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("svcgate-listen/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("cannot start an HTTP client: {e}"))?;
+
+    let mut request = stream_client
+        .get(format!("{base}/v1/webhooks/listen"))
+        .bearer_auth(&options.api_key)
+        .header(http::header::ACCEPT, "text/event-stream");
+    if !options.events.is_empty() {
+        request = request.query(&[("events", options.events.join(","))]);
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach the gateway at {base}: {}", causes(&e)))?;
+    let status = response.status();
+    if status != reqwest::StatusCode::OK {
+        let body = response.json().await.unwrap_or_default();
+        return Err(super::api_error(Some(status.as_u16()), &body));
+    }
+
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let forward_to = Arc::new(options.forward_to);
+    let mut events = response.bytes_stream().eventsource();
+    let ended = loop {
+        let event = match events.next().await {
+            Some(Ok(event)) => event,
+            Some(Err(e)) => break format!("lost the stream from the gateway: {e}"),
+            None => break "the gateway closed the stream".to_string(),
+        };
+        match event.event.as_str() {
+            "session" => match serde_json::from_str::<SessionData>(&event.data) {
+                Ok(session) => {
+                    say(&format!(
+                        "Ready. Webhook signing secret for this session: {}",
+                        session.secret
+                    ));
+                    say(&format!(
+                        "Forwarding events to {forward_to} (Ctrl-C to stop)"
+                    ));
+                }
+                Err(e) => break format!("unreadable session from the gateway: {e}"),
+            },
+            "delivery" => {
+                let delivery: Delivery = match serde_json::from_str(&event.data) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        eprintln!("svcgate: skipped an unreadable delivery: {e}");
+                        continue;
+                    }
+                };
+                let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                    break "stopped forwarding".to_string();
+                };
+                let (client, url) = (forward_client.clone(), forward_to.clone());
+                tokio::spawn(async move {
+                    say(&forward(&client, &url, delivery).await);
+                    drop(permit);
+                });
+            }
+            "error" => {
+                let body = serde_json::from_str(&event.data).unwrap_or_default();
+                break format!(
+                    "the gateway ended the stream: {}",
+                    super::api_error(None, &body)
+                );
+            }
+            _ => {}
+        }
+    };
+    // Let deliveries already on their way finish and print their line.
+    let _ = in_flight.acquire_many(MAX_IN_FLIGHT as u32).await;
+    Err(ended)
+}
+
+/// POSTs one delivery and describes the outcome in one line.
+async fn forward(client: &reqwest::Client, url: &url::Url, delivery: Delivery) -> String {
+    let started = Instant::now();
+    let received = now_utc();
+    let outcome = client
+        .post(url.clone())
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(SIGNATURE_HEADER, &delivery.signature)
+        .header(TIMESTAMP_HEADER, delivery.timestamp)
+        .header(EVENT_ID_HEADER, &delivery.event_id)
+        .body(delivery.body)
+        .send()
+        .await;
+    let result = match outcome {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            // Read the answer so the connection can be reused; its content is not shown.
+            let _ = response.bytes().await;
+            status.to_string()
+        }
+        Err(e) => format!("failed: {}", failure(&e)),
+    };
+    format!(
+        "{received}  {}  {}  -> {result} ({} ms)",
+        delivery.event_type,
+        delivery.event_id,
+        started.elapsed().as_millis()
+    )
+}
+
+/// Why a forward failed, briefly: `connection refused`, `timed out after 10 s`, …
+fn failure(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return format!("timed out after {} s", FORWARD_TIMEOUT.as_secs());
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut innermost = e.to_string();
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            // An OS error's kind reads best ("connection refused"); others say more themselves.
+            return match io.raw_os_error() {
+                Some(_) => io.kind().to_string(),
+                None => io.to_string(),
+            };
+        }
+        innermost = err.to_string();
+        source = err.source();
+    }
+    innermost
+}
+
+/// An error and its causes, as one line.
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
+}
+
+/// `YYYY-MM-DD HH:MM:SS`, UTC.
+fn now_utc() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
+/// Prints a line at once (stdout may be a pipe); a closed stdout is not worth a panic.
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}

@@ -1,0 +1,300 @@
+//! `GET /v1/webhooks/listen`: the gateway's side of `svcgate listen`.
+//!
+//! The answer is a stream of Server-Sent Events. It opens with `session`, carrying a `whsec_…`
+//! secret made for this stream alone; then each event the store logs from now on for the
+//! caller's workspace and environment (a test key gets test events only), narrowed by the
+//! optional `events=a,b` filter, comes as `delivery`: the exact delivery body and its
+//! signature, computed here, so the CLI forwards what production would send and no secret
+//! travels after the first event. The stream ends with an `error` event carrying the SPEC
+//! error body when the store fails, the key stops being valid or the gateway shuts down.
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, TRANSFER_ENCODING};
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+use super::auth::{Authenticated, Authenticator};
+use super::policy::check_scope;
+use super::respond::REQUEST_ID;
+use super::routes::Route;
+use crate::error::ApiError;
+use crate::events::Event;
+use crate::ids::unix_now;
+use crate::store::Store;
+use crate::webhooks::endpoint::{check_filter, matches_filter, new_secret};
+use crate::webhooks::{delivery, sign};
+
+/// Most filters one stream may name.
+const MAX_FILTERS: usize = 50;
+/// Most events taken from the log at once.
+const BATCH: usize = 100;
+/// Longest wait for new events before the key and the shutdown flag are checked again.
+const BLOCK: Duration = Duration::from_secs(2);
+/// Idle time after which a comment keeps proxies and the client from closing the stream.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// A client that takes longer than this to accept a write is gone.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a stream forwards: the caller's workspace and environment, and the filters.
+struct Selection<'a> {
+    workspace: &'a str,
+    environment: crate::keys::Environment,
+    filters: Vec<String>,
+}
+
+impl Selection<'_> {
+    fn wants(&self, event: &Event) -> bool {
+        event.workspace == self.workspace
+            && event.environment == self.environment
+            && (self.filters.is_empty()
+                || self
+                    .filters
+                    .iter()
+                    .any(|f| matches_filter(f, &event.event_type)))
+    }
+}
+
+/// Streams the caller's events until the client goes away, the store fails, the key is no
+/// longer allowed on `route`, or the gateway shuts down. Errors before the first byte are
+/// answered by the caller as usual.
+pub async fn stream(
+    session: &mut Session,
+    caller: &Authenticated,
+    auth: &Authenticator,
+    route: &Route,
+    store: &dyn Store,
+    request_id: &str,
+) -> Result<(), ApiError> {
+    let selection = Selection {
+        workspace: &caller.key.workspace,
+        environment: caller.key.effective_environment(),
+        filters: parse_filters(session.req_header().uri.query())?,
+    };
+    // Opened before answering, so a store that is down gets a 503 rather than an empty stream.
+    let mut feed = store.tail_events().await?;
+    let secret = new_secret();
+
+    session.set_keepalive(None);
+    session.set_write_timeout(Some(WRITE_TIMEOUT));
+    if write_header(session, request_id).await.is_err() {
+        return Ok(());
+    }
+    let opening = frame(
+        "session",
+        &serde_json::json!({ "secret": secret }).to_string(),
+    );
+    if send(session, opening).await.is_err() {
+        return Ok(());
+    }
+
+    let mut last_write = Instant::now();
+    let ended = loop {
+        if session.is_process_shutting_down() {
+            break ApiError::ServiceUnavailable("the gateway is shutting down; reconnect".into());
+        }
+        if let Err(refused) = still_allowed(session, auth, route).await {
+            break refused;
+        }
+        let logged = match feed.next(BATCH, BLOCK).await {
+            Ok(logged) => logged,
+            Err(e) => {
+                tracing::warn!(request_id, error = %e, "event log unreadable; ending listen stream");
+                break e.into();
+            }
+        };
+        let now = unix_now();
+        let mut chunk = String::new();
+        for event in logged
+            .iter()
+            .map(|l| &l.event)
+            .filter(|e| selection.wants(e))
+        {
+            chunk.push_str(&delivery_frame(&secret, event, now));
+        }
+        if chunk.is_empty() && last_write.elapsed() >= KEEP_ALIVE {
+            chunk.push_str(": keep-alive\n\n");
+        }
+        if !chunk.is_empty() {
+            if send(session, chunk).await.is_err() {
+                tracing::debug!(request_id, "listen stream ended: the client went away");
+                return Ok(());
+            }
+            last_write = Instant::now();
+        }
+    };
+    tracing::debug!(request_id, reason = %ended, "listen stream ended");
+    let body = String::from_utf8_lossy(&ended.body(request_id)).into_owned();
+    if send(session, frame("error", &body)).await.is_ok() {
+        let _ = session.write_response_body(None, true).await;
+    }
+    Ok(())
+}
+
+/// The key as it is now: still valid, and still holding the route's scope.
+async fn still_allowed(
+    session: &Session,
+    auth: &Authenticator,
+    route: &Route,
+) -> Result<(), ApiError> {
+    let header = session.req_header().headers.get(AUTHORIZATION);
+    let caller = auth.authenticate(header, unix_now()).await?;
+    check_scope(&caller, route)
+}
+
+async fn write_header(session: &mut Session, request_id: &str) -> pingora::Result<()> {
+    let mut resp = ResponseHeader::build(200, Some(5))?;
+    resp.insert_header(CONTENT_TYPE, "text/event-stream")?;
+    resp.insert_header(CACHE_CONTROL, "no-cache")?;
+    resp.insert_header(REQUEST_ID, request_id)?;
+    // Tells buffering reverse proxies (nginx and the like) to pass events on at once.
+    resp.insert_header("X-Accel-Buffering", "no")?;
+    let req = session.req_header();
+    if !session.is_http2() && req.version == http::Version::HTTP_11 {
+        // Without a length the body would be delimited by closing the connection; chunks let
+        // a client tell a finished stream from a broken one.
+        resp.insert_header(TRANSFER_ENCODING, "chunked")?;
+    }
+    session.write_response_header(Box::new(resp), false).await
+}
+
+/// Writes one chunk; Pingora flushes every body chunk to the client as it is written.
+async fn send(session: &mut Session, chunk: String) -> pingora::Result<()> {
+    session
+        .write_response_body(Some(Bytes::from(chunk)), false)
+        .await
+}
+
+/// The `events=a,b` query parameter: event names and `resource.*` wildcards; none means all.
+fn parse_filters(query: Option<&str>) -> Result<Vec<String>, ApiError> {
+    let mut filters = Vec::new();
+    let params = url::form_urlencoded::parse(query.unwrap_or_default().as_bytes());
+    for (name, value) in params.filter(|(name, _)| name == "events") {
+        let before = filters.len();
+        for filter in value.split(',').map(str::trim).filter(|f| !f.is_empty()) {
+            check_filter(filter).map_err(ApiError::invalid)?;
+            filters.push(filter.to_string());
+        }
+        if filters.len() == before {
+            return Err(ApiError::invalid(format!(
+                "{name} must name event names or wildcards, comma-separated"
+            )));
+        }
+    }
+    if filters.len() > MAX_FILTERS {
+        return Err(ApiError::invalid(format!(
+            "events may name at most {MAX_FILTERS} event names or wildcards"
+        )));
+    }
+    Ok(filters)
+}
+
+/// One delivery, signed at `timestamp` as the worker signs it.
+#[derive(Serialize)]
+struct DeliveryFrame<'a> {
+    event_id: &'a str,
+    event_type: &'a str,
+    timestamp: u64,
+    signature: String,
+    body: &'a str,
+}
+
+fn delivery_frame(secret: &str, event: &Event, timestamp: u64) -> String {
+    let body = delivery::body(event);
+    let signature = sign(secret, timestamp, &body);
+    // serde_json writes UTF-8, so this holds; the body must travel as the very bytes signed.
+    let Ok(body) = std::str::from_utf8(&body) else {
+        return String::new();
+    };
+    let data = DeliveryFrame {
+        event_id: &event.id,
+        event_type: &event.event_type,
+        timestamp,
+        signature,
+        body,
+    };
+    frame(
+        "delivery",
+        &serde_json::to_string(&data).unwrap_or_default(),
+    )
+}
+
+/// An SSE event whose data is one line of compact JSON (JSON escapes every line break).
+fn frame(name: &str, json: &str) -> String {
+    format!("event: {name}\ndata: {json}\n\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Environment;
+
+    #[test]
+    fn filters_are_checked_names_or_wildcards() {
+        assert_eq!(parse_filters(None).unwrap(), Vec::<String>::new());
+        assert_eq!(
+            parse_filters(Some("other=1")).unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            parse_filters(Some("events=agent.run.*,%20key.auto_revoked")).unwrap(),
+            ["agent.run.*", "key.auto_revoked"]
+        );
+        assert_eq!(
+            parse_filters(Some("events=agent.run.*&events=image.batch.completed")).unwrap(),
+            ["agent.run.*", "image.batch.completed"]
+        );
+        for bad in ["events=", "events=,", "events=nope", "events=agent.run.*,*"] {
+            let err = parse_filters(Some(bad)).unwrap_err();
+            assert_eq!(err.status(), 400, "{bad}");
+        }
+        let many = vec!["agent.run.*"; MAX_FILTERS + 1].join(",");
+        assert!(parse_filters(Some(&format!("events={many}"))).is_err());
+    }
+
+    #[test]
+    fn a_stream_selects_its_workspace_environment_and_filters() {
+        let selection = Selection {
+            workspace: "ws_1",
+            environment: Environment::Test,
+            filters: vec!["agent.run.*".into()],
+        };
+        let event = |t: &str, ws: &str, env| Event::new(t, ws, env, serde_json::json!({}));
+        assert!(selection.wants(&event("agent.run.failed", "ws_1", Environment::Test)));
+        assert!(!selection.wants(&event("agent.run.failed", "ws_1", Environment::Live)));
+        assert!(!selection.wants(&event("agent.run.failed", "ws_2", Environment::Test)));
+        assert!(!selection.wants(&event("key.auto_revoked", "ws_1", Environment::Test)));
+        let all = Selection {
+            filters: Vec::new(),
+            ..selection
+        };
+        assert!(all.wants(&event("key.auto_revoked", "ws_1", Environment::Test)));
+    }
+
+    #[test]
+    fn a_delivery_frame_carries_the_signed_body() {
+        let event = Event::new(
+            "agent.run.completed",
+            "ws_1",
+            Environment::Live,
+            serde_json::json!({"note": "two\nlines"}),
+        );
+        let frame = delivery_frame("whsec_x", &event, 1_700_000_000);
+        let data = frame
+            .strip_prefix("event: delivery\ndata: ")
+            .and_then(|rest| rest.strip_suffix("\n\n"))
+            .expect("one event, one data line");
+        assert!(!data.contains('\n'));
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        let body = v["body"].as_str().unwrap();
+        assert_eq!(body.as_bytes(), delivery::body(&event));
+        assert_eq!(v["event_id"], event.id.as_str());
+        assert_eq!(v["event_type"], "agent.run.completed");
+        assert_eq!(v["timestamp"], 1_700_000_000);
+        assert_eq!(
+            v["signature"],
+            sign("whsec_x", 1_700_000_000, body.as_bytes())
+        );
+    }
+}

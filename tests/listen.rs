@@ -1,0 +1,477 @@
+//! `svcgate listen`, from a developer's side: run the real CLI against a gateway, trigger
+//! events, and look at what a receiver on loopback got and what the CLI printed.
+
+mod common;
+
+use common::*;
+use hmac::{Hmac, Mac};
+use reqwest::Method;
+use serde_json::{json, Value};
+use sha2::Sha256;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use svcgate::events::Event;
+use svcgate::keys::Environment;
+
+const READ: &[&str] = &["webhooks:read"];
+/// A payload with characters that must survive byte for byte.
+fn payload(tag: &str) -> Value {
+    json!({"run_id": tag, "note": "ünïcödé ✓ \"quoted\"\nsecond line", "steps": 3})
+}
+
+/// A running `svcgate listen`, killed on drop.
+struct Listener {
+    child: Child,
+    stdout: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Listener {
+    /// Starts `svcgate listen` with `args` (the key goes in `SVCGATE_API_KEY`).
+    fn spawn(gw: &Gateway, key: &str, args: &[&str]) -> Self {
+        let mut child = svcgate_command()
+            .args(["listen", "--gateway-url", &gw.base])
+            .args(args)
+            .env("SVCGATE_API_KEY", key)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("svcgate listen starts");
+        let collect = |pipe: Box<dyn std::io::Read + Send>| {
+            let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+            let sink = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    sink.lock().unwrap().push(line);
+                }
+            });
+            lines
+        };
+        let stdout = collect(Box::new(child.stdout.take().unwrap()));
+        let stderr = collect(Box::new(child.stderr.take().unwrap()));
+        Self {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Starts it and waits for the session's secret.
+    async fn start(gw: &Gateway, key: &str, forward_to: &str, extra: &[&str]) -> (Self, String) {
+        let mut listener = Self::spawn(gw, key, &[&["--forward-to", forward_to], extra].concat());
+        let ready = listener
+            .line("Ready. Webhook signing secret for this session: ")
+            .await;
+        let secret = ready.rsplit(' ').next().unwrap().to_string();
+        assert!(secret.starts_with("whsec_") && secret.len() > 20, "{ready}");
+        listener.assert_running();
+        (listener, secret)
+    }
+
+    /// The first stdout line containing `needle`, waiting up to 10 s for it.
+    async fn line(&self, needle: &str) -> String {
+        let find = || {
+            self.stdout
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+                .cloned()
+        };
+        eventually(Duration::from_secs(10), || async { find().is_some() }).await;
+        find().unwrap_or_else(|| {
+            panic!(
+                "no line with {needle:?}; stdout: {:?}; stderr: {:?}",
+                self.stdout.lock().unwrap(),
+                self.stderr.lock().unwrap()
+            )
+        })
+    }
+
+    fn output(&self) -> String {
+        let out = self.stdout.lock().unwrap().join("\n");
+        let err = self.stderr.lock().unwrap().join("\n");
+        format!("{out}\n{err}")
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    fn assert_running(&mut self) {
+        let exited = self.child.try_wait().unwrap();
+        assert!(exited.is_none(), "listen exited: {}", self.output());
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    async fn exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let mut status = None;
+        eventually(limit, || {
+            status = self.child.try_wait().unwrap();
+            let exited = status.is_some();
+            async move { exited }
+        })
+        .await;
+        status
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Publishes an event through the admin API; returns its id.
+async fn trigger(
+    gw: &Gateway,
+    ws: &str,
+    event_type: &str,
+    environment: &str,
+    data: Value,
+) -> String {
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/events")
+        .json(
+            &json!({"workspace": ws, "type": event_type, "data": data, "environment": environment}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Lowercase hex HMAC-SHA256 of `<timestamp>.<body>` keyed with the secret's bytes, computed
+/// here rather than by the crate.
+fn expected_signature(secret: &str, timestamp: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// Asserts that `got` is the delivery of one event, signed with `secret`; returns the body.
+fn assert_delivery(got: &Recorded, secret: &str) -> Value {
+    let header = |name: &str| {
+        got.headers
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} header"))
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(got.method, Method::POST);
+    assert_eq!(got.path, "/hooks");
+    assert_eq!(header("content-type"), "application/json");
+    let timestamp = header("service-timestamp");
+    let sent_at: u64 = timestamp.parse().unwrap();
+    assert!(sent_at.abs_diff(svcgate::ids::unix_now()) < 60);
+    assert_eq!(
+        header("service-signature"),
+        expected_signature(secret, &timestamp, &got.body)
+    );
+    let body: Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(header("service-event-id"), body["id"].as_str().unwrap());
+    // Exactly the bytes production sends for this event.
+    let event = Event {
+        id: body["id"].as_str().unwrap().to_string(),
+        event_type: body["type"].as_str().unwrap().to_string(),
+        created: body["created"].as_u64().unwrap(),
+        workspace: body["workspace"].as_str().unwrap().to_string(),
+        environment: Environment::Live,
+        data: body["data"].clone(),
+    };
+    assert_eq!(
+        String::from_utf8_lossy(&got.body),
+        String::from_utf8_lossy(&svcgate::webhooks::delivery::body(&event))
+    );
+    body
+}
+
+/// Waits until `receiver` has `n` deliveries, then a moment more for any it should not get.
+async fn deliveries(receiver: &RecordingUpstream, n: usize) -> Vec<Recorded> {
+    eventually(Duration::from_secs(10), || async {
+        receiver.requests().len() >= n
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = receiver.requests();
+    assert_eq!(got.len(), n, "deliveries: {got:?}");
+    got
+}
+
+fn ids(got: &[Recorded]) -> std::collections::BTreeSet<String> {
+    got.iter()
+        .map(|r| r.headers["service-event-id"].to_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn listen_forwards_signed_events_of_the_chosen_types_from_its_workspace() {
+    let gw = Gateway::builder().start().await;
+    let other_ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key("live", READ).await;
+    let receiver = RecordingUpstream::start("receiver").await;
+    let url = format!("http://{}/hooks", receiver.addr);
+    let (listener, secret) = Listener::start(&gw, &key, &url, &["--events", "agent.run.*"]).await;
+
+    trigger(&gw, DEMO_WS, "image.batch.completed", "live", json!({})).await;
+    trigger(&gw, DEMO_WS, "agent.run.completed", "test", json!({})).await;
+    trigger(&gw, &other_ws, "agent.run.completed", "live", json!({})).await;
+    let completed = trigger(
+        &gw,
+        DEMO_WS,
+        "agent.run.completed",
+        "live",
+        payload("run_1"),
+    )
+    .await;
+    let failed = trigger(&gw, DEMO_WS, "agent.run.failed", "live", payload("run_2")).await;
+
+    let got = deliveries(&receiver, 2).await;
+    assert_eq!(ids(&got), [completed.clone(), failed.clone()].into());
+    for delivery in &got {
+        let body = assert_delivery(delivery, &secret);
+        assert_eq!(body["workspace"], DEMO_WS);
+        let tag = if body["id"] == completed.as_str() {
+            "run_1"
+        } else {
+            "run_2"
+        };
+        assert_eq!(body["data"], payload(tag));
+    }
+    for (id, event_type) in [
+        (&completed, "agent.run.completed"),
+        (&failed, "agent.run.failed"),
+    ] {
+        let line = listener.line(id).await;
+        assert!(
+            line.contains(event_type) && line.contains("-> 200 ("),
+            "{line}"
+        );
+    }
+    assert!(
+        !listener.output().contains(&key),
+        "the API key is never printed"
+    );
+}
+
+#[tokio::test]
+async fn a_test_key_gets_only_test_mode_events() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("test", READ).await;
+    let receiver = RecordingUpstream::start("receiver").await;
+    let url = format!("http://{}/hooks", receiver.addr);
+    let (_listener, secret) = Listener::start(&gw, &key, &url, &[]).await;
+
+    trigger(&gw, DEMO_WS, "agent.run.completed", "live", json!({})).await;
+    let revoked = trigger(&gw, DEMO_WS, "key.auto_revoked", "test", json!({})).await;
+    let failed = trigger(&gw, DEMO_WS, "agent.run.failed", "test", json!({})).await;
+
+    let got = deliveries(&receiver, 2).await;
+    assert_eq!(ids(&got), [revoked, failed].into());
+    for delivery in &got {
+        assert_delivery(delivery, &secret);
+    }
+}
+
+#[tokio::test]
+async fn listen_on_redis_forwards_admin_events_and_entries_added_to_the_stream() {
+    let ns = TestNamespace::new();
+    let gw = on_redis(&ns).await;
+    let ws = gw.create_workspace().await;
+    let other_ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", READ).await;
+    let receiver = RecordingUpstream::start("receiver").await;
+    let url = format!("http://{}/hooks", receiver.addr);
+    let (listener, secret) = Listener::start(&gw, &key, &url, &[]).await;
+
+    trigger(&gw, &other_ws, "agent.run.completed", "live", json!({})).await;
+    // A backend may add to the event stream directly, with no id of its own.
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(format!("{{{}}}:events", ns.name))
+        .arg("*")
+        .arg(&[
+            ("type", "image.batch.completed"),
+            ("workspace", ws.as_str()),
+            ("data", r#"{"batch_id":"batch_1"}"#),
+        ])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let from_admin = trigger(&gw, &ws, "agent.run.completed", "live", payload("run_3")).await;
+
+    let got = deliveries(&receiver, 2).await;
+    let bodies: Vec<Value> = got.iter().map(|d| assert_delivery(d, &secret)).collect();
+    let direct = bodies
+        .iter()
+        .find(|b| b["type"] == "image.batch.completed")
+        .expect("the entry added to the stream");
+    assert_eq!(direct["data"], json!({"batch_id": "batch_1"}));
+    assert_eq!(direct["workspace"], ws.as_str());
+    assert!(bodies
+        .iter()
+        .any(|b| b["id"] == from_admin.as_str() && b["data"] == payload("run_3")));
+    listener.line(&from_admin).await;
+    listener.line(direct["id"].as_str().unwrap()).await;
+}
+
+#[tokio::test]
+async fn the_stream_is_server_sent_events_written_as_they_happen() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("live", READ).await;
+    let mut resp = gw
+        .request(
+            Method::GET,
+            "/v1/webhooks/listen?events=agent.run.completed",
+        )
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let header = |name: &str| resp.headers()[name].to_str().unwrap().to_string();
+    assert_eq!(header("content-type"), "text/event-stream");
+    assert_eq!(header("cache-control"), "no-cache");
+    assert!(header("service-request-id").starts_with("req_"));
+
+    // Reads whole events (they end with a blank line), at most 5 s for each.
+    let mut buffer = String::new();
+    let mut next_event = async || loop {
+        if let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            if !event.starts_with(':') {
+                return event;
+            }
+            continue;
+        }
+        let chunk = tokio::time::timeout(Duration::from_secs(5), resp.chunk())
+            .await
+            .expect("an event within 5 s")
+            .unwrap()
+            .expect("the stream goes on");
+        buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+    };
+    let data = |event: &str, name: &str| -> Value {
+        let data = event
+            .strip_prefix(&format!("event: {name}\ndata: "))
+            .unwrap_or_else(|| panic!("a {name} event: {event:?}"));
+        serde_json::from_str(data.trim_end()).unwrap()
+    };
+
+    let session = data(&next_event().await, "session");
+    let secret = session["secret"].as_str().unwrap().to_string();
+    assert!(secret.starts_with("whsec_"));
+    trigger(&gw, DEMO_WS, "agent.run.failed", "live", json!({})).await;
+    let id = trigger(
+        &gw,
+        DEMO_WS,
+        "agent.run.completed",
+        "live",
+        payload("run_4"),
+    )
+    .await;
+    let delivery = data(&next_event().await, "delivery");
+    assert_eq!(delivery["event_id"], id.as_str());
+    assert_eq!(delivery["event_type"], "agent.run.completed");
+    let body = delivery["body"].as_str().unwrap();
+    let timestamp = delivery["timestamp"].as_u64().unwrap().to_string();
+    assert_eq!(
+        delivery["signature"],
+        expected_signature(&secret, &timestamp, body.as_bytes())
+    );
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(
+        (&body["id"], &body["data"]),
+        (&json!(id), &payload("run_4"))
+    );
+}
+
+#[tokio::test]
+async fn refusals_answer_with_the_spec_error_body() {
+    let gw = Gateway::builder().start().await;
+    let (_, reader) = gw.create_key("live", READ).await;
+    let (_, other) = gw
+        .create_key("live", &["models:read", "webhooks:write"])
+        .await;
+    let listen = |key: &str, query: &str| {
+        gw.request(Method::GET, &format!("/v1/webhooks/listen{query}"))
+            .bearer_auth(key)
+            .send()
+    };
+    assert_error(listen(&other, "").await.unwrap(), 403, "permission_error").await;
+    for query in ["?events=agent.run.exploded", "?events=", "?events=*"] {
+        assert_error(
+            listen(&reader, query).await.unwrap(),
+            400,
+            "invalid_request_error",
+        )
+        .await;
+    }
+    let anonymous = gw.request(Method::GET, "/v1/webhooks/listen").send().await;
+    assert_error(anonymous.unwrap(), 401, "authentication_error").await;
+
+    // The CLI says why and exits 1, without printing the key.
+    for (key, extra, expected) in [
+        (&other, &[][..], "permission_error (403)"),
+        (
+            &reader,
+            &["--events", "agent.run.nope"][..],
+            "invalid_request_error (400)",
+        ),
+    ] {
+        let mut cli = Listener::spawn(
+            &gw,
+            key,
+            &[&["--forward-to", "http://127.0.0.1:9/"], extra].concat(),
+        );
+        let status = cli
+            .exit(Duration::from_secs(10))
+            .await
+            .expect("listen exits");
+        assert_eq!(status.code(), Some(1));
+        let stderr = cli.stderr();
+        assert!(stderr.contains(expected), "{stderr}");
+        assert!(!cli.output().contains(key.as_str()));
+    }
+}
+
+#[tokio::test]
+async fn revoking_the_key_ends_the_stream() {
+    let gw = Gateway::builder().start().await;
+    let (id, key) = gw.create_key("live", READ).await;
+    let (mut listener, _) = Listener::start(&gw, &key, "http://127.0.0.1:9/", &[]).await;
+    gw.revoke(&id).await;
+    let status = listener
+        .exit(Duration::from_secs(10))
+        .await
+        .expect("listen exits");
+    assert_eq!(status.code(), Some(1));
+    let stderr = listener.stderr();
+    assert!(
+        stderr.contains("authentication_error") && stderr.contains("revoked"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_receiver_that_is_down_gets_a_failed_line() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("live", READ).await;
+    let closed = format!("http://127.0.0.1:{}/hooks", free_port());
+    let (mut listener, _) = Listener::start(&gw, &key, &closed, &[]).await;
+    let id = trigger(&gw, DEMO_WS, "billing.credits.low", "live", json!({})).await;
+    let line = listener.line(&id).await;
+    assert!(line.contains("-> failed: connection refused ("), "{line}");
+    listener.assert_running();
+}
