@@ -475,3 +475,28 @@ async fn a_receiver_that_is_down_gets_a_failed_line() {
     assert!(line.contains("-> failed: connection refused ("), "{line}");
     listener.assert_running();
 }
+
+#[tokio::test]
+async fn a_client_that_hangs_up_ends_its_stream_at_once() {
+    let gw = Gateway::builder()
+        .log_filter("info,svcgate::proxy::listen=debug")
+        .start()
+        .await;
+    let (_, key) = gw.create_key("live", READ).await;
+    let mut resp = gw
+        .request(Method::GET, "/v1/webhooks/listen")
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.chunk().await.unwrap().expect("the session event");
+    assert!(!gw.logs().contains("the client went away"));
+    drop(resp);
+    // Long before the first keep-alive (15 s) would have found out by writing.
+    let ended = eventually(Duration::from_secs(5), || async {
+        gw.logs().contains("the client went away")
+    })
+    .await;
+    assert!(ended.is_some(), "{}", gw.logs());
+}

@@ -97,7 +97,16 @@ pub async fn stream(
         if let Err(refused) = still_allowed(session, auth, route).await {
             break refused;
         }
-        let logged = match feed.next(BATCH, BLOCK).await {
+        // Waiting for events, also watch the connection: a client that hangs up ends the
+        // stream (and frees its store connection) at once rather than at the next write.
+        let next = tokio::select! {
+            next = feed.next(BATCH, BLOCK) => next,
+            gone = session.read_body_or_idle(true) => {
+                tracing::debug!(request_id, closed = ?gone.err(), "listen stream ended: the client went away");
+                return Ok(());
+            }
+        };
+        let logged = match next {
             Ok(logged) => logged,
             Err(e) => {
                 tracing::warn!(request_id, error = %e, "event log unreadable; ending listen stream");
