@@ -595,3 +595,47 @@ async fn webhook_metrics_report_outcomes_and_the_queue() {
         assert!(text.contains(line), "{line} missing:\n{text}");
     }
 }
+
+#[tokio::test]
+async fn with_smtp_configured_the_pause_mail_goes_over_smtp() {
+    let ns = TestNamespace::new();
+    let outbox = tempfile::tempdir().unwrap();
+    let smtp = SmtpSink::start();
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .toml(&webhooks_toml(outbox.path(), "[1]", 2))
+        .toml(&format!(
+            "[smtp]\nhost = \"127.0.0.1\"\nport = {}\nfrom = \"webhooks@svcgate.test\"\n",
+            smtp.port
+        ))
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", SCOPES).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/down", &[Reply::Status(500)]);
+    let (id, _) = endpoint(&gw, &key, &receiver.url("/down"), &["agent.run.*"]).await;
+    publish(&gw, &ws, "agent.run.completed", "live").await;
+    let mailed = eventually(Duration::from_secs(15), || async {
+        !smtp.mails().is_empty()
+    })
+    .await;
+    assert!(mailed.is_some(), "no mail; log:\n{}", gw.logs());
+    let mail = &smtp.mails()[0];
+    assert_eq!(mail.from, "webhooks@svcgate.test");
+    assert_eq!(mail.to, ["ops@example.com"]);
+    assert!(
+        mail.data.contains(&format!("Webhook endpoint {id} paused")),
+        "{}",
+        mail.data
+    );
+    assert!(!mail.data.contains("whsec_"));
+    assert_eq!(
+        receiver.received("/down").len(),
+        2,
+        "first attempt and one retry"
+    );
+    assert!(std::fs::read_dir(outbox.path())
+        .map(|d| d.count() == 0)
+        .unwrap_or(true));
+}

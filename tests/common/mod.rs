@@ -846,3 +846,75 @@ where
     }
     None
 }
+
+/// One message an [`SmtpSink`] accepted.
+#[derive(Debug, Clone)]
+pub struct Mail {
+    pub from: String,
+    pub to: Vec<String>,
+    pub data: String,
+}
+
+/// A real SMTP server on loopback (mailin) that keeps every message it accepts.
+pub struct SmtpSink {
+    pub port: u16,
+    mails: Arc<Mutex<Vec<Mail>>>,
+}
+
+#[derive(Clone)]
+struct SinkHandler {
+    mails: Arc<Mutex<Vec<Mail>>>,
+    current: Option<Mail>,
+}
+
+impl mailin_embedded::Handler for SinkHandler {
+    fn data_start(
+        &mut self,
+        _domain: &str,
+        from: &str,
+        _is8bit: bool,
+        to: &[String],
+    ) -> mailin_embedded::Response {
+        self.current = Some(Mail {
+            from: from.to_string(),
+            to: to.to_vec(),
+            data: String::new(),
+        });
+        mailin_embedded::response::OK
+    }
+
+    fn data(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        if let Some(mail) = self.current.as_mut() {
+            mail.data.push_str(&String::from_utf8_lossy(buf));
+        }
+        Ok(())
+    }
+
+    fn data_end(&mut self) -> mailin_embedded::Response {
+        if let Some(mail) = self.current.take() {
+            self.mails.lock().unwrap().push(mail);
+        }
+        mailin_embedded::response::OK
+    }
+}
+
+impl SmtpSink {
+    pub fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mails: Arc<Mutex<Vec<Mail>>> = Arc::default();
+        let mut server = mailin_embedded::Server::new(SinkHandler {
+            mails: mails.clone(),
+            current: None,
+        });
+        server.with_num_threads(2).with_tcp_listener(listener);
+        std::thread::spawn(move || {
+            let _ = server.serve();
+        });
+        Self { port, mails }
+    }
+
+    pub fn mails(&self) -> Vec<Mail> {
+        self.mails.lock().unwrap().clone()
+    }
+}
