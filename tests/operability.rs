@@ -152,11 +152,28 @@ async fn no_secret_reaches_the_log_even_at_debug_level() {
     let gw = Gateway::builder()
         .live(live.addr)
         .log_filter("debug")
+        .toml("[webhooks]\nallow_insecure_targets = true\n")
         .start()
         .await;
     let (id, key) = gw
-        .create_key("live", &["chat.completions:create", "tokens:create"])
+        .create_key(
+            "live",
+            &["chat.completions:create", "tokens:create", "webhooks:write"],
+        )
         .await;
+    // A webhook endpoint that will get the key.auto_revoked event of the leak report below.
+    let receiver = Receiver::start().await;
+    let endpoint: serde_json::Value = gw
+        .request(Method::POST, "/v1/webhooks")
+        .bearer_auth(&key)
+        .json(&json!({"url": receiver.url("/hook"), "events": ["key.*"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let webhook_secret = endpoint["secret"].as_str().unwrap().to_string();
     assert_eq!(gw.chat(&key).await.status(), 200);
     let token: serde_json::Value = gw
         .request(Method::POST, "/v1/tokens")
@@ -186,9 +203,19 @@ async fn no_secret_reaches_the_log_even_at_debug_level() {
         .send()
         .await
         .unwrap();
+    let delivered = eventually(Duration::from_secs(10), || async {
+        !receiver.received("/hook").is_empty()
+    })
+    .await;
+    assert!(delivered.is_some(), "the webhook was delivered");
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let log = gw.logs();
+    assert!(log.contains("svcgate::webhooks"), "the worker logs too");
+    assert!(
+        !log.contains(&webhook_secret[6..]),
+        "a webhook secret reached the log"
+    );
     assert!(log.contains("key created"), "the log is being written");
     for secret in [&key, &token, &successor, &flipped] {
         // Not even the random part of a secret may appear.
