@@ -555,3 +555,39 @@ store_suite!(
     events_since_filter_by_workspace_environment_and_time,
     claims_respect_due_times_leases_and_per_endpoint_caps
 );
+
+/// Entries written past the store (by scripts or backends) are trimmed to the 30 days too.
+#[tokio::test]
+async fn redis_log_entries_past_retention_are_trimmed_and_never_delivered() {
+    let ns = TestNamespace::new();
+    let store = RedisStore::connect(&redis_url(), &ns.name).unwrap();
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{{{}}}:events", ns.name);
+    let _: String = ::redis::cmd("XADD")
+        .arg(&stream)
+        .arg("1000-0")
+        .arg("type")
+        .arg("agent.run.completed")
+        .arg("workspace")
+        .arg("ws_old")
+        .arg("data")
+        .arg("{}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let fresh = event("ws_new", "agent.run.completed");
+    let mut feed = store
+        .consume_events("c", Duration::from_secs(60))
+        .await
+        .unwrap();
+    store.append_event(&fresh).await.unwrap();
+    let got = feed.next(10, Duration::from_millis(500)).await.unwrap();
+    assert_eq!(got.iter().map(|l| &l.event).collect::<Vec<_>>(), [&fresh]);
+    let len: u64 = ::redis::cmd("XLEN")
+        .arg(&stream)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(len, 1);
+}

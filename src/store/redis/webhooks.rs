@@ -245,6 +245,7 @@ impl RedisStore {
             consumer: consumer.to_string(),
             reclaim_after,
             next_reclaim: Instant::now(),
+            next_trim: Instant::now(),
         };
         group.create().await?;
         Ok(Box::new(group))
@@ -478,9 +479,29 @@ struct Group {
     consumer: String,
     reclaim_after: Duration,
     next_reclaim: Instant,
+    next_trim: Instant,
 }
 
+/// How often a consumer trims the log to its retention. Every writer that goes through the
+/// store trims too; this covers entries written by scripts and by backends.
+const TRIM_EVERY: Duration = Duration::from_secs(60);
+
 impl Group {
+    /// Drops log entries past the retention window.
+    async fn trim(&mut self) -> Result<(), StoreError> {
+        let min_id = crate::ids::unix_now().saturating_sub(RETENTION_SECS) * 1000;
+        // Exact, not `~`: an approximate trim keeps whole nodes, so a small log would keep
+        // expired entries indefinitely. Once a minute, the cost is the entries removed.
+        redis::cmd("XTRIM")
+            .arg(&self.key)
+            .arg("MINID")
+            .arg(min_id)
+            .query_async::<i64>(&mut self.conn)
+            .await
+            .map(drop)
+            .map_err(unavailable)
+    }
+
     /// Creates the group if it is missing: where the workers left off, if Redis still knows,
     /// else at the start of the log, so nothing logged before any worker ran is lost.
     async fn create(&mut self) -> Result<(), StoreError> {
@@ -549,6 +570,10 @@ impl Group {
 #[async_trait]
 impl EventFeed for Group {
     async fn next(&mut self, max: usize, block: Duration) -> Result<Vec<LoggedEvent>, StoreError> {
+        if Instant::now() >= self.next_trim {
+            self.next_trim = Instant::now() + TRIM_EVERY;
+            self.trim().await?;
+        }
         let mut entries = Vec::new();
         if Instant::now() >= self.next_reclaim {
             self.next_reclaim =
