@@ -639,3 +639,28 @@ async fn with_smtp_configured_the_pause_mail_goes_over_smtp() {
         .map(|d| d.count() == 0)
         .unwrap_or(true));
 }
+
+#[tokio::test]
+async fn several_workers_share_the_work_and_deliver_each_event_once() {
+    let s = setup("[60]", 10, true).await;
+    let receiver = Receiver::start().await;
+    endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
+    let workers = [s.gw.start_worker(), s.gw.start_worker()];
+    let mut published = Vec::new();
+    for _ in 0..40 {
+        published.push(publish(&s.gw, &s.ws, "agent.run.completed", "live").await);
+    }
+    received(&receiver, "/hook", 40, Duration::from_secs(15)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut ids: Vec<String> = receiver
+        .received("/hook")
+        .iter()
+        .map(|r| header(r, "service-event-id").to_string())
+        .collect();
+    ids.sort();
+    published.sort();
+    assert_eq!(ids, published, "every event once, none twice");
+    for w in &workers {
+        assert!(w.logs().contains("webhook worker running"), "{}", w.logs());
+    }
+}
