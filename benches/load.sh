@@ -26,7 +26,7 @@ command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk;
 redis_cli() { redis-cli -u "$REDIS_URL" "$@"; }
 redis_cli ping >/dev/null
 
-cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example auth_only
+cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example auth_only --example loadgen
 
 work=$(mktemp -d)
 pids=()
@@ -66,6 +66,9 @@ wrk.method = "POST"
 wrk.body = '{"model":"load-1","messages":[{"role":"user","content":"hello"}]}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $key"
+done = function(summary, latency, requests)
+  io.write(string.format("P999 %.3f\n", latency:percentile(99.9) / 1000))
+end
 LUA
 
 ms() { # wrk latency like 512.00us / 1.20ms / 1.01s → milliseconds
@@ -73,7 +76,7 @@ ms() { # wrk latency like 512.00us / 1.20ms / 1.01s → milliseconds
 }
 commands() { redis_cli info commandstats | awk -F'calls=' '/calls=/ { split($2, a, ","); s += a[1] } END { print s + 0 }'; }
 
-declare -A RPS P50 P99 REQS CMDS
+declare -A RPS P50 P99 P999 REQS CMDS
 run() { # name url
   local out
   [ "$1" = svcgate ] && local before=$(commands)
@@ -82,6 +85,7 @@ run() { # name url
   RPS[$1]+="$(awk '/Requests\/sec/ { print $2 }' <<<"$out") "
   P50[$1]+="$(ms "$(awk '$1 == "50%" { print $2 }' <<<"$out")") "
   P99[$1]+="$(ms "$(awk '$1 == "99%" { print $2 }' <<<"$out")") "
+  P999[$1]+="$(awk '$1 == "P999" { print $2 }' <<<"$out") "
   REQS[$1]+="$(awk '/requests in/ { print $1 }' <<<"$out") "
 }
 median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
@@ -105,11 +109,32 @@ total_reqs=0; for r in ${REQS[svcgate]}; do total_reqs=$((total_reqs + r)); done
 total_cmds=0; for c in ${CMDS[svcgate]}; do total_cmds=$((total_cmds + c)); done
 direct_p99=$(median "${P99[direct]}")
 printf '\n%s on %s cores, %s connections, %s rounds of %ss (medians)\n' "$(uname -m)" "$(nproc)" "$CONNS" "$ROUNDS" "$DURATION"
-printf '%-12s %12s %10s %10s %16s\n' target 'requests/s' 'p50 ms' 'p99 ms' 'added p99 ms'
+printf '%-12s %12s %10s %10s %10s %16s\n' target 'requests/s' 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms'
 for t in "${targets[@]}"; do
   p99=$(median "${P99[$t]}")
-  printf '%-12s %12s %10s %10s %16s\n' "$t" "$(median "${RPS[$t]}")" "$(median "${P50[$t]}")" "$p99" \
-    "$(awk -v a="$p99" -v b="$direct_p99" 'BEGIN { printf "%.3f", a - b }')"
+  printf '%-12s %12s %10s %10s %10s %16s\n' "$t" "$(median "${RPS[$t]}")" "$(median "${P50[$t]}")" "$p99" \
+    "$(median "${P999[$t]}")" "$(awk -v a="$p99" -v b="$direct_p99" 'BEGIN { printf "%.3f", a - b }')"
+done
+
+# Latency at half of svcgate's maximum throughput, at a constant rate (examples/loadgen.rs):
+# the load a gateway is provisioned for, where the added latency is what callers feel.
+half=$(awk -v r="$(median "${RPS[svcgate]}")" 'BEGIN { printf "%d", r / 2 }')
+declare -A HP50 HP99 HP999
+for round in $(seq 1 "$ROUNDS"); do
+  for t in direct passthrough svcgate; do
+    out=$(target/release/examples/loadgen "${URL[$t]}" "$half" "$DURATION" "$CONNS" "$key")
+    HP50[$t]+="$(sed -E 's/.*p50_ms=([0-9.]+).*/\1/' <<<"$out") "
+    HP99[$t]+="$(sed -E 's/.*p99_ms=([0-9.]+).*/\1/' <<<"$out") "
+    HP999[$t]+="$(sed -E 's/.*p999_ms=([0-9.]+).*/\1/' <<<"$out") "
+  done
+done
+printf '\nat a constant %s requests/s (half of svcgate'"'"'s maximum), %s connections (medians)\n' "$half" "$CONNS"
+printf '%-12s %10s %10s %10s %16s\n' target 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms'
+hdirect=$(median "${HP99[direct]}")
+for t in direct passthrough svcgate; do
+  p99=$(median "${HP99[$t]}")
+  printf '%-12s %10s %10s %10s %16s\n' "$t" "$(median "${HP50[$t]}")" "$p99" "$(median "${HP999[$t]}")" \
+    "$(awk -v a="$p99" -v b="$hdirect" 'BEGIN { printf "%.3f", a - b }')"
 done
 awk -v s="$(median "${RPS[svcgate]}")" -v a="$(median "${RPS[auth_only]}")" -v p="$(median "${RPS[passthrough]}")" \
   'BEGIN { printf "\nsvcgate / auth alone: %.0f%%   svcgate / bare Pingora: %.0f%%\n", 100 * s / a, 100 * s / p }'

@@ -23,11 +23,14 @@ pub const SNIFF_LIMIT: usize = 16 * 1024;
 /// is parsed; a longer one is scanned for the first `"model": "…"`.
 pub fn sniff_model(prefix: &[u8], complete: bool) -> Option<String> {
     if complete {
-        let value: serde_json::Value = serde_json::from_slice(prefix).ok()?;
-        return value
-            .get("model")?
-            .as_str()
-            .map(|m| m.chars().take(256).collect());
+        // Only `model` is kept: the rest of the body is skipped without building anything.
+        #[derive(serde::Deserialize)]
+        struct Sniffed<'a> {
+            #[serde(borrow, default)]
+            model: Option<std::borrow::Cow<'a, str>>,
+        }
+        let sniffed: Sniffed = serde_json::from_slice(prefix).ok()?;
+        return sniffed.model.map(|m| m.chars().take(256).collect());
     }
     let needle = b"\"model\"";
     let start = prefix.windows(needle.len()).position(|w| w == needle)? + needle.len();
@@ -63,6 +66,12 @@ mod tests {
         assert_eq!(sniff_model(truncated, false).as_deref(), Some("big-model"));
         assert_eq!(sniff_model(b"not json", true), None);
         assert_eq!(sniff_model(br#"{"model": 5}"#, true), None);
+        assert_eq!(sniff_model(br#"{"input": [1, {"a": null}]}"#, true), None);
+        assert_eq!(
+            sniff_model(br#"{"model": "caf\u00e9", "n": 1}"#, true).as_deref(),
+            Some("café")
+        );
+        assert_eq!(sniff_model(br#"[1, 2]"#, true), None);
         assert_eq!(sniff_model(br#"{"model": "unterminated"#, false), None);
         assert_eq!(sniff_model(br#"{"model": "esc\"aped"}"#, false), None);
     }

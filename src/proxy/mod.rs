@@ -352,8 +352,11 @@ impl ProxyHttp for Gateway {
                 .map(|m| m.chars().take(256).collect());
         }
         upstream_response.insert_header(respond::REQUEST_ID, ctx.request_id.as_str())?;
-        for (name, value) in ctx.rate_headers() {
-            upstream_response.insert_header(name, value)?;
+        if let Some(d) = &ctx.rate {
+            // Integers become header values directly, without an intermediate String.
+            upstream_response.insert_header("RateLimit-Limit", d.limit)?;
+            upstream_response.insert_header("RateLimit-Remaining", d.remaining)?;
+            upstream_response.insert_header("RateLimit-Reset", d.reset_secs)?;
         }
         Ok(())
     }
@@ -462,7 +465,8 @@ impl Gateway {
         let req = session.req_header();
         let record = AuditRecord {
             time_ms: ctx.arrived_ms,
-            request_id: ctx.request_id.clone(),
+            // The last phase: the id is not needed after this.
+            request_id: std::mem::take(&mut ctx.request_id),
             workspace: key.workspace.to_string(),
             key_id: key.billed_key_id().to_string(),
             key: key.masked(),
