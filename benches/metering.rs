@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use svcgate::keys::{self, Environment, KeyParams, Scopes};
-use svcgate::metering::audit::AuditRecord;
+use svcgate::metering::audit::PendingAudit;
 use svcgate::metering::meter::MeterConfig;
 use svcgate::metering::ratelimit::Limit;
 use svcgate::metering::{Credits, Meter};
@@ -105,25 +105,19 @@ fn main() {
                 .unwrap()
                 .as_millis() as u64;
             meter.admit(&caller.key, Some("bench"), true, now_ms).1.unwrap();
-            let record = AuditRecord {
+            meter.finish(PendingAudit {
                 time_ms: now_ms,
                 request_id: svcgate::ids::request_id(),
-                workspace: caller.key.workspace.to_string(),
-                key_id: caller.key.billed_key_id().to_string(),
-                key: caller.key.masked(),
-                environment: "live".into(),
+                key: caller.key.clone(),
                 project: Some("bench".into()),
-                method: "POST".into(),
-                path: "/v1/chat/completions".into(),
+                method: http::Method::POST,
+                uri: http::Uri::from_static("/v1/chat/completions"),
                 model: Some("m".into()),
                 status: 200,
-                credits: 0.5,
-                client_ip: Some("127.0.0.1".into()),
+                credits: Credits::from_micros(500_000),
+                client_ip: Some(std::net::Ipv4Addr::LOCALHOST.into()),
                 latency_ms: 1,
-                token_id: None,
-                metadata: None,
-            };
-            meter.finish(&caller.key, Some("bench"), Credits::from_micros(500_000), record);
+            });
         }
         let full = started.elapsed();
         let _ = stop.send(true);

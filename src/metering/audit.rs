@@ -9,10 +9,13 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+use crate::keys::CachedKey;
+use crate::metering::Credits;
 use crate::store::Store;
 
 /// One authenticated request. Never holds a secret: the key appears as prefix and last four.
@@ -84,15 +87,73 @@ impl AuditQuery {
     }
 }
 
+/// An audit record as the request path leaves it: the key it already holds and plain values.
+/// The writer renders it into an [`AuditRecord`] (strings, the masked key, the token's
+/// metadata) off the request path.
+#[derive(Debug)]
+pub struct PendingAudit {
+    /// Unix milliseconds when the request arrived.
+    pub time_ms: u64,
+    /// `req_…`
+    pub request_id: String,
+    /// The key or scoped token presented.
+    pub key: Arc<CachedKey>,
+    /// `Service-Project`, if sent.
+    pub project: Option<String>,
+    /// The request's method.
+    pub method: http::Method,
+    /// The request's URI (only its path is kept).
+    pub uri: http::Uri,
+    /// The `model` of the JSON body, or the backend's `Service-Model`.
+    pub model: Option<String>,
+    /// Response status.
+    pub status: u16,
+    /// Credits charged.
+    pub credits: Credits,
+    /// Client address.
+    pub client_ip: Option<IpAddr>,
+    /// Time to the end of the response, milliseconds.
+    pub latency_ms: u64,
+}
+
+impl PendingAudit {
+    /// The record as it is stored.
+    pub fn render(self) -> AuditRecord {
+        let key = &self.key;
+        AuditRecord {
+            time_ms: self.time_ms,
+            request_id: self.request_id,
+            workspace: key.workspace.to_string(),
+            key_id: key.billed_key_id().to_string(),
+            key: key.masked(),
+            environment: key.effective_environment().as_str().to_string(),
+            project: self.project,
+            method: self.method.to_string(),
+            path: self.uri.path().to_string(),
+            model: self.model,
+            status: self.status,
+            credits: self.credits.as_f64(),
+            client_ip: self.client_ip.map(|ip| ip.to_string()),
+            latency_ms: self.latency_ms,
+            token_id: key.scoped.as_ref().map(|_| key.id.to_string()),
+            metadata: key
+                .scoped
+                .as_ref()
+                .filter(|g| !g.metadata.is_empty())
+                .map(|g| g.metadata.clone()),
+        }
+    }
+}
+
 /// The request path's handle: hands records to the writer.
 #[derive(Clone)]
 pub struct AuditLog {
-    tx: mpsc::UnboundedSender<AuditRecord>,
+    tx: mpsc::UnboundedSender<PendingAudit>,
 }
 
 impl AuditLog {
     /// Queues one record; never blocks.
-    pub fn record(&self, record: AuditRecord) {
+    pub fn record(&self, record: PendingAudit) {
         if self.tx.send(record).is_err() {
             tracing::error!("audit writer is gone; a record could not be queued");
         }
@@ -101,7 +162,7 @@ impl AuditLog {
 
 /// Writes queued records to the store in batches, spooling while it cannot.
 pub struct AuditWriter {
-    rx: mpsc::UnboundedReceiver<AuditRecord>,
+    rx: mpsc::UnboundedReceiver<PendingAudit>,
     store: Arc<dyn Store>,
     /// Records taken from the channel and not yet written, oldest first.
     backlog: VecDeque<AuditRecord>,
@@ -132,7 +193,7 @@ impl AuditWriter {
     /// Moves everything queued so far into the backlog.
     fn drain_channel(&mut self) {
         while let Ok(record) = self.rx.try_recv() {
-            self.backlog.push_back(record);
+            self.backlog.push_back(record.render());
         }
     }
 

@@ -11,11 +11,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::audit::{audit_log, AuditLog, AuditRecord, AuditWriter};
+use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit};
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
 use super::usage::{BudgetScope, PendingSpend, RateFlush, Usage, UsageFlush};
-use super::Credits;
 use crate::error::ApiError;
 use crate::keys::{CachedKey, Environment};
 use crate::store::Store;
@@ -117,15 +116,10 @@ impl Meter {
     }
 
     /// After the response: charges the cost (never for test keys) and queues the audit record.
-    pub fn finish(
-        &self,
-        key: &CachedKey,
-        project: Option<&str>,
-        cost: Credits,
-        record: AuditRecord,
-    ) {
+    pub fn finish(&self, record: PendingAudit) {
+        let key = &record.key;
         if key.effective_environment() != Environment::Test {
-            self.usage.charge(key, project, cost);
+            self.usage.charge(key, record.project.as_deref(), record.credits);
         }
         self.audit.record(record);
     }

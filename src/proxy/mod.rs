@@ -31,7 +31,7 @@ use std::time::Instant;
 use crate::error::ApiError;
 use crate::ids::{request_id, unix_now};
 use crate::keys::Environment;
-use crate::metering::audit::AuditRecord;
+use crate::metering::audit::PendingAudit;
 use crate::metering::ratelimit::Decision;
 use crate::metering::{Credits, Meter};
 use crate::metrics;
@@ -463,33 +463,24 @@ impl Gateway {
             _ => cost,
         };
         let req = session.req_header();
-        let record = AuditRecord {
+        // Only what the request already holds: the writer renders the stored record.
+        self.meter.finish(PendingAudit {
             time_ms: ctx.arrived_ms,
             // The last phase: the id is not needed after this.
             request_id: std::mem::take(&mut ctx.request_id),
-            workspace: key.workspace.to_string(),
-            key_id: key.billed_key_id().to_string(),
-            key: key.masked(),
-            environment: key.effective_environment().as_str().to_string(),
-            project: ctx.project.clone(),
-            method: req.method.to_string(),
-            path: req.uri.path().to_string(),
+            key: key.clone(),
+            project: ctx.project.take(),
+            method: req.method.clone(),
+            uri: req.uri.clone(),
             model: ctx.model.take(),
             status,
-            credits: cost.as_f64(),
+            credits: cost,
             client_ip: session
                 .client_addr()
                 .and_then(|a| a.as_inet())
-                .map(|a| a.ip().to_string()),
+                .map(|a| a.ip()),
             latency_ms: ctx.started.elapsed().as_millis() as u64,
-            token_id: key.scoped.as_ref().map(|_| key.id.to_string()),
-            metadata: key
-                .scoped
-                .as_ref()
-                .filter(|g| !g.metadata.is_empty())
-                .map(|g| g.metadata.clone()),
-        };
-        self.meter.finish(key, ctx.project.as_deref(), cost, record);
+        });
     }
 }
 
