@@ -33,10 +33,9 @@ async fn main() {
     let seconds: f64 = args[2].parse().expect("SECONDS");
     let connections: usize = args[3].parse().expect("CONNECTIONS");
     let bearer = args.get(4).cloned().filter(|b| !b.is_empty());
-    let body = args
-        .get(5)
-        .cloned()
-        .unwrap_or_else(|| r#"{"model":"load-1","messages":[{"role":"user","content":"hello"}]}"#.into());
+    let body = args.get(5).cloned().unwrap_or_else(|| {
+        r#"{"model":"load-1","messages":[{"role":"user","content":"hello"}]}"#.into()
+    });
 
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(connections)

@@ -119,7 +119,8 @@ impl Meter {
     pub fn finish(&self, record: PendingAudit) {
         let key = &record.key;
         if key.effective_environment() != Environment::Test {
-            self.usage.charge(key, record.project.as_deref(), record.credits);
+            self.usage
+                .charge(key, record.project.as_deref(), record.credits);
         }
         self.audit.record(record);
     }
