@@ -664,3 +664,58 @@ async fn several_workers_share_the_work_and_deliver_each_event_once() {
         assert!(w.logs().contains("webhook worker running"), "{}", w.logs());
     }
 }
+
+#[tokio::test]
+async fn a_worker_stops_on_sigterm_and_serves_probes_and_metrics_until_then() {
+    let s = setup("[60]", 10, true).await;
+    let port = free_port();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = svcgate_command()
+        .env("SVCGATE_SERVER_METRICS_LISTEN", format!("127.0.0.1:{port}"))
+        .args(["worker", "--config"])
+        .arg(s.gw.config_path())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let up = eventually(Duration::from_secs(10), || async {
+        reqwest::get(format!("{base}/readyz"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    assert!(
+        up.is_some(),
+        "{}",
+        std::fs::read_to_string(log.path()).unwrap()
+    );
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("svcgate_webhook_queue_depth"), "{metrics}");
+    let resp = reqwest::get(format!("{base}/nope")).await.unwrap();
+    assert_error(resp, 404, "not_found").await;
+
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the worker did not stop"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(std::fs::read_to_string(log.path())
+        .unwrap()
+        .contains("webhook worker stopped"));
+}

@@ -383,6 +383,11 @@ impl Gateway {
         }
     }
 
+    /// The config file this gateway runs on.
+    pub fn config_path(&self) -> &std::path::Path {
+        &self.config_path
+    }
+
     /// Starts `svcgate worker` on this gateway's config (its metrics on a port of its own).
     pub fn start_worker(&self) -> Worker {
         let log_path = self._dir.path().join(format!("worker-{}.log", free_port()));
