@@ -9,13 +9,17 @@
 # latency versus the backend alone, throughput ratios, Redis commands per request (from
 # INFO commandstats deltas) and svcgate's resident memory.
 #
-# Knobs (environment): DURATION (s per run, 10), CONNS (32), ROUNDS (3), REDIS_URL.
+# Finally, it seeds KEYS keys (100,000) and drives svcgate with all of them, round robin, so
+# every one is in its key cache, and reports its resident memory then.
+#
+# Knobs (environment): DURATION (s per run, 10), CONNS (32), ROUNDS (3), KEYS (100000), REDIS_URL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-10}
 CONNS=${CONNS:-32}
 ROUNDS=${ROUNDS:-3}
+KEYS=${KEYS:-100000}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 NS="loadbench-$$"
 UPSTREAM=127.0.0.1:19000 PASS=127.0.0.1:18090 AUTH=127.0.0.1:18091
@@ -26,7 +30,7 @@ command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk;
 redis_cli() { redis-cli -u "$REDIS_URL" "$@"; }
 redis_cli ping >/dev/null
 
-cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example auth_only --example loadgen
+cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example auth_only --example loadgen --example seed_keys
 
 work=$(mktemp -d)
 pids=()
@@ -140,3 +144,33 @@ awk -v s="$(median "${RPS[svcgate]}")" -v a="$(median "${RPS[auth_only]}")" -v p
   'BEGIN { printf "\nsvcgate / auth alone: %.0f%%   svcgate / bare Pingora: %.0f%%\n", 100 * s / a, 100 * s / p }'
 awk -v c="$total_cmds" -v r="$total_reqs" 'BEGIN { printf "Redis commands per request (svcgate): %.4f\n", c / r }'
 echo "svcgate resident memory: ${rss_mb} MB"
+
+# Resident memory with KEYS cached keys. The keys are used in order, each wrk thread taking
+# every other one from where the key cache's size says the previous run stopped, until every
+# key is cached (first uses are cache misses, served from Redis).
+target/release/examples/seed_keys "$REDIS_URL" "$NS" "$ws" "$KEYS" > "$work/keys.txt"
+cat > "$work/many.lua" <<LUA
+local keys = {}
+for line in io.lines("$work/keys.txt") do keys[#keys + 1] = line end
+local threads = 0
+function setup(thread) thread:set("id", threads); threads = threads + 1 end
+function init(args) i = tonumber(args[1]) + id end
+wrk.method = "POST"
+wrk.body = '{"model":"load-1","messages":[{"role":"user","content":"hello"}]}'
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+  i = i + 2
+  wrk.headers["Authorization"] = "Bearer " .. keys[(i % #keys) + 1]
+  return wrk.format()
+end
+LUA
+cached_keys() { curl -sf "http://$METRICS/metrics" | awk '$1 == "svcgate_key_cache_entries" { print $2 }'; }
+for _ in $(seq 1 30); do
+  cached=$(cached_keys); cached=${cached:-0}
+  [ "$cached" -ge "$KEYS" ] && break
+  wrk -t2 -c"$CONNS" -d5s -s "$work/many.lua" "${URL[svcgate]}" -- "$cached" > "$work/many.txt"
+  echo "cached $cached; $(grep -E "requests in|Non-2xx" "$work/many.txt" | tr "\n" " ")" >&2
+done
+sleep 2
+rss_many=$(awk '/VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$gw_pid/status")
+echo "with $KEYS keys seeded: $(cached_keys) keys cached, svcgate resident memory ${rss_many} MB (target < 100 MB)"

@@ -44,7 +44,16 @@ pub struct Meter {
     audit: AuditLog,
     store: Arc<dyn Store>,
     config: MeterConfig,
+    /// Where the next flush resumes refreshing idle keys' global counts.
+    idle_cursor: std::sync::atomic::AtomicUsize,
 }
+
+/// Keys without new requests whose global counts one flush refreshes, at most. Refreshing
+/// every active key on every flush made each flush (and its Redis script) grow with the
+/// number of keys in use; this way a flush stays bounded, and an idle key's view is at most
+/// `active keys / IDLE_REFRESH_PER_FLUSH` flushes old when its next request arrives (its
+/// own counts go out with the flush right after).
+const IDLE_REFRESH_PER_FLUSH: usize = 1_000;
 
 impl Meter {
     /// A meter over `store`, and the audit writer [`Meter::run`] drives.
@@ -60,6 +69,7 @@ impl Meter {
             audit,
             store,
             config,
+            idle_cursor: Default::default(),
         });
         meter.restore_spooled_spend();
         (meter, writer)
@@ -142,14 +152,31 @@ impl Meter {
             })
             .collect();
         // Keys used recently but not since the last flush still want fresh global counts.
-        for key in self.rate.active_keys() {
-            if !rate.iter().any(|r| *r.key == *key) {
-                rate.push(RateFlush {
-                    key: key.to_string(),
-                    window,
-                    count: 0,
-                });
+        // (A set, not a scan of `rate` per key: with tens of thousands of active keys the
+        // scan made every flush quadratic.)
+        let counted: std::collections::HashSet<String> =
+            rate.iter().map(|r| r.key.clone()).collect();
+        let idle: Vec<_> = self
+            .rate
+            .active_keys()
+            .into_iter()
+            .filter(|key| !counted.contains(&**key))
+            .collect();
+        let take = idle.len().min(IDLE_REFRESH_PER_FLUSH);
+        let start = match idle.len() {
+            0 => 0,
+            n => {
+                self.idle_cursor
+                    .fetch_add(take, std::sync::atomic::Ordering::Relaxed)
+                    % n
             }
+        };
+        for key in idle.iter().cycle().skip(start).take(take) {
+            rate.push(RateFlush {
+                key: key.to_string(),
+                window,
+                count: 0,
+            });
         }
         if workspaces.is_empty() && rate.is_empty() {
             return true;
