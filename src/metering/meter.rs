@@ -55,6 +55,38 @@ pub struct Meter {
 /// own counts go out with the flush right after).
 const IDLE_REFRESH_PER_FLUSH: usize = 1_000;
 
+/// Adds to a flush's rate batch up to [`IDLE_REFRESH_PER_FLUSH`] of the `active` keys that have
+/// no counts in it, round robin from `cursor`, to have their global counts refreshed. (A set,
+/// not a scan of the batch per key: with tens of thousands of keys that was quadratic.)
+fn add_idle_refreshes(
+    rate: &mut Vec<RateFlush>,
+    active: Vec<Arc<str>>,
+    cursor: &std::sync::atomic::AtomicUsize,
+    window: u64,
+) {
+    let counted: std::collections::HashSet<&str> = rate.iter().map(|r| r.key.as_str()).collect();
+    let idle: Vec<Arc<str>> = active
+        .into_iter()
+        .filter(|key| !counted.contains(&**key))
+        .collect();
+    let take = idle.len().min(IDLE_REFRESH_PER_FLUSH);
+    let start = match idle.len() {
+        0 => 0,
+        n => cursor.fetch_add(take, std::sync::atomic::Ordering::Relaxed) % n,
+    };
+    rate.extend(
+        idle.iter()
+            .cycle()
+            .skip(start)
+            .take(take)
+            .map(|key| RateFlush {
+                key: key.to_string(),
+                window,
+                count: 0,
+            }),
+    );
+}
+
 impl Meter {
     /// A meter over `store`, and the audit writer [`Meter::run`] drives.
     pub fn new(store: Arc<dyn Store>, config: MeterConfig) -> (Arc<Self>, AuditWriter) {
@@ -152,32 +184,12 @@ impl Meter {
             })
             .collect();
         // Keys used recently but not since the last flush still want fresh global counts.
-        // (A set, not a scan of `rate` per key: with tens of thousands of active keys the
-        // scan made every flush quadratic.)
-        let counted: std::collections::HashSet<String> =
-            rate.iter().map(|r| r.key.clone()).collect();
-        let idle: Vec<_> = self
-            .rate
-            .active_keys()
-            .into_iter()
-            .filter(|key| !counted.contains(&**key))
-            .collect();
-        let take = idle.len().min(IDLE_REFRESH_PER_FLUSH);
-        let start = match idle.len() {
-            0 => 0,
-            n => {
-                self.idle_cursor
-                    .fetch_add(take, std::sync::atomic::Ordering::Relaxed)
-                    % n
-            }
-        };
-        for key in idle.iter().cycle().skip(start).take(take) {
-            rate.push(RateFlush {
-                key: key.to_string(),
-                window,
-                count: 0,
-            });
-        }
+        add_idle_refreshes(
+            &mut rate,
+            self.rate.active_keys(),
+            &self.idle_cursor,
+            window,
+        );
         if workspaces.is_empty() && rate.is_empty() {
             return true;
         }
@@ -290,5 +302,48 @@ impl Meter {
             }
             Err(e) => tracing::error!(error = %e, "spooled spend unreadable; left in place"),
         }
+    }
+}
+
+#[cfg(test)]
+mod idle_refresh_tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn keys(n: usize) -> Vec<Arc<str>> {
+        (0..n).map(|i| Arc::from(format!("key_{i}"))).collect()
+    }
+
+    #[test]
+    fn a_flush_refreshes_a_bounded_rotating_share_of_idle_keys() {
+        let cursor = AtomicUsize::new(0);
+        let counted = || {
+            vec![RateFlush {
+                key: "key_0".into(),
+                window: 7,
+                count: 3,
+            }]
+        };
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..3 {
+            let mut batch = counted();
+            add_idle_refreshes(&mut batch, keys(2_500), &cursor, 7);
+            assert_eq!(batch.len(), 1 + IDLE_REFRESH_PER_FLUSH);
+            assert_eq!(
+                batch.iter().filter(|r| r.key == "key_0").count(),
+                1,
+                "not twice"
+            );
+            assert!(batch[1..].iter().all(|r| r.count == 0 && r.window == 7));
+            seen.extend(batch[1..].iter().map(|r| r.key.clone()));
+        }
+        assert_eq!(seen.len(), 2_499, "three flushes cover every idle key");
+        let mut few = counted();
+        add_idle_refreshes(&mut few, keys(10), &cursor, 7);
+        assert_eq!(
+            few.len(),
+            10,
+            "fewer idle keys than the bound: all of them, once"
+        );
     }
 }
