@@ -4,10 +4,8 @@
 mod common;
 
 use common::*;
-use hmac::{Hmac, Mac};
 use reqwest::Method;
 use serde_json::{json, Value};
-use sha2::Sha256;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -146,16 +144,6 @@ async fn trigger(
         .as_str()
         .unwrap()
         .to_string()
-}
-
-/// Lowercase hex HMAC-SHA256 of `<timestamp>.<body>` keyed with the secret's bytes, computed
-/// here rather than by the crate.
-fn expected_signature(secret: &str, timestamp: &str, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(timestamp.as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    hex::encode(mac.finalize().into_bytes())
 }
 
 /// Asserts that `got` is the delivery of one event, signed with `secret`; returns the body.

@@ -17,20 +17,6 @@ async fn create(gw: &Gateway, key: &str, body: Value) -> reqwest::Response {
         .unwrap()
 }
 
-async fn call(
-    gw: &Gateway,
-    key: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> reqwest::Response {
-    let mut req = gw.request(method, path).bearer_auth(key);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    req.send().await.unwrap()
-}
-
 #[tokio::test]
 async fn an_endpoint_is_created_listed_changed_paused_resumed_and_deleted() {
     let ns = TestNamespace::new();

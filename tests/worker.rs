@@ -4,10 +4,8 @@
 mod common;
 
 use common::*;
-use hmac::{Hmac, Mac};
 use reqwest::Method;
 use serde_json::{json, Value};
-use sha2::Sha256;
 use std::time::{Duration, Instant};
 
 const SCOPES: &[&str] = &["webhooks:read", "webhooks:write"];
@@ -83,18 +81,10 @@ async fn publish(gw: &Gateway, ws: &str, event_type: &str, environment: &str) ->
     body["id"].as_str().unwrap().to_string()
 }
 
-async fn call(
-    gw: &Gateway,
-    key: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> reqwest::Response {
-    let mut req = gw.request(method, path).bearer_auth(key);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    req.send().await.unwrap()
+/// `POST /v1/webhooks/{id}/replay` with the setup's key.
+async fn replay(s: &Setup, id: &str, body: Value) -> reqwest::Response {
+    let path = format!("/v1/webhooks/{id}/replay");
+    call(&s.gw, &s.key, Method::POST, &path, Some(body)).await
 }
 
 async fn deliveries(gw: &Gateway, key: &str, endpoint: &str) -> Vec<Value> {
@@ -134,15 +124,6 @@ async fn received(receiver: &Receiver, path: &str, n: usize, limit: Duration) ->
         seen.len()
     );
     seen
-}
-
-/// HMAC-SHA256 computed here, independently of the crate.
-fn expected_signature(secret: &str, timestamp: &str, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(timestamp.as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    hex::encode(mac.finalize().into_bytes())
 }
 
 fn header<'a>(r: &'a Received, name: &str) -> &'a str {
@@ -276,14 +257,7 @@ async fn failures_are_retried_on_schedule_then_the_endpoint_pauses_and_admins_ar
     let missed = publish(&s.gw, &s.ws, "agent.run.failed", "live").await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(receiver.received("/hook").len(), 3);
-    let resp = call(
-        &s.gw,
-        &s.key,
-        Method::POST,
-        &format!("/v1/webhooks/{id}/replay"),
-        Some(json!({"event_id": missed})),
-    )
-    .await;
+    let resp = replay(&s, &id, json!({"event_id": missed})).await;
     assert_error(resp, 400, "invalid_request_error").await;
 
     // Resumed, the missed event can be replayed; it arrives with its own id.
@@ -297,14 +271,7 @@ async fn failures_are_retried_on_schedule_then_the_endpoint_pauses_and_admins_ar
     )
     .await;
     assert_eq!(resp.status(), 200);
-    let resp = call(
-        &s.gw,
-        &s.key,
-        Method::POST,
-        &format!("/v1/webhooks/{id}/replay"),
-        Some(json!({"event_id": missed})),
-    )
-    .await;
+    let resp = replay(&s, &id, json!({"event_id": missed})).await;
     assert_eq!(resp.status(), 202);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["replayed"], 1);
@@ -327,14 +294,7 @@ async fn replay_since_redelivers_every_subscribed_event_of_the_window() {
     let b = publish(&s.gw, &s.ws, "agent.run.failed", "live").await;
     received(&receiver, "/hook", 2, Duration::from_secs(10)).await;
 
-    let resp = call(
-        &s.gw,
-        &s.key,
-        Method::POST,
-        &format!("/v1/webhooks/{id}/replay"),
-        Some(json!({"since": since})),
-    )
-    .await;
+    let resp = replay(&s, &id, json!({"since": since})).await;
     assert_eq!(resp.status(), 202);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["replayed"], 2, "{body}");

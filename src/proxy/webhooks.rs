@@ -154,7 +154,8 @@ pub async fn handle(
         .unwrap_or_default()
         .to_string();
     let mine = |e: &Endpoint| e.environment == environment;
-    let not_found = || ApiError::not_found(format!("no webhook endpoint '{}'", truncate(&id)));
+    let not_found = || endpoint_not_found(&id);
+    let find = || caller_endpoint(store, workspace, environment, &id);
     let (status, body) = match op {
         WebhookOp::List => {
             let all = store.endpoints(workspace).await?;
@@ -194,12 +195,8 @@ pub async fn handle(
             (201, serde_json::to_vec(&view))
         }
         WebhookOp::Get => {
-            let all = store.endpoints(workspace).await?;
-            let e = all
-                .iter()
-                .find(|e| e.id == id && mine(e))
-                .ok_or_else(not_found)?;
-            (200, serde_json::to_vec(&EndpointView::of(e)))
+            let e = find().await?;
+            (200, serde_json::to_vec(&EndpointView::of(&e)))
         }
         WebhookOp::Update | WebhookOp::Resume => {
             let input = if op == WebhookOp::Update {
@@ -216,14 +213,7 @@ pub async fn handle(
             } else {
                 None
             };
-            let exists = store
-                .endpoints(workspace)
-                .await?
-                .iter()
-                .any(|e| e.id == id && mine(e));
-            if !exists {
-                return Err(not_found());
-            }
+            find().await?;
             let updated = store
                 .update_endpoint(workspace, &id, &|e: &mut Endpoint| match &input {
                     Some((url, events)) => {
@@ -241,11 +231,7 @@ pub async fn handle(
             (200, serde_json::to_vec(&EndpointView::of(&updated)))
         }
         WebhookOp::Deliveries => {
-            let all = store.endpoints(workspace).await?;
-            let endpoint = all
-                .iter()
-                .find(|e| e.id == id && mine(e))
-                .ok_or_else(not_found)?;
+            let endpoint = find().await?;
             let limit = deliveries_limit(session.req_header().uri.query())?;
             let deliveries = store.deliveries(&endpoint.id, limit).await?;
             let views: Vec<DeliveryView> = deliveries.iter().map(DeliveryView::of).collect();
@@ -256,17 +242,13 @@ pub async fn handle(
         }
         WebhookOp::Replay => {
             let input: ReplayInput = read_json(session).await?;
-            let all = store.endpoints(workspace).await?;
-            let endpoint = all
-                .iter()
-                .find(|e| e.id == id && mine(e))
-                .ok_or_else(not_found)?;
+            let endpoint = find().await?;
             if endpoint.status == EndpointStatus::Paused {
                 return Err(ApiError::invalid(
                     "the endpoint is paused; resume it before replaying",
                 ));
             }
-            let (replayed, truncated) = replay(store, endpoint, input).await?;
+            let (replayed, truncated) = replay(store, &endpoint, input).await?;
             let ids: Vec<&str> = replayed.iter().map(|d| d.id.as_str()).collect();
             (
                 202,
@@ -279,12 +261,8 @@ pub async fn handle(
             )
         }
         WebhookOp::Delete => {
-            let exists = store
-                .endpoints(workspace)
-                .await?
-                .iter()
-                .any(|e| e.id == id && mine(e));
-            if !exists || !store.delete_endpoint(workspace, &id).await? {
+            find().await?;
+            if !store.delete_endpoint(workspace, &id).await? {
                 return Err(not_found());
             }
             (
@@ -296,6 +274,25 @@ pub async fn handle(
     respond::json(session, status, body.unwrap_or_default(), request_id, &[])
         .await
         .map_err(|_| ApiError::Upstream("could not write the response".into()))
+}
+
+/// The caller's endpoint `id`: it must belong to the caller's workspace and environment.
+async fn caller_endpoint(
+    store: &dyn Store,
+    workspace: &str,
+    environment: Environment,
+    id: &str,
+) -> Result<Endpoint, ApiError> {
+    store
+        .endpoints(workspace)
+        .await?
+        .into_iter()
+        .find(|e| e.id == id && e.environment == environment)
+        .ok_or_else(|| endpoint_not_found(id))
+}
+
+fn endpoint_not_found(id: &str) -> ApiError {
+    ApiError::not_found(format!("no webhook endpoint '{}'", truncate(id)))
 }
 
 /// Most events one replay queues.

@@ -464,6 +464,27 @@ impl RedisStore {
         )))
     }
 
+    /// One page of a stream: `XRANGE` (oldest first, `from` ≤ `to`) or `XREVRANGE` (newest
+    /// first, `from` ≥ `to`), at most `count` entries.
+    async fn stream_range(
+        &self,
+        command: &str,
+        key: &str,
+        from: &str,
+        to: &str,
+        count: usize,
+    ) -> Result<redis::streams::StreamRangeReply, StoreError> {
+        redis::cmd(command)
+            .arg(key)
+            .arg(from)
+            .arg(to)
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)
+    }
+
     async fn get_json<T: serde::de::DeserializeOwned>(
         &self,
         key: &str,
@@ -873,15 +894,7 @@ impl Store for RedisStore {
         let since_ms = query.since.map(|s| s * 1000);
         let mut seen = std::collections::HashSet::new();
         'pages: loop {
-            let page: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-                .arg(&key)
-                .arg(&end)
-                .arg("-")
-                .arg("COUNT")
-                .arg(100)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(unavailable)?;
+            let page = self.stream_range("XREVRANGE", &key, &end, "-", 100).await?;
             if page.ids.is_empty() {
                 break;
             }

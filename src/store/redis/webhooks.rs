@@ -26,7 +26,7 @@
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamRangeReply, StreamReadReply};
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use redis::{AsyncCommands, Script};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -213,15 +213,7 @@ impl RedisStore {
 
     pub(super) async fn tail(&self) -> Result<Box<dyn EventFeed>, StoreError> {
         let key = self.layout.events();
-        let newest: StreamRangeReply = redis::cmd("XREVRANGE")
-            .arg(&key)
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+        let newest = self.stream_range("XREVRANGE", &key, "+", "-", 1).await?;
         let after = newest
             .ids
             .first()
@@ -382,15 +374,9 @@ impl RedisStore {
         let mut start = format!("{}", since * 1000);
         let mut out = Vec::new();
         loop {
-            let page: StreamRangeReply = redis::cmd("XRANGE")
-                .arg(self.layout.events())
-                .arg(&start)
-                .arg("+")
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(unavailable)?;
+            let page = self
+                .stream_range("XRANGE", &self.layout.events(), &start, "+", 1000)
+                .await?;
             for entry in &page.ids {
                 let Ok(event) = parse(entry) else { continue };
                 if event.workspace == workspace
