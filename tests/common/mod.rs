@@ -27,6 +27,15 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Distinct loopback ports that were free a moment ago: held together while picked, so two
+/// of them can never be the same port.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
+}
+
 /// What a backend received.
 #[derive(Debug, Clone)]
 pub struct Recorded {
@@ -214,7 +223,7 @@ impl GatewayBuilder {
 
     async fn try_start(&self) -> Option<Gateway> {
         let dir = tempfile::tempdir().unwrap();
-        let (listen, admin, metrics) = (free_port(), free_port(), free_port());
+        let [listen, admin, metrics] = free_ports();
         let mut upstream =
             String::from("[upstream]\nconnect_timeout_ms = 500\nread_timeout_ms = 3000\n");
         if let Some(a) = self.live {
