@@ -12,7 +12,8 @@
 # Finally, it seeds KEYS keys (100,000) and drives svcgate with all of them, round robin, so
 # every one is in its key cache, and reports its resident memory then.
 #
-# Knobs (environment): DURATION (s per run, 10), CONNS (32), ROUNDS (3), KEYS (100000), REDIS_URL.
+# Knobs (environment): DURATION (s per run, 10), CONNS (32), ROUNDS (3), KEYS (100000), REDIS_URL,
+# PHASES (which parts to run: "saturation half many", all by default; "half" needs "saturation").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,8 @@ DURATION=${DURATION:-10}
 CONNS=${CONNS:-32}
 ROUNDS=${ROUNDS:-3}
 KEYS=${KEYS:-100000}
+PHASES=${PHASES:-saturation half many}
+phase() { [[ " $PHASES " == *" $1 "* ]]; }
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 NS="loadbench-$$"
 UPSTREAM=127.0.0.1:19000 PASS=127.0.0.1:18090 AUTH=127.0.0.1:18091
@@ -71,7 +74,7 @@ wrk.body = '{"model":"load-1","messages":[{"role":"user","content":"hello"}]}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $key"
 done = function(summary, latency, requests)
-  io.write(string.format("P999 %.3f\n", latency:percentile(99.9) / 1000))
+io.write(string.format("P999 %.3f\n", latency:percentile(99.9) / 1000))
 end
 LUA
 
@@ -97,59 +100,64 @@ median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } EN
 targets=(direct passthrough auth_only svcgate)
 declare -A URL=([direct]="http://$UPSTREAM/v1/chat/completions" [passthrough]="http://$PASS/v1/chat/completions"
                 [auth_only]="http://$AUTH/v1/chat/completions" [svcgate]="http://$GW/v1/chat/completions")
-for t in "${targets[@]}"; do wrk -t2 -c"$CONNS" -d2s -s "$work/post.lua" "${URL[$t]}" >/dev/null; done
-for round in $(seq 1 "$ROUNDS"); do
-  # Rotate the order every round, so no target always runs first or last.
-  n=${#targets[@]}
-  for i in $(seq 0 $((n - 1))); do
-    t=${targets[$(( (i + round) % n ))]}
-    run "$t" "${URL[$t]}"
+if phase saturation; then
+  for t in "${targets[@]}"; do wrk -t2 -c"$CONNS" -d2s -s "$work/post.lua" "${URL[$t]}" >/dev/null; done
+  for round in $(seq 1 "$ROUNDS"); do
+    # Rotate the order every round, so no target always runs first or last.
+    n=${#targets[@]}
+    for i in $(seq 0 $((n - 1))); do
+      t=${targets[$(( (i + round) % n ))]}
+      run "$t" "${URL[$t]}"
+    done
+    echo "round $round done" >&2
   done
-  echo "round $round done" >&2
-done
 
-rss_mb=$(awk '/VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$gw_pid/status")
-total_reqs=0; for r in ${REQS[svcgate]}; do total_reqs=$((total_reqs + r)); done
-total_cmds=0; for c in ${CMDS[svcgate]}; do total_cmds=$((total_cmds + c)); done
-direct_p99=$(median "${P99[direct]}")
-printf '\n%s on %s cores, %s connections, %s rounds of %ss (medians)\n' "$(uname -m)" "$(nproc)" "$CONNS" "$ROUNDS" "$DURATION"
-printf '%-12s %12s %10s %10s %10s %16s\n' target 'requests/s' 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms'
-for t in "${targets[@]}"; do
-  p99=$(median "${P99[$t]}")
-  printf '%-12s %12s %10s %10s %10s %16s\n' "$t" "$(median "${RPS[$t]}")" "$(median "${P50[$t]}")" "$p99" \
-    "$(median "${P999[$t]}")" "$(awk -v a="$p99" -v b="$direct_p99" 'BEGIN { printf "%.3f", a - b }')"
-done
+  rss_mb=$(awk '/VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$gw_pid/status")
+  total_reqs=0; for r in ${REQS[svcgate]}; do total_reqs=$((total_reqs + r)); done
+  total_cmds=0; for c in ${CMDS[svcgate]}; do total_cmds=$((total_cmds + c)); done
+  direct_p99=$(median "${P99[direct]}")
+  printf '\n%s on %s cores, %s connections, %s rounds of %ss (medians)\n' "$(uname -m)" "$(nproc)" "$CONNS" "$ROUNDS" "$DURATION"
+  printf '%-12s %12s %10s %10s %10s %16s\n' target 'requests/s' 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms'
+  for t in "${targets[@]}"; do
+    p99=$(median "${P99[$t]}")
+    printf '%-12s %12s %10s %10s %10s %16s\n' "$t" "$(median "${RPS[$t]}")" "$(median "${P50[$t]}")" "$p99" \
+      "$(median "${P999[$t]}")" "$(awk -v a="$p99" -v b="$direct_p99" 'BEGIN { printf "%.3f", a - b }')"
+  done
+  awk -v s="$(median "${RPS[svcgate]}")" -v a="$(median "${RPS[auth_only]}")" -v p="$(median "${RPS[passthrough]}")" \
+    'BEGIN { printf "\nsvcgate / auth alone: %.0f%%   svcgate / bare Pingora: %.0f%%\n", 100 * s / a, 100 * s / p }'
+  awk -v c="$total_cmds" -v r="$total_reqs" 'BEGIN { printf "Redis commands per request (svcgate): %.4f\n", c / r }'
+  echo "svcgate resident memory: ${rss_mb} MB"
+fi
 
-# Latency at half of svcgate's maximum throughput, at a constant rate (examples/loadgen.rs):
-# the load a gateway is provisioned for, where the added latency is what callers feel.
-half=$(awk -v r="$(median "${RPS[svcgate]}")" 'BEGIN { printf "%d", r / 2 }')
-declare -A HP50 HP99 HP999
-for round in $(seq 1 "$ROUNDS"); do
+if phase half && phase saturation; then
+  # Latency at half of svcgate's maximum throughput, at a constant rate (examples/loadgen.rs):
+  # the load a gateway is provisioned for, where the added latency is what callers feel.
+  half=$(awk -v r="$(median "${RPS[svcgate]}")" 'BEGIN { printf "%d", r / 2 }')
+  declare -A HP50 HP99 HP999
+  for round in $(seq 1 "$ROUNDS"); do
+    for t in direct passthrough svcgate; do
+      out=$(target/release/examples/loadgen "${URL[$t]}" "$half" "$DURATION" "$CONNS" "$key")
+      HP50[$t]+="$(sed -E 's/.*p50_ms=([0-9.]+).*/\1/' <<<"$out") "
+      HP99[$t]+="$(sed -E 's/.*p99_ms=([0-9.]+).*/\1/' <<<"$out") "
+      HP999[$t]+="$(sed -E 's/.*p999_ms=([0-9.]+).*/\1/' <<<"$out") "
+    done
+  done
+  printf '\nat a constant %s requests/s (half of svcgate'"'"'s maximum), %s connections (medians)\n' "$half" "$CONNS"
+  printf '%-12s %10s %10s %10s %16s\n' target 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms'
+  hdirect=$(median "${HP99[direct]}")
   for t in direct passthrough svcgate; do
-    out=$(target/release/examples/loadgen "${URL[$t]}" "$half" "$DURATION" "$CONNS" "$key")
-    HP50[$t]+="$(sed -E 's/.*p50_ms=([0-9.]+).*/\1/' <<<"$out") "
-    HP99[$t]+="$(sed -E 's/.*p99_ms=([0-9.]+).*/\1/' <<<"$out") "
-    HP999[$t]+="$(sed -E 's/.*p999_ms=([0-9.]+).*/\1/' <<<"$out") "
+    p99=$(median "${HP99[$t]}")
+    printf '%-12s %10s %10s %10s %16s\n' "$t" "$(median "${HP50[$t]}")" "$p99" "$(median "${HP999[$t]}")" \
+      "$(awk -v a="$p99" -v b="$hdirect" 'BEGIN { printf "%.3f", a - b }')"
   done
-done
-printf '\nat a constant %s requests/s (half of svcgate'"'"'s maximum), %s connections (medians)\n' "$half" "$CONNS"
-printf '%-12s %10s %10s %10s %16s\n' target 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms'
-hdirect=$(median "${HP99[direct]}")
-for t in direct passthrough svcgate; do
-  p99=$(median "${HP99[$t]}")
-  printf '%-12s %10s %10s %10s %16s\n' "$t" "$(median "${HP50[$t]}")" "$p99" "$(median "${HP999[$t]}")" \
-    "$(awk -v a="$p99" -v b="$hdirect" 'BEGIN { printf "%.3f", a - b }')"
-done
-awk -v s="$(median "${RPS[svcgate]}")" -v a="$(median "${RPS[auth_only]}")" -v p="$(median "${RPS[passthrough]}")" \
-  'BEGIN { printf "\nsvcgate / auth alone: %.0f%%   svcgate / bare Pingora: %.0f%%\n", 100 * s / a, 100 * s / p }'
-awk -v c="$total_cmds" -v r="$total_reqs" 'BEGIN { printf "Redis commands per request (svcgate): %.4f\n", c / r }'
-echo "svcgate resident memory: ${rss_mb} MB"
+fi
 
-# Resident memory with KEYS cached keys. The keys are used in order, each wrk thread taking
-# every other one from where the key cache's size says the previous run stopped, until every
-# key is cached (first uses are cache misses, served from Redis).
-target/release/examples/seed_keys "$REDIS_URL" "$NS" "$ws" "$KEYS" > "$work/keys.txt"
-cat > "$work/many.lua" <<LUA
+if phase many; then
+  # Resident memory with KEYS cached keys. The keys are used in order, each wrk thread taking
+  # every other one from where the key cache's size says the previous run stopped, until every
+  # key is cached (first uses are cache misses, served from Redis).
+  target/release/examples/seed_keys "$REDIS_URL" "$NS" "$ws" "$KEYS" > "$work/keys.txt"
+  cat > "$work/many.lua" <<LUA
 local keys = {}
 for line in io.lines("$work/keys.txt") do keys[#keys + 1] = line end
 local threads = 0
@@ -164,13 +172,14 @@ request = function()
   return wrk.format()
 end
 LUA
-cached_keys() { curl -sf "http://$METRICS/metrics" | awk '$1 == "svcgate_key_cache_entries" { print $2 }'; }
-for _ in $(seq 1 30); do
-  cached=$(cached_keys); cached=${cached:-0}
-  [ "$cached" -ge "$KEYS" ] && break
-  wrk -t2 -c"$CONNS" -d5s -s "$work/many.lua" "${URL[svcgate]}" -- "$cached" > "$work/many.txt"
-  echo "cached $cached; $(grep -E "requests in|Non-2xx" "$work/many.txt" | tr "\n" " ")" >&2
-done
-sleep 2
-rss_many=$(awk '/VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$gw_pid/status")
-echo "with $KEYS keys seeded: $(cached_keys) keys cached, svcgate resident memory ${rss_many} MB (target < 100 MB)"
+  cached_keys() { curl -sf "http://$METRICS/metrics" | awk '$1 == "svcgate_key_cache_entries" { print $2 }'; }
+  for _ in $(seq 1 30); do
+    cached=$(cached_keys); cached=${cached:-0}
+    [ "$cached" -ge "$KEYS" ] && break
+    wrk -t2 -c"$CONNS" -d5s -s "$work/many.lua" "${URL[svcgate]}" -- "$cached" > "$work/many.txt"
+    echo "cached $cached; $(grep -E "requests in|Non-2xx" "$work/many.txt" | tr "\n" " ")" >&2
+  done
+  sleep 2
+  rss_many=$(awk '/VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$gw_pid/status")
+  echo "with $KEYS keys seeded: $(cached_keys) keys cached, svcgate resident memory ${rss_many} MB (target < 100 MB)"
+fi

@@ -1,8 +1,12 @@
-//! The request path's per-request work, piece by piece and as a whole:
-//! `cargo bench --bench verify`.
+//! The request path's per-request work, piece by piece and as a whole, and the webhook
+//! worker's per-delivery work: `cargo bench --bench verify`.
 //!
 //! `warm_verify` is what every request with a cached key pays before it is forwarded: bearer
 //! parsing, format and checksum, SHA-256, the cache lookup and the scope check.
+//! `budget_check_and_charge` is the budget arithmetic of one billable request (key, project and
+//! workspace budgets checked against flushed plus unflushed spend, then the cost charged);
+//! `credits_parse` reads a backend's `Service-Credits`. `event_filter_match` is an endpoint
+//! with exact and wildcard filters deciding on one event; `webhook_sign` signs a 1 KiB body.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderValue, Method};
@@ -11,9 +15,13 @@ use std::sync::Arc;
 
 use svcgate::config::default_routes;
 use svcgate::keys::{self, format, Environment, KeyHash, KeyParams, Scopes};
+use svcgate::metering::usage::Usage;
+use svcgate::metering::Credits;
 use svcgate::proxy::auth::Authenticator;
 use svcgate::proxy::routes::RouteTable;
 use svcgate::store::{CacheConfig, KeyCache, MemoryStore, Store};
+use svcgate::webhooks::endpoint::matches_filter;
+use svcgate::webhooks::signature;
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -27,7 +35,7 @@ fn bench(c: &mut Criterion) {
             environment: Environment::Live,
             scopes: Scopes::new(["chat.completions:create", "models:read", "images:create"]),
             name: String::new(),
-            monthly_budget: None,
+            monthly_budget: Some(Credits::from_micros(i64::MAX / 2)),
         },
         0,
     );
@@ -68,6 +76,44 @@ fn bench(c: &mut Criterion) {
     c.bench_function("reject_malformed", |b| {
         b.to_async(&rt)
             .iter(|| async { auth.authenticate(Some(black_box(&bad)), now).await.is_err() })
+    });
+
+    let key = rt
+        .block_on(auth.authenticate(Some(&header), now))
+        .unwrap()
+        .key;
+    let mut budgets = std::collections::HashMap::new();
+    budgets.insert(("ws_bench".to_string(), "proj_a".to_string()), i64::MAX / 2);
+    let usage = Usage::new(budgets);
+    let cost = Credits::from_micros(12_500);
+    c.bench_function("budget_check_and_charge", |b| {
+        b.iter(|| {
+            let ok = usage.check(black_box(&key), Some("proj_a")).is_ok();
+            usage.charge(&key, Some("proj_a"), cost);
+            ok
+        })
+    });
+    c.bench_function("credits_parse", |b| {
+        b.iter(|| Credits::parse_decimal(black_box("0.0125")))
+    });
+
+    let filters = [
+        "image.batch.completed",
+        "video.render.completed",
+        "agent.run.*",
+        "key.auto_revoked",
+        "billing.*",
+    ];
+    c.bench_function("event_filter_match", |b| {
+        b.iter(|| {
+            let event = black_box("billing.credits.low");
+            filters.iter().any(|f| matches_filter(f, event))
+        })
+    });
+    let secret = svcgate::webhooks::endpoint::new_secret();
+    let body = vec![b'x'; 1024];
+    c.bench_function("webhook_sign", |b| {
+        b.iter(|| signature::sign(black_box(&secret), 1_764_115_200, black_box(&body)))
     });
 }
 

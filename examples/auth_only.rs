@@ -74,6 +74,10 @@ impl ProxyHttp for AuthOnly {
     }
 }
 
+/// The same allocator as `svcgate`, so the comparison measures the gateway, not malloc.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let listen = args.next().unwrap_or_else(|| "127.0.0.1:8091".into());

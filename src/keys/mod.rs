@@ -158,8 +158,8 @@ pub struct ScopedGrant {
 /// workspace and scope set shared between keys. A million of these fit in a few hundred MB.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CachedKey {
-    /// `key_…` or, for a scoped token, `tok_…`.
-    pub id: Box<str>,
+    /// `key_…` or, for a scoped token, `tok_…` (shared with the rate limiter and audit records).
+    pub id: Arc<str>,
     /// The workspace it belongs to.
     pub workspace: Arc<str>,
     /// Selected by the key's prefix.
@@ -213,6 +213,14 @@ impl CachedKey {
     /// The key requests are attributed to: the parent, for a scoped token.
     pub fn billed_key_id(&self) -> &str {
         self.scoped.as_ref().map_or(&self.id, |g| &g.parent_id)
+    }
+
+    /// [`Self::billed_key_id`], shared: a key's own id is not copied (a token's parent id is).
+    pub fn billed_key_id_shared(&self) -> Arc<str> {
+        match &self.scoped {
+            Some(g) => Arc::from(g.parent_id.as_str()),
+            None => self.id.clone(),
+        }
     }
 
     /// Whether the key is accepted at unix second `now` (a scoped token's parent is checked

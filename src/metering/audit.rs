@@ -8,17 +8,21 @@
 //! goes to the spool, and the next start writes it.
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-use crate::keys::CachedKey;
+use crate::keys::{CachedKey, Environment};
 use crate::metering::Credits;
 use crate::store::Store;
 
 /// One authenticated request. Never holds a secret: the key appears as prefix and last four.
+///
+/// Rendered for every request, so what it can share it does: the workspace and key id are the
+/// cached key's own, the environment and common methods are constants.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuditRecord {
     /// Unix milliseconds when the request arrived.
@@ -26,18 +30,18 @@ pub struct AuditRecord {
     /// `req_…`
     pub request_id: String,
     /// `ws_…`
-    pub workspace: String,
+    pub workspace: Arc<str>,
     /// The key billed (the parent, for a scoped token).
-    pub key_id: String,
+    pub key_id: Arc<str>,
     /// Prefix and last four of the key or token presented.
     pub key: String,
     /// `live`, `test` (a scoped token's parent's).
-    pub environment: String,
+    pub environment: Environment,
     /// `Service-Project`, if sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
     /// HTTP method.
-    pub method: String,
+    pub method: Cow<'static, str>,
     /// Request path (no query string).
     pub path: String,
     /// The `model` of the JSON body, or the backend's `Service-Model`.
@@ -49,7 +53,7 @@ pub struct AuditRecord {
     pub credits: f64,
     /// Client address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_ip: Option<String>,
+    pub client_ip: Option<IpAddr>,
     /// Time to the end of the response, milliseconds.
     pub latency_ms: u64,
     /// The scoped token used, if any.
@@ -78,7 +82,7 @@ pub struct AuditQuery {
 impl AuditQuery {
     /// Whether `record` passes the filter (the workspace is chosen by the store).
     pub fn matches(&self, record: &AuditRecord) -> bool {
-        self.key_id.as_ref().is_none_or(|k| &record.key_id == k)
+        self.key_id.as_ref().is_none_or(|k| *record.key_id == **k)
             && self
                 .project
                 .as_ref()
@@ -123,17 +127,17 @@ impl PendingAudit {
         AuditRecord {
             time_ms: self.time_ms,
             request_id: self.request_id,
-            workspace: key.workspace.to_string(),
-            key_id: key.billed_key_id().to_string(),
+            workspace: key.workspace.clone(),
+            key_id: key.billed_key_id_shared(),
             key: key.masked(),
-            environment: key.effective_environment().as_str().to_string(),
+            environment: key.effective_environment(),
             project: self.project,
-            method: self.method.to_string(),
+            method: method_name(&self.method),
             path: self.uri.path().to_string(),
             model: self.model,
             status: self.status,
             credits: self.credits.as_f64(),
-            client_ip: self.client_ip.map(|ip| ip.to_string()),
+            client_ip: self.client_ip,
             latency_ms: self.latency_ms,
             token_id: key.scoped.as_ref().map(|_| key.id.to_string()),
             metadata: key
@@ -142,6 +146,15 @@ impl PendingAudit {
                 .filter(|g| !g.metadata.is_empty())
                 .map(|g| g.metadata.clone()),
         }
+    }
+}
+
+/// A method's name, without a copy for the standard ones.
+fn method_name(method: &http::Method) -> Cow<'static, str> {
+    const STANDARD: [&str; 7] = ["POST", "GET", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"];
+    match STANDARD.iter().find(|m| **m == method.as_str()) {
+        Some(name) => Cow::Borrowed(name),
+        None => Cow::Owned(method.to_string()),
     }
 }
 
@@ -262,6 +275,11 @@ impl AuditWriter {
                 }
             }
         }
+    }
+
+    /// Records queued by the request path or waiting in memory.
+    pub fn queued(&self) -> usize {
+        self.rx.len() + self.backlog.len()
     }
 
     /// Records waiting in memory.

@@ -158,11 +158,37 @@ struct Ledger {
     in_flight_batch: Option<(String, Vec<WorkspaceFlush>)>,
     /// Month totals from the last flush.
     totals: HashMap<String, WorkspaceTotals>,
-    /// What to read back at the next flush.
-    watched_keys: HashMap<String, HashSet<String>>,
-    watched_projects: HashMap<String, HashSet<String>>,
+    /// What to read back at the next flush, per workspace.
+    watched: HashMap<String, Watched>,
+    /// Flushes begun so far: the clock of [`Watched`].
+    flushes: u64,
     /// The month the totals are for.
     month: String,
+}
+
+/// A workspace whose totals the flush reads back, with the keys and projects whose totals it
+/// reads too, each with the flush count when a request last checked it: those unused for
+/// [`WATCH_IDLE_FLUSHES`] are dropped, so the watch lists (and each flush) grow with what is in
+/// use, not with every key and project name ever seen.
+#[derive(Debug, Default)]
+struct Watched {
+    seen: u64,
+    keys: HashMap<Box<str>, u64>,
+    projects: HashMap<Box<str>, u64>,
+}
+
+/// Flushes after which a key or project no request has checked stops being watched (two minutes
+/// at the default 200 ms interval). Its total is read again on its next use.
+pub const WATCH_IDLE_FLUSHES: u64 = 600;
+
+/// Marks `name` as checked at flush `now`, allocating only the first time.
+fn touch(map: &mut HashMap<Box<str>, u64>, name: &str, now: u64) {
+    match map.get_mut(name) {
+        Some(seen) => *seen = now,
+        None => {
+            map.insert(name.into(), now);
+        }
+    }
 }
 
 /// This replica's view of the month's spend, and its unflushed spend.
@@ -190,29 +216,18 @@ impl Usage {
         let mut ledger = self.ledger();
         let ws = &*key.workspace;
         let billed = key.billed_key_id();
-        if !ledger
-            .watched_keys
-            .get(ws)
-            .is_some_and(|s| s.contains(billed))
-        {
-            ledger
-                .watched_keys
-                .entry(ws.to_string())
-                .or_default()
-                .insert(billed.to_string());
+        let now = ledger.flushes;
+        let watched = match ledger.watched.get_mut(ws) {
+            Some(w) => w,
+            None => ledger.watched.entry(ws.to_string()).or_default(),
+        };
+        watched.seen = now;
+        // Only a key with a budget needs its total read back; the others are charged, not read.
+        if key.monthly_budget.is_some() {
+            touch(&mut watched.keys, billed, now);
         }
         if let Some(p) = project {
-            if !ledger
-                .watched_projects
-                .get(ws)
-                .is_some_and(|s| s.contains(p))
-            {
-                ledger
-                    .watched_projects
-                    .entry(ws.to_string())
-                    .or_default()
-                    .insert(p.to_string());
-            }
+            touch(&mut watched.projects, p, now);
         }
         let totals = ledger.totals.get(ws);
         let pending = ledger.pending.get(ws);
@@ -285,25 +300,33 @@ impl Usage {
         if let Some(batch) = &ledger.in_flight_batch {
             return batch.clone();
         }
+        ledger.flushes += 1;
+        let idle_before = ledger.flushes.saturating_sub(WATCH_IDLE_FLUSHES);
+        ledger.watched.retain(|_, w| {
+            w.keys.retain(|_, seen| *seen >= idle_before);
+            w.projects.retain(|_, seen| *seen >= idle_before);
+            w.seen >= idle_before
+        });
+        let Ledger {
+            watched, totals, ..
+        } = &mut *ledger;
+        totals.retain(|ws, _| watched.contains_key(ws));
         let pending = std::mem::take(&mut ledger.pending);
         let mut workspaces: HashSet<String> = pending.keys().cloned().collect();
-        workspaces.extend(ledger.watched_keys.keys().cloned());
-        workspaces.extend(ledger.watched_projects.keys().cloned());
+        workspaces.extend(ledger.watched.keys().cloned());
         let mut out = Vec::with_capacity(workspaces.len());
         for ws in workspaces {
             let spend = pending.get(&ws).cloned().unwrap_or_default();
             ledger.in_flight.entry(ws.clone()).or_default().add(&spend);
+            let names = |m: &HashMap<Box<str>, u64>| m.keys().map(|k| k.to_string()).collect();
+            let (watch_keys, watch_projects) = ledger
+                .watched
+                .get(&ws)
+                .map(|w| (names(&w.keys), names(&w.projects)))
+                .unwrap_or_default();
             out.push(WorkspaceFlush {
-                watch_keys: ledger
-                    .watched_keys
-                    .get(&ws)
-                    .map(|s| s.iter().cloned().collect())
-                    .unwrap_or_default(),
-                watch_projects: ledger
-                    .watched_projects
-                    .get(&ws)
-                    .map(|s| s.iter().cloned().collect())
-                    .unwrap_or_default(),
+                watch_keys,
+                watch_projects,
                 total: spend.total,
                 keys: spend.keys,
                 projects: spend.projects,
@@ -312,7 +335,9 @@ impl Usage {
             });
         }
         let batch = (crate::ids::new_id("flush"), out);
-        ledger.in_flight_batch = Some(batch.clone());
+        if !batch.1.is_empty() {
+            ledger.in_flight_batch = Some(batch.clone());
+        }
         batch
     }
 
@@ -472,5 +497,45 @@ mod tests {
         let usage = Usage::new(HashMap::new());
         usage.charge(&key(None), None, Credits::ZERO);
         assert!(usage.unflushed().is_empty());
+    }
+
+    #[test]
+    fn only_budgeted_keys_are_read_back_and_idle_ones_are_forgotten() {
+        let usage = Usage::new(HashMap::new());
+        let capped = key(Some(10));
+        let mut free = key(None);
+        free.id = "key_2".into();
+        usage.check(&free, Some("p")).unwrap();
+        usage.check(&capped, None).unwrap();
+        let (_, batch) = usage.begin_flush("2026-11");
+        assert_eq!(batch.len(), 1);
+        assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
+        assert_eq!(batch[0].watch_projects, vec!["p".to_string()]);
+        let mut totals = WorkspaceTotals::default();
+        totals.keys.insert("key_1".into(), 10);
+        let mut snapshot = UsageSnapshot::default();
+        snapshot.workspaces.insert("ws_1".into(), totals);
+        usage.finish_flush(&snapshot);
+        assert_eq!(usage.check(&capped, None), Err(BudgetScope::Key));
+        // The budgeted key stays in use; the project is not named again.
+        for _ in 0..WATCH_IDLE_FLUSHES {
+            usage.check(&capped, None).unwrap_err();
+            let (_, batch) = usage.begin_flush("2026-11");
+            usage.finish_flush(&snapshot);
+            assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
+        }
+        let (_, batch) = usage.begin_flush("2026-11");
+        usage.finish_flush(&UsageSnapshot::default());
+        assert!(batch[0].watch_projects.is_empty(), "idle project dropped");
+        // Nothing used the workspace for as long: it and its totals go too.
+        for _ in 0..=WATCH_IDLE_FLUSHES {
+            let (_, batch) = usage.begin_flush("2026-11");
+            if batch.is_empty() {
+                assert_eq!(usage.check(&capped, None), Ok(()), "stale totals dropped");
+                return;
+            }
+            usage.finish_flush(&snapshot);
+        }
+        panic!("an idle workspace is never forgotten");
     }
 }

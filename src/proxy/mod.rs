@@ -26,10 +26,10 @@ use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorSource;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::ApiError;
-use crate::ids::{request_id, unix_now};
+use crate::ids::request_id;
 use crate::keys::Environment;
 use crate::metering::audit::PendingAudit;
 use crate::metering::ratelimit::Decision;
@@ -170,7 +170,10 @@ impl Gateway {
         let path = req.uri.path();
         let caller = self
             .auth
-            .authenticate(req.headers.get(http::header::AUTHORIZATION), unix_now())
+            .authenticate(
+                req.headers.get(http::header::AUTHORIZATION),
+                ctx.arrived_ms / 1000,
+            )
             .await
             .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
         let route = self
@@ -300,9 +303,14 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        // The body goes to the backend as it is; a copy of its first bytes finds the model.
+        // The body goes to the backend as it is; its first bytes find the model. A body that
+        // comes whole in one chunk (the common case) is read where it is, without a copy.
         if ctx.model.is_none() && ctx.body_prefix.len() < body::SNIFF_LIMIT {
             if let Some(chunk) = body.as_ref() {
+                if end_of_stream && ctx.body_prefix.is_empty() && chunk.len() <= body::SNIFF_LIMIT {
+                    ctx.model = body::sniff_model(chunk, true);
+                    return Ok(());
+                }
                 let room = body::SNIFF_LIMIT - ctx.body_prefix.len();
                 ctx.body_prefix
                     .extend_from_slice(&chunk[..chunk.len().min(room)]);
@@ -338,7 +346,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         if let (Some(sent), Some(route)) = (ctx.upstream_sent, &ctx.route) {
-            metrics::record_upstream(&route.template, sent.elapsed());
+            route.metrics.record_upstream(sent.elapsed());
         }
         if let Some(v) = upstream_response.headers.get("service-credits") {
             // An unreadable figure is no figure: the route's price applies.
@@ -427,25 +435,34 @@ impl ProxyHttp for Gateway {
         let status = session
             .response_written()
             .map_or(0, |resp| resp.status.as_u16());
-        let route = ctx.route.as_ref().map_or("unmatched", |r| &*r.template);
         let environment = ctx
             .caller
             .as_ref()
             .map_or("none", |c| c.key.effective_environment().as_str());
-        metrics::record_request(route, status, environment, ctx.started.elapsed());
+        let elapsed = ctx.started.elapsed();
+        let route = match &ctx.route {
+            Some(r) => {
+                r.metrics.record_request(status, environment, elapsed);
+                &*r.template
+            }
+            None => {
+                metrics::record_request("unmatched", status, environment, elapsed);
+                "unmatched"
+            }
+        };
         if let Some(reason) = ctx.auth_failure {
             metrics::record_auth_failure(reason);
         }
         if let Some(e) = e {
             tracing::warn!(request_id = %ctx.request_id, status, route, error = %e, "request failed");
         }
-        self.account(session, ctx, status);
+        self.account(session, ctx, status, elapsed);
     }
 }
 
 impl Gateway {
     /// Charges an authenticated request and writes its audit record.
-    fn account(&self, session: &Session, ctx: &mut RequestCtx, status: u16) {
+    fn account(&self, session: &Session, ctx: &mut RequestCtx, status: u16, elapsed: Duration) {
         let Some(caller) = ctx.caller.as_ref() else {
             return;
         };
@@ -479,7 +496,7 @@ impl Gateway {
                 .client_addr()
                 .and_then(|a| a.as_inet())
                 .map(|a| a.ip()),
-            latency_ms: ctx.started.elapsed().as_millis() as u64,
+            latency_ms: elapsed.as_millis() as u64,
         });
     }
 }

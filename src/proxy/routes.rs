@@ -94,6 +94,8 @@ pub struct Route {
     pub price: Credits,
     /// Who answers it.
     pub handler: Handler,
+    /// Its metric series.
+    pub metrics: crate::metrics::RouteMetrics,
 }
 
 /// Method + path → [`Route`], with a radix tree per method.
@@ -147,6 +149,7 @@ impl RouteTable {
                 scope: config.scope.as_str().into(),
                 price: config.price,
                 handler,
+                metrics: crate::metrics::RouteMetrics::new(&config.path),
             }));
         }
         Ok(table)

@@ -90,7 +90,8 @@ pub fn set_identity_headers(
     let [workspace, key_id, environment, request, token] = IDENTITY_HEADERS;
     req.insert_header(workspace, &*key.workspace)?;
     req.insert_header(key_id, key.billed_key_id())?;
-    req.insert_header(environment, key.effective_environment().as_str())?;
+    let env = http::HeaderValue::from_static(key.effective_environment().as_str());
+    req.insert_header(environment, env)?;
     req.insert_header(request, request_id)?;
     match &key.scoped {
         Some(_) => req.insert_header(token, &*key.id)?,

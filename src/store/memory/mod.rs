@@ -460,7 +460,7 @@ impl Store for MemoryStore {
     async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
         let mut inner = self.write();
         for r in records {
-            let log = inner.audit.entry(r.workspace.clone()).or_default();
+            let log = inner.audit.entry(r.workspace.to_string()).or_default();
             if log.len() == AUDIT_KEPT {
                 log.pop_front();
             }
