@@ -194,16 +194,21 @@ fn touch(map: &mut HashMap<Box<str>, u64>, name: &str, now: u64) {
 /// This replica's view of the month's spend, and its unflushed spend.
 pub struct Usage {
     ledger: Mutex<Ledger>,
-    /// Budgets per `(workspace, project)` from the configuration; the store's win.
-    configured_project_budgets: HashMap<(String, String), i64>,
+    /// Budgets per workspace and project from the configuration; the store's win. Nested, so
+    /// a lookup borrows the names instead of building a `(String, String)` key per request.
+    configured_project_budgets: HashMap<String, HashMap<String, i64>>,
 }
 
 impl Usage {
     /// An empty ledger with budgets from the configuration.
     pub fn new(configured_project_budgets: HashMap<(String, String), i64>) -> Self {
+        let mut nested: HashMap<String, HashMap<String, i64>> = HashMap::new();
+        for ((ws, project), budget) in configured_project_budgets {
+            nested.entry(ws).or_default().insert(project, budget);
+        }
         Self {
             ledger: Mutex::new(Ledger::default()),
-            configured_project_budgets,
+            configured_project_budgets: nested,
         }
     }
 
@@ -251,7 +256,8 @@ impl Usage {
                 .copied()
                 .or_else(|| {
                     self.configured_project_budgets
-                        .get(&(ws.to_string(), p.to_string()))
+                        .get(ws)
+                        .and_then(|projects| projects.get(p))
                         .copied()
                 });
             if let Some(budget) = budget {
