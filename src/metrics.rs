@@ -8,6 +8,8 @@ use prometheus::{
     register_int_gauge, Gauge, Histogram, HistogramVec, IntCounterVec, IntGauge,
 };
 use std::sync::LazyLock;
+
+use crate::keys::Environment;
 use std::time::Duration;
 
 static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -209,13 +211,17 @@ pub fn record_policy_rejection(reason: &'static str) {
 /// Counts one answered request that matched no route (a matched one counts through its
 /// [`RouteMetrics`]).
 pub fn record_request(route: &str, status: u16, environment: &str, elapsed: Duration) {
+    count_request(route, status, environment);
+    REQUEST_DURATION
+        .with_label_values(&[route])
+        .observe(elapsed.as_secs_f64());
+}
+
+fn count_request(route: &str, status: u16, environment: &str) {
     let mut buf = itoa::Buffer::new();
     REQUESTS
         .with_label_values(&[route, buf.format(status), environment])
         .inc();
-    REQUEST_DURATION
-        .with_label_values(&[route])
-        .observe(elapsed.as_secs_f64());
 }
 
 /// One route's series, looked up once when the route table is built: a request's metrics then
@@ -225,38 +231,32 @@ pub struct RouteMetrics {
     route: Box<str>,
     duration: Histogram,
     upstream: Histogram,
-    /// `status="200"` per environment: live, test, scoped.
+    /// `status="200"` per environment, in the order of [`Environment::ALL`].
     ok: [prometheus::IntCounter; 3],
 }
 
 impl RouteMetrics {
     /// The series of the route `template`.
     pub fn new(template: &str) -> Self {
-        let ok = |env: &str| REQUESTS.with_label_values(&[template, "200", env]);
         Self {
             route: template.into(),
             duration: REQUEST_DURATION.with_label_values(&[template]),
             upstream: UPSTREAM_DURATION.with_label_values(&[template]),
-            ok: [ok("live"), ok("test"), ok("scoped")],
+            ok: Environment::ALL
+                .map(|env| REQUESTS.with_label_values(&[template, "200", env.as_str()])),
         }
     }
 
-    /// Counts one answered request of this route.
-    pub fn record_request(&self, status: u16, environment: &str, elapsed: Duration) {
-        let ok = match (status, environment) {
-            (200, "live") => Some(&self.ok[0]),
-            (200, "test") => Some(&self.ok[1]),
-            (200, "scoped") => Some(&self.ok[2]),
-            _ => None,
-        };
-        match ok {
-            Some(counter) => counter.inc(),
-            None => {
-                let mut buf = itoa::Buffer::new();
-                REQUESTS
-                    .with_label_values(&[&self.route, buf.format(status), environment])
-                    .inc();
-            }
+    /// Counts one answered request of this route; `environment` is the caller's key's, if
+    /// one was authenticated.
+    pub fn record_request(&self, status: u16, environment: Option<Environment>, elapsed: Duration) {
+        match (status, environment) {
+            (200, Some(env)) => self.ok[env as usize].inc(),
+            _ => count_request(
+                &self.route,
+                status,
+                environment.map_or("none", Environment::as_str),
+            ),
         }
         self.duration.observe(elapsed.as_secs_f64());
     }

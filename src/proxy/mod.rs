@@ -435,10 +435,7 @@ impl ProxyHttp for Gateway {
         let status = session
             .response_written()
             .map_or(0, |resp| resp.status.as_u16());
-        let environment = ctx
-            .caller
-            .as_ref()
-            .map_or("none", |c| c.key.effective_environment().as_str());
+        let environment = ctx.caller.as_ref().map(|c| c.key.effective_environment());
         let elapsed = ctx.started.elapsed();
         let route = match &ctx.route {
             Some(r) => {
@@ -446,7 +443,8 @@ impl ProxyHttp for Gateway {
                 &*r.template
             }
             None => {
-                metrics::record_request("unmatched", status, environment, elapsed);
+                let env = environment.map_or("none", Environment::as_str);
+                metrics::record_request("unmatched", status, env, elapsed);
                 "unmatched"
             }
         };
