@@ -196,7 +196,10 @@ pub fn audit_log(
             rx,
             store,
             backlog: VecDeque::new(),
-            spool: Spool { dir: spool_dir },
+            spool: Spool {
+                dir: spool_dir,
+                may_hold_files: true,
+            },
             max_backlog,
         },
     )
@@ -291,11 +294,15 @@ impl AuditWriter {
 /// Spool files: one JSON-lines file per spilled batch, named by time so the oldest goes first.
 struct Spool {
     dir: PathBuf,
+    /// False once the directory was found empty, until this process spools again: flushes run
+    /// every few milliseconds under load, and need not list the directory each time.
+    may_hold_files: bool,
 }
 
 impl Spool {
-    fn write(&self, records: &[AuditRecord]) -> std::io::Result<()> {
+    fn write(&mut self, records: &[AuditRecord]) -> std::io::Result<()> {
         use std::io::Write;
+        self.may_hold_files = true;
         std::fs::create_dir_all(&self.dir)?;
         let name = format!(
             "audit-{:020}-{}.jsonl",
@@ -316,14 +323,21 @@ impl Spool {
         std::fs::rename(&tmp, self.dir.join(name))
     }
 
-    fn oldest(&self) -> Option<(PathBuf, Vec<AuditRecord>)> {
+    fn oldest(&mut self) -> Option<(PathBuf, Vec<AuditRecord>)> {
+        if !self.may_hold_files {
+            return None;
+        }
         let mut files: Vec<PathBuf> = std::fs::read_dir(&self.dir)
-            .ok()?
+            .into_iter()
+            .flatten()
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| is_spool_file(p))
             .collect();
         files.sort();
-        let path = files.into_iter().next()?;
+        let Some(path) = files.into_iter().next() else {
+            self.may_hold_files = false;
+            return None;
+        };
         let text = std::fs::read_to_string(&path).ok()?;
         let records = text
             .lines()

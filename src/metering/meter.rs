@@ -132,7 +132,10 @@ impl Meter {
         now_ms: u64,
     ) -> (Decision, Result<(), ApiError>) {
         let limit = self.limit_for(key);
-        let decision = self.rate.check(key.billed_key_id(), limit, now_ms);
+        let billed = || key.billed_key_id_shared();
+        let decision = self
+            .rate
+            .check_shared(key.billed_key_id(), billed, limit, now_ms);
         if !decision.allowed {
             crate::metrics::record_policy_rejection("rate_limit");
             let err = ApiError::RateLimited {

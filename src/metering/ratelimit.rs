@@ -103,12 +103,24 @@ impl RateLimiter {
 
     /// Decides one request of `key` at `now_ms` (unix milliseconds).
     pub fn check(&self, key: &str, limit: Limit, now_ms: u64) -> Decision {
+        self.check_shared(key, || Arc::from(key), limit, now_ms)
+    }
+
+    /// [`Self::check`], with the key's id as the caller already holds it, shared into the
+    /// limiter's map on the key's first request instead of copied.
+    pub fn check_shared(
+        &self,
+        key: &str,
+        shared: impl FnOnce() -> Arc<str>,
+        limit: Limit,
+        now_ms: u64,
+    ) -> Decision {
         let window = now_ms / 60_000;
         let into = now_ms % 60_000;
-        // Look up by `&str` first: the owned key is made only for a key's first request.
+        // Look up by `&str` first: the map's key is stored only on a key's first request.
         let mut state = match self.keys.get_mut(key) {
             Some(state) => state,
-            None => self.keys.entry(Arc::from(key)).or_default(),
+            None => self.keys.entry(shared()).or_default(),
         };
         if state.local_window != window {
             // A new minute: local counts so far belong to the old window (already flushed
