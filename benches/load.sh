@@ -47,8 +47,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-target/release/examples/upstream "$UPSTREAM" & pids+=($!)
-target/release/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pids+=($!)
+target/release/examples/upstream "$UPSTREAM" & up_pid=$!; pids+=($up_pid)
+target/release/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pass_pid=$!; pids+=($pass_pid)
 SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
 SVCGATE_SERVER_LISTEN="$GW" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
 SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
@@ -65,7 +65,7 @@ key=$(curl -sf -X POST "http://$ADMIN/admin/v1/keys" -H "Authorization: Bearer $
   -H 'Content-Type: application/json' \
   -d "{\"workspace\":\"$ws\",\"environment\":\"live\",\"scopes\":[\"chat.completions:create\"],\"monthly_budget\":1000000000}" \
   | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
-target/release/examples/auth_only "$AUTH" "$UPSTREAM" "$REDIS_URL" "$NS" 2>/dev/null & pids+=($!)
+target/release/examples/auth_only "$AUTH" "$UPSTREAM" "$REDIS_URL" "$NS" 2>/dev/null & auth_pid=$!; pids+=($auth_pid)
 sleep 1
 
 cat > "$work/post.lua" <<LUA
@@ -83,11 +83,19 @@ ms() { # wrk latency like 512.00us / 1.20ms / 1.01s → milliseconds
 }
 commands() { redis_cli info commandstats | awk -F'calls=' '/calls=/ { split($2, a, ","); s += a[1] } END { print s + 0 }'; }
 
-declare -A RPS P50 P99 P999 REQS CMDS
+# CPU time (user + system) a process has used, in clock ticks.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+tick=$(getconf CLK_TCK)
+
+declare -A RPS P50 P99 P999 REQS CMDS CPU
 run() { # name url
   local out
   [ "$1" = svcgate ] && local before=$(commands)
+  local cpu0; cpu0=$(cpu_ticks "${PID[$1]}")
   out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$work/post.lua" "$2")
+  local cpu1; cpu1=$(cpu_ticks "${PID[$1]}")
+  CPU[$1]+="$(awk -v t=$((cpu1 - cpu0)) -v hz="$tick" -v n="$(awk '/requests in/ { print $1 }' <<<"$out")" \
+    'BEGIN { printf "%.1f", t / hz * 1e6 / n }') "
   if [ "$1" = svcgate ]; then sleep 0.5; CMDS[$1]+="$(( $(commands) - before )) "; fi
   RPS[$1]+="$(awk '/Requests\/sec/ { print $2 }' <<<"$out") "
   P50[$1]+="$(ms "$(awk '$1 == "50%" { print $2 }' <<<"$out")") "
@@ -96,8 +104,14 @@ run() { # name url
   REQS[$1]+="$(awk '/requests in/ { print $1 }' <<<"$out") "
 }
 median() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+# The median over rounds of a / b, each round's runs paired (they ran minutes apart at most).
+paired_ratio() {
+  paste <(tr ' ' '\n' <<<"$1" | grep -v '^$') <(tr ' ' '\n' <<<"$2" | grep -v '^$') |
+    awk '{ print 100 * $1 / $2 }' | sort -g | awk '{ a[NR] = $1 } END { printf "%.0f", a[int((NR + 1) / 2)] }'
+}
 
 targets=(direct passthrough auth_only svcgate)
+declare -A PID=([direct]=$up_pid [passthrough]=$pass_pid [auth_only]=$auth_pid [svcgate]=$gw_pid)
 declare -A URL=([direct]="http://$UPSTREAM/v1/chat/completions" [passthrough]="http://$PASS/v1/chat/completions"
                 [auth_only]="http://$AUTH/v1/chat/completions" [svcgate]="http://$GW/v1/chat/completions")
 if phase saturation; then
@@ -117,14 +131,18 @@ if phase saturation; then
   total_cmds=0; for c in ${CMDS[svcgate]}; do total_cmds=$((total_cmds + c)); done
   direct_p99=$(median "${P99[direct]}")
   printf '\n%s on %s cores, %s connections, %s rounds of %ss (medians)\n' "$(uname -m)" "$(nproc)" "$CONNS" "$ROUNDS" "$DURATION"
-  printf '%-12s %12s %10s %10s %10s %16s\n' target 'requests/s' 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms'
+  printf '%-12s %12s %10s %10s %10s %14s %14s\n' target 'requests/s' 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms' 'CPU us/req'
   for t in "${targets[@]}"; do
     p99=$(median "${P99[$t]}")
-    printf '%-12s %12s %10s %10s %10s %16s\n' "$t" "$(median "${RPS[$t]}")" "$(median "${P50[$t]}")" "$p99" \
-      "$(median "${P999[$t]}")" "$(awk -v a="$p99" -v b="$direct_p99" 'BEGIN { printf "%.3f", a - b }')"
+    printf '%-12s %12s %10s %10s %10s %14s %14s\n' "$t" "$(median "${RPS[$t]}")" "$(median "${P50[$t]}")" "$p99" \
+      "$(median "${P999[$t]}")" "$(awk -v a="$p99" -v b="$direct_p99" 'BEGIN { printf "%.3f", a - b }')" \
+      "$(median "${CPU[$t]}")"
   done
-  awk -v s="$(median "${RPS[svcgate]}")" -v a="$(median "${RPS[auth_only]}")" -v p="$(median "${RPS[passthrough]}")" \
-    'BEGIN { printf "\nsvcgate / auth alone: %.0f%%   svcgate / bare Pingora: %.0f%%\n", 100 * s / a, 100 * s / p }'
+  echo "svcgate / bare Pingora, requests/s per round: $(paste -d/ <(tr ' ' '\n' <<<"${RPS[svcgate]}") <(tr ' ' '\n' <<<"${RPS[passthrough]}") | grep -v '^/$' | tr '\n' ' ')"
+  printf '\nsvcgate / bare Pingora: %s%% (median of the rounds'"'"' ratios)   svcgate / auth alone: %s%%\n' \
+    "$(paired_ratio "${RPS[svcgate]}" "${RPS[passthrough]}")" "$(paired_ratio "${RPS[svcgate]}" "${RPS[auth_only]}")"
+  awk -v s="$(median "${CPU[svcgate]}")" -v p="$(median "${CPU[passthrough]}")" \
+    'BEGIN { printf "CPU time per request, svcgate / bare Pingora: %.0f%%\n", 100 * s / p }'
   awk -v c="$total_cmds" -v r="$total_reqs" 'BEGIN { printf "Redis commands per request (svcgate): %.4f\n", c / r }'
   echo "svcgate resident memory: ${rss_mb} MB"
 fi
@@ -143,12 +161,14 @@ if phase half && phase saturation; then
     done
   done
   printf '\nat a constant %s requests/s (half of svcgate'"'"'s maximum), %s connections (medians)\n' "$half" "$CONNS"
-  printf '%-12s %10s %10s %10s %16s\n' target 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms'
+  printf '%-12s %10s %10s %10s %16s %18s\n' target 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms' 'over Pingora ms'
   hdirect=$(median "${HP99[direct]}")
+  hpass=$(median "${HP99[passthrough]}")
   for t in direct passthrough svcgate; do
     p99=$(median "${HP99[$t]}")
-    printf '%-12s %10s %10s %10s %16s\n' "$t" "$(median "${HP50[$t]}")" "$p99" "$(median "${HP999[$t]}")" \
-      "$(awk -v a="$p99" -v b="$hdirect" 'BEGIN { printf "%.3f", a - b }')"
+    printf '%-12s %10s %10s %10s %16s %18s\n' "$t" "$(median "${HP50[$t]}")" "$p99" "$(median "${HP999[$t]}")" \
+      "$(awk -v a="$p99" -v b="$hdirect" 'BEGIN { printf "%.3f", a - b }')" \
+      "$(awk -v a="$p99" -v b="$hpass" 'BEGIN { printf "%.3f", a - b }')"
   done
 fi
 
