@@ -132,8 +132,8 @@ pub struct RateTotals {
 #[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingSpend {
     total: i64,
-    keys: HashMap<String, i64>,
-    projects: HashMap<String, i64>,
+    keys: FastMap<String, i64>,
+    projects: FastMap<String, i64>,
 }
 
 impl PendingSpend {
@@ -151,15 +151,15 @@ impl PendingSpend {
 #[derive(Debug, Default)]
 struct Ledger {
     /// Spend since the last flush, per workspace.
-    pending: HashMap<String, PendingSpend>,
+    pending: FastMap<String, PendingSpend>,
     /// Spend taken by a flush still under way or failed (retried as the same batch).
-    in_flight: HashMap<String, PendingSpend>,
+    in_flight: FastMap<String, PendingSpend>,
     /// That batch, with its id, until the store confirms it.
     in_flight_batch: Option<(String, Vec<WorkspaceFlush>)>,
     /// Month totals from the last flush.
     totals: HashMap<String, WorkspaceTotals>,
     /// What to read back at the next flush, per workspace.
-    watched: HashMap<String, Watched>,
+    watched: FastMap<String, Watched>,
     /// Flushes begun so far: the clock of [`Watched`].
     flushes: u64,
     /// The month the totals are for.
@@ -173,8 +173,8 @@ struct Ledger {
 #[derive(Debug, Default)]
 struct Watched {
     seen: u64,
-    keys: HashMap<Box<str>, u64>,
-    projects: HashMap<Box<str>, u64>,
+    keys: FastMap<Box<str>, u64>,
+    projects: FastMap<Box<str>, u64>,
 }
 
 /// Flushes after which a key or project no request has checked stops being watched (two minutes
@@ -182,7 +182,7 @@ struct Watched {
 pub const WATCH_IDLE_FLUSHES: u64 = 600;
 
 /// Marks `name` as checked at flush `now`, allocating only the first time.
-fn touch(map: &mut HashMap<Box<str>, u64>, name: &str, now: u64) {
+fn touch(map: &mut FastMap<Box<str>, u64>, name: &str, now: u64) {
     match map.get_mut(name) {
         Some(seen) => *seen = now,
         None => {
@@ -191,18 +191,23 @@ fn touch(map: &mut HashMap<Box<str>, u64>, name: &str, now: u64) {
     }
 }
 
+/// The ledger's maps: looked up a dozen times per billable request, by names that are not
+/// secrets, so a fast seeded hash rather than SipHash (foldhash's quality variant: still
+/// seeded per process, for `Service-Project` names chosen by callers).
+type FastMap<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
+
 /// This replica's view of the month's spend, and its unflushed spend.
 pub struct Usage {
     ledger: Mutex<Ledger>,
     /// Budgets per workspace and project from the configuration; the store's win. Nested, so
     /// a lookup borrows the names instead of building a `(String, String)` key per request.
-    configured_project_budgets: HashMap<String, HashMap<String, i64>>,
+    configured_project_budgets: FastMap<String, FastMap<String, i64>>,
 }
 
 impl Usage {
     /// An empty ledger with budgets from the configuration.
     pub fn new(configured_project_budgets: HashMap<(String, String), i64>) -> Self {
-        let mut nested: HashMap<String, HashMap<String, i64>> = HashMap::new();
+        let mut nested: FastMap<String, FastMap<String, i64>> = FastMap::default();
         for ((ws, project), budget) in configured_project_budgets {
             nested.entry(ws).or_default().insert(project, budget);
         }
@@ -324,7 +329,7 @@ impl Usage {
         for ws in workspaces {
             let spend = pending.get(&ws).cloned().unwrap_or_default();
             ledger.in_flight.entry(ws.clone()).or_default().add(&spend);
-            let names = |m: &HashMap<Box<str>, u64>| m.keys().map(|k| k.to_string()).collect();
+            let names = |m: &FastMap<Box<str>, u64>| m.keys().map(|k| k.to_string()).collect();
             let (watch_keys, watch_projects) = ledger
                 .watched
                 .get(&ws)
@@ -334,8 +339,8 @@ impl Usage {
                 watch_keys,
                 watch_projects,
                 total: spend.total,
-                keys: spend.keys,
-                projects: spend.projects,
+                keys: spend.keys.into_iter().collect(),
+                projects: spend.projects.into_iter().collect(),
                 event_id: crate::ids::new_id("evt"),
                 workspace: ws,
             });
@@ -364,7 +369,7 @@ impl Usage {
         for (ws, spend) in &ledger.in_flight {
             all.entry(ws.clone()).or_default().add(spend);
         }
-        all
+        all.into_iter().collect()
     }
 
     /// Adds spend recovered from the spool.
@@ -377,7 +382,7 @@ impl Usage {
 }
 
 /// Adds `amount` to `map[name]`, allocating the name only the first time.
-fn add(map: &mut HashMap<String, i64>, name: &str, amount: i64) {
+fn add(map: &mut FastMap<String, i64>, name: &str, amount: i64) {
     match map.get_mut(name) {
         Some(v) => *v += amount,
         None => {

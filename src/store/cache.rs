@@ -59,8 +59,10 @@ pub enum CacheOutcome {
 /// Key records by digest, kept in step with the store.
 pub struct KeyCache {
     store: Arc<dyn Store>,
-    known: DashMap<KeyHash, Arc<CachedKey>>,
-    unknown: DashMap<KeyHash, Instant>,
+    // Keyed by SHA-256 digests, which are uniformly spread already: a fast seeded hash, not
+    // SipHash, on every request's lookup.
+    known: DashMap<KeyHash, Arc<CachedKey>, foldhash::fast::RandomState>,
+    unknown: DashMap<KeyHash, Instant, foldhash::fast::RandomState>,
     /// One shared copy of each workspace id and each scope set: most keys share both.
     workspaces: DashSet<Arc<str>>,
     scope_sets: DashSet<Arc<Scopes>>,
@@ -81,8 +83,8 @@ impl KeyCache {
     pub fn new(store: Arc<dyn Store>, config: CacheConfig) -> Self {
         Self {
             store,
-            known: DashMap::new(),
-            unknown: DashMap::new(),
+            known: DashMap::default(),
+            unknown: DashMap::default(),
             workspaces: DashSet::new(),
             scope_sets: DashSet::new(),
             epoch: AtomicU64::new(0),
