@@ -35,17 +35,7 @@ redis_cli ping >/dev/null
 
 cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example auth_only --example loadgen --example seed_keys
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  for pattern in "$NS:*" "{$NS}*"; do
-    redis_cli --scan --pattern "$pattern" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+. benches/common.sh
 
 target/release/examples/upstream "$UPSTREAM" & up_pid=$!; pids+=($up_pid)
 target/release/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pass_pid=$!; pids+=($pass_pid)
@@ -57,14 +47,9 @@ SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn \
   target/release/svcgate serve 2>"$work/svcgate.log" & gw_pid=$!
 pids+=($gw_pid)
 
-for _ in $(seq 1 100); do curl -sf "http://$ADMIN/healthz" >/dev/null && break; sleep 0.1; done
-ws=$(curl -sf -X POST "http://$ADMIN/admin/v1/workspaces" -H "Authorization: Bearer $TOKEN" \
-  -H 'Content-Type: application/json' -d '{"name":"load","admin_emails":["ops@example.com"],"monthly_credits":1000000000}' \
-  | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-key=$(curl -sf -X POST "http://$ADMIN/admin/v1/keys" -H "Authorization: Bearer $TOKEN" \
-  -H 'Content-Type: application/json' \
-  -d "{\"workspace\":\"$ws\",\"environment\":\"live\",\"scopes\":[\"chat.completions:create\"],\"monthly_budget\":1000000000}" \
-  | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
+wait_http "http://$ADMIN/healthz"
+ws=$(bench_workspace "$ADMIN" "$TOKEN")
+key=$(bench_key "$ADMIN" "$TOKEN" "$ws")
 target/release/examples/auth_only "$AUTH" "$UPSTREAM" "$REDIS_URL" "$NS" 2>/dev/null & auth_pid=$!; pids+=($auth_pid)
 sleep 1
 

@@ -84,16 +84,23 @@ async fn main() {
             latencies.lock().await.extend(mine);
         }));
     }
+    // The pacer is an OS thread: tokio's timers tick in whole milliseconds, which would release
+    // the requests in bursts (16 at once every millisecond at 16,000/s) instead of one by one.
     let start = Instant::now();
-    for i in 0..total {
-        let at = start + interval.mul_f64(i as f64);
-        tokio::time::sleep_until(at.into()).await;
-        let _ = tx.send(at);
-    }
-    drop(tx);
+    let pacer = std::thread::spawn(move || {
+        for i in 0..total {
+            let at = start + interval.mul_f64(i as f64);
+            let now = Instant::now();
+            if at > now {
+                std::thread::sleep(at - now);
+            }
+            let _ = tx.send(at);
+        }
+    });
     for w in workers {
         let _ = w.await;
     }
+    pacer.join().expect("pacer");
     let elapsed = start.elapsed();
     let mut all = latencies.lock().await.clone();
     all.sort_unstable();

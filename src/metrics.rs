@@ -156,6 +156,7 @@ pub fn init() {
     LazyLock::force(&REQUEST_DURATION);
     LazyLock::force(&AUTH_FAILURES);
     LazyLock::force(&KEY_LOOKUPS);
+    LazyLock::force(&KEY_LOOKUP_SERIES);
     LazyLock::force(&POLICY_REJECTIONS);
     LazyLock::force(&UPSTREAM_DURATION);
     LazyLock::force(&CACHE_KEYS);
@@ -285,7 +286,17 @@ pub fn record_auth_failure(reason: &str) {
     AUTH_FAILURES.with_label_values(&[reason]).inc();
 }
 
-/// Counts one key lookup by cache outcome.
+/// The three key-lookup series, resolved once: a lookup is counted without label hashing.
+static KEY_LOOKUP_SERIES: LazyLock<[prometheus::IntCounter; 3]> =
+    LazyLock::new(|| ["hit", "negative_hit", "miss"].map(|o| KEY_LOOKUPS.with_label_values(&[o])));
+
+/// Counts one key lookup by cache outcome (`hit`, `negative_hit` or `miss`).
 pub fn record_key_lookup(outcome: &'static str) {
-    KEY_LOOKUPS.with_label_values(&[outcome]).inc();
+    let [hit, negative_hit, miss] = &*KEY_LOOKUP_SERIES;
+    match outcome {
+        "hit" => hit.inc(),
+        "negative_hit" => negative_hit.inc(),
+        "miss" => miss.inc(),
+        other => KEY_LOOKUPS.with_label_values(&[other]).inc(),
+    }
 }

@@ -40,6 +40,11 @@ use auth::{Authenticated, Authenticator};
 use routes::{Handler, Route, RouteTable};
 use upstream::{Target, Upstreams};
 
+// Header names read on every request, parsed once rather than on each lookup.
+static SERVICE_PROJECT: http::HeaderName = http::HeaderName::from_static("service-project");
+static SERVICE_CREDITS: http::HeaderName = http::HeaderName::from_static("service-credits");
+static SERVICE_MODEL: http::HeaderName = http::HeaderName::from_static("service-model");
+
 /// Per-request state, filled in phase by phase.
 pub struct RequestCtx {
     /// `req_…`, on every response and forwarded request.
@@ -129,30 +134,50 @@ impl Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Admission, ApiError> {
+        // Every request's future is allocated and moved whole by `async_trait`, so the
+        // handlers the gateway answers itself, whose futures are large, are boxed where they
+        // are taken: a forwarded request does not carry their state.
         if !session.req_header().uri.path().starts_with("/v1/") {
-            return self.answer_unversioned(session, ctx).await;
+            return Box::pin(self.answer_unversioned(session, ctx)).await;
         }
         let route = self.authorize(session, ctx).await?;
         match route.handler {
             Handler::MintToken => {
                 let caller = ctx.caller.as_ref().expect("authorized");
-                tokens::mint(session, caller, self.store.as_ref(), &ctx.request_id).await?;
+                let store = self.store.as_ref();
+                Box::pin(tokens::mint(session, caller, store, &ctx.request_id)).await?;
                 Ok(Admission::Answer)
             }
             Handler::Webhooks(op) => {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let (store, insecure) = (self.store.as_ref(), self.allow_insecure_targets);
-                webhooks::handle(session, op, caller, store, insecure, &ctx.request_id).await?;
+                Box::pin(webhooks::handle(
+                    session,
+                    op,
+                    caller,
+                    store,
+                    insecure,
+                    &ctx.request_id,
+                ))
+                .await?;
                 Ok(Admission::Answer)
             }
             Handler::Listen => {
                 let caller = ctx.caller.as_ref().expect("authorized");
-                let store = self.store.as_ref();
-                listen::stream(session, caller, &self.auth, &route, store, &ctx.request_id).await?;
+                let (auth, store) = (&self.auth, self.store.as_ref());
+                Box::pin(listen::stream(
+                    session,
+                    caller,
+                    auth,
+                    &route,
+                    store,
+                    &ctx.request_id,
+                ))
+                .await?;
                 Ok(Admission::Answer)
             }
             Handler::Forward if ctx.target == Target::Simulated => {
-                self.answer_simulated(session, ctx, &route).await?;
+                Box::pin(self.answer_simulated(session, ctx, &route)).await?;
                 Ok(Admission::Answer)
             }
             Handler::Forward => Ok(Admission::Forward),
@@ -183,7 +208,7 @@ impl Gateway {
         let route = ctx.route.insert(route.clone()).clone();
         let caller = ctx.caller.insert(caller);
         policy::check_scope(caller, &route)?;
-        let project = policy::check_project(req.headers.get("service-project"))?;
+        let project = policy::check_project(req.headers.get(&SERVICE_PROJECT))?;
         ctx.project = project.map(str::to_owned);
         let billable = route.handler == Handler::Forward;
         let (decision, verdict) = self
@@ -279,7 +304,8 @@ impl ProxyHttp for Gateway {
             }
             Ok(Admission::Answer) => Ok(true),
             Err(err) => {
-                respond::error(session, &err, &ctx.request_id, &ctx.rate_headers()).await?;
+                let headers = ctx.rate_headers();
+                Box::pin(respond::error(session, &err, &ctx.request_id, &headers)).await?;
                 Ok(true)
             }
         }
@@ -348,14 +374,14 @@ impl ProxyHttp for Gateway {
         if let (Some(sent), Some(route)) = (ctx.upstream_sent, &ctx.route) {
             route.metrics.record_upstream(sent.elapsed());
         }
-        if let Some(v) = upstream_response.headers.get("service-credits") {
+        if let Some(v) = upstream_response.headers.get(&SERVICE_CREDITS) {
             // An unreadable figure is no figure: the route's price applies.
             ctx.reported_credits = v.to_str().ok().and_then(Credits::parse_decimal);
         }
         if ctx.model.is_none() {
             ctx.model = upstream_response
                 .headers
-                .get("service-model")
+                .get(&SERVICE_MODEL)
                 .and_then(|v| v.to_str().ok())
                 .map(|m| m.chars().take(256).collect());
         }

@@ -871,7 +871,9 @@ impl Store for RedisStore {
         let min_id = (crate::ids::unix_now().saturating_sub(self.audit_retention_secs)) * 1000;
         let mut pipe = redis::pipe();
         for (ws, batch) in by_workspace {
-            let json = serde_json::to_string(&batch).expect("records serialize");
+            // Sized for a typical record, so the buffer is not grown record by record.
+            let mut json = Vec::with_capacity(batch.len() * 400);
+            serde_json::to_writer(&mut json, &batch).expect("records serialize");
             pipe.cmd("XADD")
                 .arg(self.layout.audit(ws))
                 .arg("MINID")

@@ -1,0 +1,42 @@
+# Shared by the benchmark scripts (sourced, not run). Expects REDIS_URL and NS (the Redis key
+# namespace of this run) to be set; provides a work directory, process cleanup and the
+# benchmark's workspace and key.
+
+work=$(mktemp -d)
+pids=()
+
+# Stops the started processes, drops this run's keys from Redis and the work directory (kept,
+# and named, when KEEP is set).
+bench_cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  for pattern in "$NS:*" "{$NS}*"; do
+    redis-cli -u "$REDIS_URL" --scan --pattern "$pattern" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
+  done
+  if [ -n "${KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
+}
+trap bench_cleanup EXIT
+
+# Waits until URL answers 2xx (a minute at most).
+wait_http() {
+  for _ in $(seq 1 300); do curl -sf "$1" >/dev/null && return; sleep 0.2; done
+  echo "no answer from $1" >&2
+  exit 1
+}
+
+# bench_workspace ADMIN TOKEN: creates a workspace with a large monthly allowance; prints its id.
+bench_workspace() {
+  curl -sf -X POST "http://$1/admin/v1/workspaces" -H "Authorization: Bearer $2" \
+    -H 'Content-Type: application/json' \
+    -d '{"name":"bench","admin_emails":["ops@example.com"],"monthly_credits":1000000000}' |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])'
+}
+
+# bench_key ADMIN TOKEN WORKSPACE: creates a live key for chat completions, with a budget (so the
+# budget check runs); prints the key.
+bench_key() {
+  curl -sf -X POST "http://$1/admin/v1/keys" -H "Authorization: Bearer $2" \
+    -H 'Content-Type: application/json' \
+    -d "{\"workspace\":\"$3\",\"environment\":\"live\",\"scopes\":[\"chat.completions:create\"],\"monthly_budget\":1000000000}" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])'
+}
