@@ -113,5 +113,5 @@ accounted = 0
 for label, fn in parts:
     accounted += g[fn] - p[fn]
     print(f"  {label:<58} {g[fn]:>8,.0f} {p[fn]:>8,.0f} {g[fn] - p[fn]:>+8,.0f}")
-print(f"  {'the rest: auth, policy, body model, metrics, Pingora's share':<58} {'':>8} {'':>8} {svcgate - pingora - accounted:>+8,.0f}")
+print(f"  {'the rest: auth, policy, body model, metrics, and in Pingora':<58} {'':>8} {'':>8} {svcgate - pingora - accounted:>+8,.0f}")
 PY
