@@ -7,7 +7,9 @@
 # (auth, scope, rate limit, budget, spend, audit). Drives each with wrk at a fixed concurrency,
 # alternating the targets round by round, and prints requests/s, latency percentiles, added p99
 # latency versus the backend alone, throughput ratios, Redis commands per request (from
-# INFO commandstats deltas) and svcgate's resident memory.
+# INFO commandstats deltas) and svcgate's resident memory. Then it drives the backend, bare
+# Pingora and svcgate at constant rates (examples/loadgen.rs: half and a quarter of svcgate's
+# maximum) and prints the latency each adds.
 #
 # Finally, it seeds KEYS keys (100,000) and drives svcgate with all of them, round robin, so
 # every one is in its key cache, and reports its resident memory then.
