@@ -39,10 +39,10 @@ count() {
   local name=$1 url=$2 bearer=$3
   target/release/examples/loadgen "$url" "$RATE" "$(awk -v n="$WARMUP" -v r="$RATE" 'BEGIN { print n / r }')" 8 "$bearer" >/dev/null
   sleep 1
-  callgrind_control --zero "$vg_pid" >/dev/null
+  callgrind_control --zero "$vg_pid" >/dev/null 2>&1
   out=$(target/release/examples/loadgen "$url" "$RATE" "$(awk -v n="$REQUESTS" -v r="$RATE" 'BEGIN { print n / r }')" 8 "$bearer")
   sleep 0.5
-  callgrind_control --dump "$vg_pid" >/dev/null
+  callgrind_control --dump "$vg_pid" >/dev/null 2>&1
   sleep 1
   kill "$vg_pid"; wait "$vg_pid" 2>/dev/null || true
   grep -q "errors=0" <<<"$out" || { echo "$name: requests failed: $out" >&2; exit 1; }
@@ -54,7 +54,7 @@ count() {
 }
 
 valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$work/cg.%p" \
-  target/release/examples/passthrough "$PROXY" "$UPSTREAM" >/dev/null 2>"$work/passthrough.log" & vg_pid=$!
+  target/release/examples/passthrough "$PROXY" "$UPSTREAM" >/dev/null 2>"$work/passthrough.log" & vg_pid=$!; pids+=($vg_pid)
 sleep 3
 count passthrough "http://$PROXY/v1/chat/completions" ""
 
@@ -64,7 +64,7 @@ SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
 SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
 SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn \
   valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$work/cg.%p" \
-  target/release/svcgate serve >/dev/null 2>"$work/svcgate.log" & vg_pid=$!
+  target/release/svcgate serve >/dev/null 2>"$work/svcgate.log" & vg_pid=$!; pids+=($vg_pid)
 wait_http "http://$ADMIN/healthz"
 ws=$(bench_workspace "$ADMIN" "$TOKEN")
 key=$(bench_key "$ADMIN" "$TOKEN" "$ws")
