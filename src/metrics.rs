@@ -8,9 +8,10 @@ use prometheus::{
     register_int_gauge, Gauge, Histogram, HistogramVec, IntCounterVec, IntGauge,
 };
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use crate::keys::Environment;
-use std::time::Duration;
+use crate::store::CacheOutcome;
 
 static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
@@ -286,17 +287,17 @@ pub fn record_auth_failure(reason: &str) {
     AUTH_FAILURES.with_label_values(&[reason]).inc();
 }
 
-/// The three key-lookup series, resolved once: a lookup is counted without label hashing.
+/// The key-lookup series, resolved once (hit, negative_hit, miss): a
+/// lookup is counted without label hashing.
 static KEY_LOOKUP_SERIES: LazyLock<[prometheus::IntCounter; 3]> =
     LazyLock::new(|| ["hit", "negative_hit", "miss"].map(|o| KEY_LOOKUPS.with_label_values(&[o])));
 
-/// Counts one key lookup by cache outcome (`hit`, `negative_hit` or `miss`).
-pub fn record_key_lookup(outcome: &'static str) {
+/// Counts one key lookup by cache outcome.
+pub fn record_key_lookup(outcome: CacheOutcome) {
     let [hit, negative_hit, miss] = &*KEY_LOOKUP_SERIES;
     match outcome {
-        "hit" => hit.inc(),
-        "negative_hit" => negative_hit.inc(),
-        "miss" => miss.inc(),
-        other => KEY_LOOKUPS.with_label_values(&[other]).inc(),
+        CacheOutcome::Hit => hit.inc(),
+        CacheOutcome::NegativeHit => negative_hit.inc(),
+        CacheOutcome::Miss => miss.inc(),
     }
 }

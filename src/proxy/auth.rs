@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::error::ApiError;
 use crate::keys::format::{self, MAX_KEY_LEN};
 use crate::keys::{CachedKey, KeyFormatError, KeyHash, Rejection};
-use crate::store::{CacheOutcome, KeyCache};
+use crate::store::KeyCache;
 
 /// Why a request is not authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,11 +132,7 @@ impl Authenticator {
             .get(hash)
             .await
             .map_err(|_| AuthFailure::StoreUnavailable)?;
-        crate::metrics::record_key_lookup(match outcome {
-            CacheOutcome::Hit => "hit",
-            CacheOutcome::NegativeHit => "negative_hit",
-            CacheOutcome::Miss => "miss",
-        });
+        crate::metrics::record_key_lookup(outcome);
         Ok(record)
     }
 }

@@ -96,10 +96,7 @@ pub fn set_identity_headers(
     match &key.scoped {
         Some(_) => req.insert_header(token, &*key.id)?,
         None => {
-            // By a parsed name: a `&str` would be parsed again on every request.
-            static TOKEN_ID: http::HeaderName = http::HeaderName::from_static("service-token-id");
-            debug_assert_eq!(TOKEN_ID, token);
-            req.remove_header(&TOKEN_ID);
+            req.remove_header(token);
         }
     }
     Ok(())
