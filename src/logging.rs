@@ -1,21 +1,34 @@
 //! Log set-up: `tracing` to stderr, text or JSON, filtered by `RUST_LOG` or the config.
 //!
 //! Nothing logged anywhere carries a key value or a signing secret: request logs name key ids.
+//! Pingora's own records are held at `info` whatever the filter asks for: below that it logs
+//! raw request bytes (a malformed request's buffer, every request's headers), credentials
+//! included.
 
-use tracing_subscriber::EnvFilter;
+use tracing::level_filters::LevelFilter;
+use tracing_subscriber::filter::{EnvFilter, FilterFn};
+use tracing_subscriber::prelude::*;
 
 use crate::config::{LogConfig, LogFormat};
+
+/// The most detail Pingora's records may carry.
+const PINGORA_MAX_LEVEL: LevelFilter = LevelFilter::INFO;
 
 /// Installs the global subscriber. Safe to call more than once (later calls do nothing).
 pub fn init(config: &LogConfig) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match config.format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
+    // A layer of its own, so no directive of the filter above can lift it.
+    let pingora_cap = FilterFn::new(|meta| {
+        !meta.target().starts_with("pingora") || *meta.level() <= PINGORA_MAX_LEVEL
+    });
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match config.format {
+        LogFormat::Json => fmt.json().boxed(),
+        LogFormat::Text => fmt.boxed(),
     };
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(filter).with_filter(pingora_cap))
+        .try_init();
 }

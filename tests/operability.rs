@@ -146,6 +146,18 @@ async fn metrics_parse_and_move_with_a_scripted_set_of_requests() {
     }
 }
 
+/// Sends `request` on a new connection to the gateway at `base` and returns what comes back
+/// before the connection closes or goes quiet.
+fn raw_exchange(base: &str, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(base.trim_start_matches("http://")).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    conn.write_all(request).unwrap();
+    let mut answer = Vec::new();
+    let _ = conn.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 #[tokio::test]
 async fn no_secret_reaches_the_log_even_at_debug_level() {
     let live = RecordingUpstream::start("live").await;
@@ -175,6 +187,17 @@ async fn no_secret_reaches_the_log_even_at_debug_level() {
         .unwrap();
     let webhook_secret = endpoint["secret"].as_str().unwrap().to_string();
     assert_eq!(gw.chat(&key).await.status(), 200);
+    // Requests Pingora cannot parse (a control byte in a header, a path that is not UTF-8):
+    // below `info` it logs their raw bytes.
+    let junk_header = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nX-Junk: a\x01b\r\n\r\n"
+    );
+    let mut bad_path = b"GET /v1/\xff/models HTTP/1.1\r\nHost: x\r\n".to_vec();
+    bad_path.extend_from_slice(format!("Authorization: Bearer {key}\r\n\r\n").as_bytes());
+    for malformed in [junk_header.into_bytes(), bad_path] {
+        let head = raw_exchange(&gw.base, &malformed);
+        assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    }
     let token: serde_json::Value = gw
         .request(Method::POST, "/v1/tokens")
         .bearer_auth(&key)
