@@ -254,3 +254,42 @@ async fn bad_admin_input_gets_spec_errors() {
         .unwrap();
     assert_error(resp, 405, "invalid_request_error").await;
 }
+
+#[tokio::test]
+async fn reading_an_unknown_workspace_is_not_found_on_both_stores() {
+    let ns = TestNamespace::new();
+    for gw in [Gateway::builder().start().await, on_redis(&ns).await] {
+        let resp = gw
+            .admin_request(Method::POST, "/admin/v1/keys")
+            .json(&json!({"workspace": "ws_nope", "environment": "live", "scopes": ["a:b"]}))
+            .send()
+            .await
+            .unwrap();
+        let created = assert_error(resp, 404, "not_found").await;
+        for path in [
+            "/admin/v1/keys?workspace=ws_nope",
+            "/admin/v1/audit?workspace=ws_nope",
+            "/admin/v1/usage?workspace=ws_nope",
+            "/admin/v1/usage?workspace=ws_nope&month=2026-01",
+        ] {
+            let resp = gw.admin_request(Method::GET, path).send().await.unwrap();
+            let listed = assert_error(resp, 404, "not_found").await;
+            assert_eq!(
+                listed["error"]["message"], created["error"]["message"],
+                "{path}: the same answer as creating a key there"
+            );
+        }
+
+        // A workspace that exists but has nothing in it is empty, not missing.
+        let ws = gw.create_workspace().await;
+        assert_eq!(gw.list_keys(&ws).await, Vec::<Value>::new());
+        let audit = gw
+            .admin_get(&format!("/admin/v1/audit?workspace={ws}"))
+            .await;
+        assert_eq!(audit["data"], json!([]));
+        let usage = gw
+            .admin_get(&format!("/admin/v1/usage?workspace={ws}"))
+            .await;
+        assert_eq!(usage["workspace"], ws.as_str());
+    }
+}

@@ -216,3 +216,39 @@ async fn insecure_targets_can_be_allowed_for_development() {
     .await;
     assert_eq!(resp.status(), 201);
 }
+
+#[tokio::test]
+async fn a_url_on_port_zero_is_refused_on_create_and_update() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("live", WRITE).await;
+    let zero = "https://8.8.8.8:0/x";
+
+    let resp = create(&gw, &key, json!({"url": zero, "events": ["agent.run.*"]})).await;
+    let body = assert_error(resp, 400, "invalid_request_error").await;
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("port"),
+        "the message names the problem: {body}"
+    );
+
+    let created: Value = create(
+        &gw,
+        &key,
+        json!({"url": "https://8.8.8.8/x", "events": ["agent.run.*"]}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let path = format!("/v1/webhooks/{}", created["id"].as_str().unwrap());
+    let resp = call(&gw, &key, Method::PATCH, &path, Some(json!({"url": zero}))).await;
+    assert_error(resp, 400, "invalid_request_error").await;
+    let got: Value = call(&gw, &key, Method::GET, &path, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        got["url"], "https://8.8.8.8/x",
+        "a refused update changes nothing"
+    );
+}

@@ -471,6 +471,65 @@ async fn events_written_straight_to_the_stream_are_delivered_and_bad_entries_ski
 }
 
 #[tokio::test]
+async fn an_entry_whose_data_is_not_utf8_is_skipped_with_a_warning() {
+    let s = setup("[60]", 10, false).await;
+    let receiver = Receiver::start().await;
+    endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["image.batch.*"]).await;
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{{{}}}:events", s._ns.name);
+    let bad: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("type")
+        .arg("image.batch.completed")
+        .arg("workspace")
+        .arg(&s.ws)
+        .arg("data")
+        .arg(&b"{\"batch_id\":\"\xff\xfe\"}"[..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("type")
+        .arg("image.batch.completed")
+        .arg("workspace")
+        .arg(&s.ws)
+        .arg("data")
+        .arg(r#"{"batch_id":"batch_2"}"#)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    // The next valid event still goes out, and the bad one never does, not even as `{}`.
+    let got = received(&receiver, "/hook", 1, Duration::from_secs(10)).await;
+    let body: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(body["data"]["batch_id"], "batch_2");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.received("/hook").len(), 1);
+
+    // Skipped with a warning that names the entry, and acknowledged, so it is not pending.
+    let logs = s.gw.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("skipping a malformed event-log entry") && l.contains(&bad)),
+        "{logs}"
+    );
+    let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+        .arg(&stream)
+        .arg("webhooks")
+        .arg("-")
+        .arg("+")
+        .arg(100)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pending.iter().all(|(id, ..)| *id != bad), "{pending:?}");
+}
+
+#[tokio::test]
 async fn a_worker_recreates_its_consumer_group_when_redis_lost_it() {
     let s = setup("[60]", 10, false).await;
     let receiver = Receiver::start().await;

@@ -51,12 +51,7 @@ pub(super) async fn create(
             "environment must be \"live\" or \"test\"",
         ));
     }
-    if state.store.workspace(&body.workspace).await?.is_none() {
-        return Err(ApiError::not_found(format!(
-            "no workspace '{}'",
-            body.workspace
-        )));
-    }
+    state.require_workspace(&body.workspace).await?;
     let event = Event::new(&body.event_type, &body.workspace, environment, data);
     state.store.append_event(&event).await?;
     tracing::info!(event_id = %event.id, event_type = %event.event_type, workspace = %event.workspace, "event accepted");

@@ -99,12 +99,7 @@ pub(super) async fn create(
     if name.len() > 200 {
         return Err(ApiError::invalid("name must be at most 200 characters"));
     }
-    if state.store.workspace(&body.workspace).await?.is_none() {
-        return Err(ApiError::not_found(format!(
-            "no workspace '{}'",
-            body.workspace
-        )));
-    }
+    state.require_workspace(&body.workspace).await?;
     let (new_key, record) = keys::issue(
         KeyParams {
             workspace: body.workspace,
@@ -140,6 +135,7 @@ pub(super) async fn list(
     let workspace = query
         .workspace
         .ok_or_else(|| ApiError::invalid("the query parameter 'workspace' is required"))?;
+    state.require_workspace(&workspace).await?;
     let keys = state.store.keys_in_workspace(&workspace).await?;
     Ok(Json(KeyList {
         data: keys.iter().map(|k| KeyView::from(&**k)).collect(),

@@ -42,6 +42,7 @@ pub(super) async fn audit(
     if limit == 0 || limit > MAX_LIMIT {
         return Err(ApiError::invalid(format!("limit must be 1-{MAX_LIMIT}")));
     }
+    state.require_workspace(&workspace).await?;
     let query = AuditQuery {
         workspace,
         key_id: params.key_id,
@@ -80,6 +81,7 @@ pub(super) async fn usage(
     if !is_month(&month) {
         return Err(ApiError::invalid("month must be YYYY-MM"));
     }
+    state.require_workspace(&workspace).await?;
     let report = state.store.usage_report(&workspace, &month).await?;
     let credits = |m: std::collections::HashMap<String, i64>| {
         m.into_iter()
@@ -120,9 +122,7 @@ pub(super) async fn set_project_budget(
             "a project is 1-64 characters of A-Z, a-z, 0-9, '.', '_' or '-'",
         ));
     }
-    if state.store.workspace(&workspace).await?.is_none() {
-        return Err(ApiError::not_found(format!("no workspace '{workspace}'")));
-    }
+    state.require_workspace(&workspace).await?;
     state
         .store
         .set_project_budget(

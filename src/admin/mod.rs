@@ -59,6 +59,15 @@ impl AdminState {
         }
     }
 
+    /// Answers 404 for a workspace the store does not know, so reading one is refused the same
+    /// way as writing to it, instead of looking like an empty workspace.
+    async fn require_workspace(&self, id: &str) -> Result<(), ApiError> {
+        match self.store.workspace(id).await? {
+            Some(_) => Ok(()),
+            None => Err(ApiError::not_found(format!("no workspace '{id}'"))),
+        }
+    }
+
     fn token_matches(&self, presented: &[u8]) -> bool {
         // Comparing digests keeps the comparison constant-time whatever the lengths.
         let digest: [u8; 32] = Sha256::digest(presented).into();

@@ -97,6 +97,13 @@ pub fn check_url(raw: &str, allow_insecure: bool) -> Result<url::Url, String> {
         return Err("the URL must not carry credentials".into());
     }
     let host = url.host().ok_or("the URL has no host")?;
+    // Nothing listens on port 0, in development or not: such an endpoint could never be
+    // delivered to.
+    if url.port() == Some(0) {
+        return Err(
+            "the URL's port must be 1-65535; nothing can receive deliveries on port 0".into(),
+        );
+    }
     if allow_insecure {
         return Ok(url);
     }
@@ -208,6 +215,21 @@ mod tests {
         }
         assert!(check_url("https://93.184.216.34/hook", false).is_ok());
         assert!(check_url("http://127.0.0.1:9999/hook", true).is_ok());
+    }
+
+    #[test]
+    fn port_zero_is_refused_even_when_insecure_targets_are_allowed() {
+        for (url, allow_insecure) in [
+            ("https://8.8.8.8:0/x", false),
+            ("https://example.com:0/x", false),
+            ("https://[2001:4860:4860::8888]:0/", false),
+            ("http://127.0.0.1:0/hook", true),
+        ] {
+            let err = check_url(url, allow_insecure).unwrap_err();
+            assert!(err.contains("port"), "{url}: {err}");
+        }
+        assert!(check_url("https://8.8.8.8:8443/x", false).is_ok());
+        assert!(check_url("http://127.0.0.1:1/hook", true).is_ok());
     }
 
     #[test]

@@ -413,13 +413,25 @@ impl RedisStore {
     }
 }
 
-/// Reads an event from a log entry.
+/// Reads an event from a log entry. A field the event reads that is there but not UTF-8 makes
+/// the entry malformed: taken for absent, a `data` of raw bytes would go out as `{}`.
 fn parse(entry: &StreamId) -> Result<Event, String> {
-    Event::from_log_entry(&entry.id, |name| match entry.map.get(name) {
-        Some(redis::Value::BulkString(bytes)) => std::str::from_utf8(bytes).ok(),
+    let not_utf8 = std::cell::OnceCell::new();
+    let event = Event::from_log_entry(&entry.id, |name| match entry.map.get(name) {
+        Some(redis::Value::BulkString(bytes)) => {
+            let text = std::str::from_utf8(bytes).ok();
+            if text.is_none() {
+                not_utf8.get_or_init(|| name.to_string());
+            }
+            text
+        }
         Some(redis::Value::SimpleString(s)) => Some(s.as_str()),
         _ => None,
-    })
+    });
+    match not_utf8.into_inner() {
+        Some(name) => Err(format!("the '{name}' field is not UTF-8")),
+        None => event,
+    }
 }
 
 /// Follows the log from a position, without a group.
@@ -602,5 +614,45 @@ impl EventFeed for Group {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(fields: &[(&str, &[u8])]) -> StreamId {
+        StreamId {
+            id: "1764115200123-0".into(),
+            map: fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), redis::Value::BulkString(v.to_vec())))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_field_that_is_not_utf8_makes_the_entry_malformed() {
+        let good = entry(&[
+            ("type", b"image.batch.completed"),
+            ("workspace", b"ws_1"),
+            ("data", br#"{"batch_id":"b"}"#),
+        ]);
+        assert_eq!(parse(&good).unwrap().data["batch_id"], "b");
+        for (name, bad) in [
+            ("data", &b"{\"x\":\"\xff\"}"[..]),
+            ("workspace", b"ws_\xfe"),
+        ] {
+            let mut fields = vec![
+                ("type", &b"image.batch.completed"[..]),
+                ("workspace", b"ws_1"),
+                ("data", b"{}"),
+            ];
+            fields.retain(|(k, _)| *k != name);
+            fields.push((name, bad));
+            let why = parse(&entry(&fields)).unwrap_err();
+            assert_eq!(why, format!("the '{name}' field is not UTF-8"));
+        }
     }
 }
