@@ -441,28 +441,25 @@ async fn events_written_straight_to_the_stream_are_delivered_and_bad_entries_ski
     let client = redis::Client::open(redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let stream = format!("{{{}}}:events", s._ns.name);
-    let _: String = redis::cmd("XADD")
-        .arg(&stream)
-        .arg("*")
-        .arg("type")
-        .arg("no.such.event")
-        .arg("workspace")
-        .arg(&s.ws)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let entry: String = redis::cmd("XADD")
-        .arg(&stream)
-        .arg("*")
-        .arg("type")
-        .arg("image.batch.completed")
-        .arg("workspace")
-        .arg(&s.ws)
-        .arg("data")
-        .arg(r#"{"batch_id":"batch_1"}"#)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _ = append_raw(
+        &mut conn,
+        &stream,
+        &[
+            ("type", "no.such.event".as_bytes()),
+            ("workspace", s.ws.as_bytes()),
+        ],
+    )
+    .await;
+    let entry = append_raw(
+        &mut conn,
+        &stream,
+        &[
+            ("type", "image.batch.completed".as_bytes()),
+            ("workspace", s.ws.as_bytes()),
+            ("data", r#"{"batch_id":"batch_1"}"#.as_bytes()),
+        ],
+    )
+    .await;
     let got = received(&receiver, "/hook", 1, Duration::from_secs(10)).await;
     let body: Value = serde_json::from_slice(&got[0].body).unwrap();
     assert_eq!(body["data"]["batch_id"], "batch_1");
@@ -478,30 +475,26 @@ async fn an_entry_whose_data_is_not_utf8_is_skipped_with_a_warning() {
     let client = redis::Client::open(redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let stream = format!("{{{}}}:events", s._ns.name);
-    let bad: String = redis::cmd("XADD")
-        .arg(&stream)
-        .arg("*")
-        .arg("type")
-        .arg("image.batch.completed")
-        .arg("workspace")
-        .arg(&s.ws)
-        .arg("data")
-        .arg(&b"{\"batch_id\":\"\xff\xfe\"}"[..])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: String = redis::cmd("XADD")
-        .arg(&stream)
-        .arg("*")
-        .arg("type")
-        .arg("image.batch.completed")
-        .arg("workspace")
-        .arg(&s.ws)
-        .arg("data")
-        .arg(r#"{"batch_id":"batch_2"}"#)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let bad = append_raw(
+        &mut conn,
+        &stream,
+        &[
+            ("type", "image.batch.completed".as_bytes()),
+            ("workspace", s.ws.as_bytes()),
+            ("data", &b"{\"batch_id\":\"\xff\xfe\"}"[..]),
+        ],
+    )
+    .await;
+    let _ = append_raw(
+        &mut conn,
+        &stream,
+        &[
+            ("type", "image.batch.completed".as_bytes()),
+            ("workspace", s.ws.as_bytes()),
+            ("data", r#"{"batch_id":"batch_2"}"#.as_bytes()),
+        ],
+    )
+    .await;
 
     // The next valid event still goes out, and the bad one never does, not even as `{}`.
     let got = received(&receiver, "/hook", 1, Duration::from_secs(10)).await;
@@ -737,4 +730,18 @@ async fn a_worker_stops_on_sigterm_and_serves_probes_and_metrics_until_then() {
     assert!(std::fs::read_to_string(log.path())
         .unwrap()
         .contains("webhook worker stopped"));
+}
+
+/// Appends an entry to the event log field by field, as any producer may; returns its id.
+async fn append_raw(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    fields: &[(&str, &[u8])],
+) -> String {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream).arg("*");
+    for (name, value) in fields {
+        cmd.arg(*name).arg(*value);
+    }
+    cmd.query_async(conn).await.unwrap()
 }
