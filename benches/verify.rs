@@ -7,6 +7,8 @@
 //! workspace budgets checked against flushed plus unflushed spend, then the cost charged);
 //! `credits_parse` reads a backend's `Service-Credits`. `event_filter_match` is an endpoint
 //! with exact and wildcard filters deciding on one event; `webhook_sign` signs a 1 KiB body.
+//! `model_sniff_*` finds the `model` of a forwarded chat body (4 and 16 KiB), after its
+//! messages or before them.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderValue, Method};
@@ -110,11 +112,52 @@ fn bench(c: &mut Criterion) {
             filters.iter().any(|f| matches_filter(f, event))
         })
     });
+    // The model of a chat body: after the messages (the Python SDK's order), and before them.
+    for (size, model_first) in [
+        (4 * 1024, false),
+        (16 * 1024 - 64, false),
+        (16 * 1024 - 64, true),
+    ] {
+        let body = chat_body(size, model_first);
+        let order = if model_first {
+            "model_first"
+        } else {
+            "model_last"
+        };
+        let name = format!("model_sniff_{}k_{order}", size.div_ceil(1024));
+        c.bench_function(&name, |b| {
+            b.iter(|| svcgate::proxy::body::sniff_model(black_box(&body), true))
+        });
+    }
     let secret = svcgate::webhooks::endpoint::new_secret();
     let body = vec![b'x'; 1024];
     c.bench_function("webhook_sign", |b| {
         b.iter(|| signature::sign(black_box(&secret), 1_764_115_200, black_box(&body)))
     });
+}
+
+/// A JSON chat-completion body of about `size` bytes: a system prompt and turns of prose with
+/// escapes and non-ASCII text, the model before or after them, and sampling parameters.
+fn chat_body(size: usize, model_first: bool) -> Vec<u8> {
+    let turn = "Summarise the \"quarterly\" report in three bullet points.\nKeep the figures \
+                exact; the café's revenue grew 12% (€1.2M). ";
+    let mut messages =
+        vec![serde_json::json!({"role": "system", "content": "You are a careful analyst."})];
+    while serde_json::to_vec(&messages).unwrap().len() < size - 80 {
+        let role = if messages.len() % 2 == 1 {
+            "user"
+        } else {
+            "assistant"
+        };
+        messages.push(serde_json::json!({"role": role, "content": turn.repeat(3)}));
+    }
+    let messages = serde_json::to_string(&messages).unwrap();
+    let model = r#""model":"gpt-large-2""#;
+    let body = match model_first {
+        true => format!(r#"{{{model},"messages":{messages},"temperature":0.2}}"#),
+        false => format!(r#"{{"messages":{messages},{model},"temperature":0.2}}"#),
+    };
+    body.into_bytes()
 }
 
 criterion_group!(benches, bench);

@@ -616,12 +616,7 @@ impl Config {
             }
         }
         for (i, b) in self.metering.project_budgets.iter().enumerate() {
-            if crate::proxy::policy::check_project(
-                http::HeaderValue::from_str(&b.project).ok().as_ref(),
-            )
-            .is_err()
-                || b.project.is_empty()
-            {
+            if !crate::proxy::policy::is_valid_project(&b.project) {
                 problems.push(Problem::new(
                     format!("metering.project_budgets[{i}].project"),
                     "must be 1-64 characters of [A-Za-z0-9._-]",

@@ -118,6 +118,17 @@ async fn invalid_project_is_refused_before_the_backend() {
             .unwrap();
         assert_error(resp, 400, "invalid_request_error").await;
     }
+    // Two headers, the second one unchecked, would reach the backend as they are.
+    let resp = gw
+        .request(Method::POST, "/v1/chat/completions")
+        .bearer_auth(&key)
+        .header("service-project", "p1")
+        .header("service-project", "not valid!")
+        .json(&json!({"model": "m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request_error").await;
     assert!(live.requests().is_empty());
 }
 
@@ -308,6 +319,37 @@ async fn revoked_keys_stop_working_at_once() {
         .as_str()
         .unwrap()
         .contains("revoked"));
+}
+
+#[tokio::test]
+async fn a_body_cut_short_is_answered_400_not_dropped() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder().live(live.addr).start().await;
+    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    let addr = gw.base.trim_start_matches("http://").to_string();
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        // 100 bytes announced, 2 sent, then the client's side closed: it still reads.
+        conn.write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+                 Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{}}"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        conn.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = Vec::new();
+        let _ = conn.read_to_end(&mut answer);
+        String::from_utf8_lossy(&answer).into_owned()
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("invalid_request_error"), "{answer}");
+    assert!(answer.contains("ended before it was complete"), "{answer}");
 }
 
 #[tokio::test]

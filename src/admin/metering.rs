@@ -116,8 +116,7 @@ pub(super) async fn set_project_budget(
     Path((workspace, project)): Path<(String, String)>,
     JsonBody(body): JsonBody<SetBudget>,
 ) -> Result<Json<ProjectBudget>, ApiError> {
-    let header = http::HeaderValue::from_str(&project).ok();
-    if header.is_none() || crate::proxy::policy::check_project(header.as_ref()).is_err() {
+    if !crate::proxy::policy::is_valid_project(&project) {
         return Err(ApiError::invalid(
             "a project is 1-64 characters of A-Z, a-z, 0-9, '.', '_' or '-'",
         ));

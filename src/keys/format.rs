@@ -14,6 +14,7 @@ use rand::distr::{Alphanumeric, SampleString};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::fmt;
 use subtle::ConstantTimeEq;
 
@@ -135,6 +136,44 @@ pub fn parse(token: &str) -> Result<Environment, KeyFormatError> {
 pub fn last4(token: &str) -> &str {
     let cut = token.len().saturating_sub(4);
     token.get(cut..).unwrap_or("")
+}
+
+/// `text` with anything in it that may be a key or token cut to its prefix and last four
+/// characters, the way keys are shown everywhere. For text a client chose that the gateway
+/// repeats (a request path in an error message, a log line, an audit record): a client that
+/// puts its key in a URL must not find it there.
+pub fn redact(text: &str) -> Cow<'_, str> {
+    // Longer than this after its prefix may be (part of) a secret; shorter cannot be guessed from.
+    const VISIBLE_UP_TO: usize = 8;
+    if !text.contains("svc_") {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("svc_") {
+        out.push_str(&rest[..at]);
+        let from = &rest[at..];
+        let len = from
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
+            .count();
+        let word = &from[..len];
+        let prefix = Environment::ALL
+            .iter()
+            .map(|env| env.key_prefix())
+            .find(|p| word.starts_with(p));
+        match prefix {
+            Some(prefix) if word.len() > prefix.len() + VISIBLE_UP_TO => {
+                out.push_str(prefix);
+                out.push('…');
+                out.push_str(last4(word));
+            }
+            _ => out.push_str(word),
+        }
+        rest = &from[len..];
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
 }
 
 fn checksum(data: &[u8]) -> [u8; CHECKSUM_LEN] {
@@ -301,5 +340,37 @@ mod tests {
     fn last4_is_the_tail() {
         assert_eq!(last4("svc_live_abcdef"), "cdef");
         assert_eq!(last4("ab"), "ab");
+    }
+
+    #[test]
+    fn keys_in_text_are_cut_to_prefix_and_last_four() {
+        let key = generate(Environment::Live).value;
+        let token = generate(Environment::Scoped).value;
+        let path = format!("/v1/{key}/x/{token}");
+        let redacted = redact(&path);
+        assert_eq!(
+            redacted,
+            format!(
+                "/v1/svc_live_…{}/x/svc_scoped_…{}",
+                last4(&key),
+                last4(&token)
+            )
+        );
+        assert!(!redacted.contains(&key[12..20]));
+        // Nothing that looks like a key: borrowed as it is.
+        assert!(matches!(redact("/v1/chat/completions"), Cow::Borrowed(_)));
+        for kept in [
+            "/v1/svc_live_",
+            "/v1/svc_live_short",
+            "svc_other_1234567890abc",
+            "svc_",
+        ] {
+            assert_eq!(redact(kept), kept);
+        }
+        // A truncated key is still cut.
+        assert_eq!(
+            redact(&key[..30]),
+            format!("svc_live_…{}", last4(&key[..30]))
+        );
     }
 }

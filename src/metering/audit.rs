@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+use crate::keys::format::redact;
 use crate::keys::{CachedKey, Environment};
 use crate::metering::Credits;
 use crate::store::Store;
@@ -42,7 +43,7 @@ pub struct AuditRecord {
     pub project: Option<String>,
     /// HTTP method.
     pub method: Cow<'static, str>,
-    /// Request path (no query string).
+    /// Request path (no query string; a key in it cut to its last four).
     pub path: String,
     /// The `model` of the JSON body, or the backend's `Service-Model`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,7 +134,7 @@ impl PendingAudit {
             environment: key.effective_environment(),
             project: self.project,
             method: method_name(&self.method),
-            path: self.uri.path().to_string(),
+            path: redact(self.uri.path()).into_owned(),
             model: self.model,
             status: self.status,
             credits: self.credits.as_f64(),

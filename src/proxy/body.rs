@@ -19,18 +19,12 @@ pub async fn read_bounded(session: &mut Session, limit: usize) -> pingora::Resul
 /// How much of a forwarded request body is kept to find its `model`.
 pub const SNIFF_LIMIT: usize = 16 * 1024;
 
-/// The top-level `model` of a JSON body, from its first [`SNIFF_LIMIT`] bytes. A complete body
-/// is parsed; a longer one is scanned for the first `"model": "…"`.
+/// The top-level `model` of a JSON body, from its first [`SNIFF_LIMIT`] bytes, at most 256
+/// characters of it. A complete body is parsed as far as its top-level `model` and no further;
+/// a longer one is scanned for the first `"model": "…"`.
 pub fn sniff_model(prefix: &[u8], complete: bool) -> Option<String> {
     if complete {
-        // Only `model` is kept: the rest of the body is skipped without building anything.
-        #[derive(serde::Deserialize)]
-        struct Sniffed<'a> {
-            #[serde(borrow, default)]
-            model: Option<std::borrow::Cow<'a, str>>,
-        }
-        let sniffed: Sniffed = serde_json::from_slice(prefix).ok()?;
-        return sniffed.model.map(|m| m.chars().take(256).collect());
+        return top_level_model(prefix).map(|model| truncate_chars(model, 256));
     }
     let needle = b"\"model\"";
     let start = prefix.windows(needle.len()).position(|w| w == needle)? + needle.len();
@@ -43,6 +37,65 @@ pub fn sniff_model(prefix: &[u8], complete: bool) -> Option<String> {
         return None;
     }
     std::str::from_utf8(&rest[..end]).ok().map(str::to_owned)
+}
+
+/// Reads a JSON object's members in order until the one named `model`. The values before it
+/// are skipped (serde_json skips without building anything) and the ones after it are never
+/// read: a body whose `model` comes first costs the same whatever its size. `None` if the body
+/// is not an object, its `model` is not a string, or the JSON breaks before `model`.
+fn top_level_model(body: &[u8]) -> Option<String> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+    use std::fmt;
+
+    /// Whether a member's name is `model`, read without allocating (escaped or not).
+    struct IsModel;
+    impl<'de> DeserializeSeed<'de> for IsModel {
+        type Value = bool;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_str(self)
+        }
+    }
+    impl Visitor<'_> for IsModel {
+        type Value = bool;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a member name")
+        }
+        fn visit_str<E>(self, name: &str) -> Result<bool, E> {
+            Ok(name == "model")
+        }
+    }
+
+    struct FindModel<'m>(&'m mut Option<String>);
+    impl<'de> Visitor<'de> for FindModel<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<(), A::Error> {
+            while let Some(is_model) = members.next_key_seed(IsModel)? {
+                if is_model {
+                    *self.0 = members.next_value()?;
+                    return Ok(());
+                }
+                members.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+
+    let mut model = None;
+    // Stopping at `model` leaves the rest of the object unread, which the deserializer reports
+    // as an error; what was found before that stands.
+    let _ = serde_json::Deserializer::from_slice(body).deserialize_map(FindModel(&mut model));
+    model
+}
+
+/// `s` cut to its first `max` characters.
+fn truncate_chars(mut s: String, max: usize) -> String {
+    if let Some((end, _)) = s.char_indices().nth(max) {
+        s.truncate(end);
+    }
+    s
 }
 
 fn trim_start(b: &[u8]) -> &[u8] {
@@ -74,5 +127,33 @@ mod tests {
         assert_eq!(sniff_model(br#"[1, 2]"#, true), None);
         assert_eq!(sniff_model(br#"{"model": "unterminated"#, false), None);
         assert_eq!(sniff_model(br#"{"model": "esc\"aped"}"#, false), None);
+    }
+
+    #[test]
+    fn a_complete_body_is_read_only_as_far_as_its_top_level_model() {
+        // Nested `model` members are not the request's model, however early they come.
+        let nested = br#"{"messages":[{"model":"inner","content":"x"}],"metadata":{"model":"m"},"model":"top"}"#;
+        assert_eq!(sniff_model(nested, true).as_deref(), Some("top"));
+        assert_eq!(
+            sniff_model(br#"{"metadata":{"model":"inner"}}"#, true),
+            None
+        );
+        // What follows `model` is never read, so it cannot spoil the answer...
+        let then_broken = br#"{"model":"first", "messages": [1, 2,"#;
+        assert_eq!(sniff_model(then_broken, true).as_deref(), Some("first"));
+        // ...but JSON that breaks before it has no model.
+        assert_eq!(
+            sniff_model(br#"{"messages": [1,, "model":"m"}"#, true),
+            None
+        );
+        // An escaped member name is still `model`; a null model is none.
+        assert_eq!(
+            sniff_model(br#"{"mod\u0065l":"escaped-name"}"#, true).as_deref(),
+            Some("escaped-name")
+        );
+        assert_eq!(sniff_model(br#"{"model":null,"n":1}"#, true), None);
+        // At most 256 characters are kept, cut on a character boundary.
+        let long = format!(r#"{{"model":"{}"}}"#, "é".repeat(300));
+        assert_eq!(sniff_model(long.as_bytes(), true), Some("é".repeat(256)));
     }
 }

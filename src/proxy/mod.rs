@@ -9,7 +9,7 @@
 //! Data flows one way: each phase reads what the previous ones left in [`RequestCtx`].
 
 pub mod auth;
-mod body;
+pub mod body;
 pub mod listen;
 pub mod policy;
 pub mod respond;
@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::ApiError;
 use crate::ids::request_id;
+use crate::keys::format::redact;
 use crate::keys::Environment;
 use crate::metering::audit::PendingAudit;
 use crate::metering::ratelimit::Decision;
@@ -201,14 +202,13 @@ impl Gateway {
             )
             .await
             .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
-        let route = self
-            .routes
-            .find(&req.method, path)
-            .ok_or_else(|| ApiError::not_found(format!("no route for {} {}", req.method, path)))?;
+        let route = self.routes.find(&req.method, path).ok_or_else(|| {
+            ApiError::not_found(format!("no route for {} {}", req.method, redact(path)))
+        })?;
         let route = ctx.route.insert(route.clone()).clone();
         let caller = ctx.caller.insert(caller);
         policy::check_scope(caller, &route)?;
-        let project = policy::check_project(req.headers.get(&SERVICE_PROJECT))?;
+        let project = policy::check_project(req.headers.get_all(&SERVICE_PROJECT))?;
         ctx.project = project.map(str::to_owned);
         let billable = route.handler == Handler::Forward;
         let (decision, verdict) = self
@@ -414,16 +414,21 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
+        let gone = FailToProxy {
+            error_code: 0,
+            can_reuse_downstream: false,
+        };
         let err = match (e.esource(), e.etype()) {
-            (
-                ErrorSource::Downstream,
-                ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed,
-            ) => {
-                // The client is gone: nobody to answer.
-                return FailToProxy {
-                    error_code: 0,
-                    can_reuse_downstream: false,
-                };
+            // The client cannot read: nobody to answer.
+            (ErrorSource::Downstream, ErrorType::WriteError) => return gone,
+            (ErrorSource::Downstream, _) if session.response_written().is_some() => return gone,
+            // The body stopped short of its length. A client that only half-closed its side
+            // still reads the answer; one that is gone makes the write below fail.
+            (ErrorSource::Downstream, ErrorType::ReadError | ErrorType::ConnectionClosed) => {
+                ApiError::invalid("the request body ended before it was complete")
+            }
+            (ErrorSource::Downstream, ErrorType::ReadTimedout) => {
+                ApiError::invalid("the request body did not arrive in time")
             }
             (ErrorSource::Downstream, _) => ApiError::invalid("malformed request"),
             (
@@ -450,11 +455,19 @@ impl ProxyHttp for Gateway {
             respond::error(session, &err, &ctx.request_id, &ctx.rate_headers()).await
         {
             tracing::debug!(request_id = %ctx.request_id, error = %write_err, "could not send error response");
+            return gone;
         }
         FailToProxy {
             error_code: err.status(),
             can_reuse_downstream: false,
         }
+    }
+
+    /// How Pingora names a request in its own log lines: method and path, any key in the path
+    /// cut to its last four.
+    fn request_summary(&self, session: &Session, _ctx: &RequestCtx) -> String {
+        let req = session.req_header();
+        format!("{} {}", req.method, redact(req.uri.path()))
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
