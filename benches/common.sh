@@ -1,21 +1,46 @@
-# Shared by the benchmark scripts (sourced, not run). Expects REDIS_URL and NS (the Redis key
-# namespace of this run) to be set; provides a work directory, process cleanup and the
-# benchmark's workspace and key.
+# Shared by the benchmark scripts (sourced, not run). Expects NS (the Redis key namespace of
+# this run) to be set; provides a work directory, process cleanup, a Redis of the run's own if
+# REDIS_URL is not set, and the benchmark's workspace and key.
 
 work=$(mktemp -d)
 pids=()
 
-# Stops the started processes, drops this run's keys from Redis and the work directory (kept,
-# and named, when KEEP is set).
+redis_pid=
+
+# Stops the started processes, drops this run's keys from Redis (or stops the run's own
+# redis-server) and the work directory (kept, and named, when KEEP is set).
 bench_cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  for pattern in "$NS:*" "{$NS}*"; do
-    redis-cli -u "$REDIS_URL" --scan --pattern "$pattern" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
-  done
+  wait "${pids[@]}" 2>/dev/null || true
+  if [ -n "$redis_pid" ]; then
+    kill "$redis_pid" 2>/dev/null || true
+    wait "$redis_pid" 2>/dev/null || true
+  else
+    for pattern in "$NS:*" "{$NS}*"; do
+      redis-cli -u "$REDIS_URL" --scan --pattern "$pattern" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null
+    done
+  fi
   if [ -n "${KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
 trap bench_cleanup EXIT
+
+# Unless REDIS_URL is set, starts a redis-server of this run's own on a free port and points
+# REDIS_URL at it: INFO commandstats counts every client's commands, so on a shared server the
+# benchmark would count other work's too.
+bench_redis() {
+  [ -n "${REDIS_URL:-}" ] && return
+  local port
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no >"$work/redis.log" 2>&1 &
+  redis_pid=$!
+  REDIS_URL="redis://127.0.0.1:$port"
+  for _ in $(seq 1 50); do
+    redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && return
+    sleep 0.1
+  done
+  echo "redis-server did not start: $(cat "$work/redis.log")" >&2
+  exit 1
+}
 
 # Waits until URL answers 2xx (a minute at most).
 wait_http() {

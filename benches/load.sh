@@ -14,7 +14,8 @@
 # Finally, it seeds KEYS keys (100,000) and drives svcgate with all of them, round robin, so
 # every one is in its key cache, and reports its resident memory then.
 #
-# Knobs (environment): DURATION (s per run, 10), CONNS (32), ROUNDS (3), KEYS (100000), REDIS_URL,
+# Knobs (environment): DURATION (s per run, 10), CONNS (32), ROUNDS (3), KEYS (100000), REDIS_URL
+# (by default a redis-server of the run's own, so the command counts are svcgate's alone),
 # PHASES (which parts to run: "saturation half many", all by default; "half" needs "saturation"),
 # FRACTIONS (of svcgate's maximum throughput, for the constant-rate runs: "0.5 0.25").
 set -euo pipefail
@@ -27,19 +28,18 @@ KEYS=${KEYS:-100000}
 PHASES=${PHASES:-saturation half many}
 FRACTIONS=${FRACTIONS:-0.5 0.25}
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
-REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 NS="loadbench-$$"
 UPSTREAM=127.0.0.1:19000 PASS=127.0.0.1:18090 AUTH=127.0.0.1:18091
 GW=127.0.0.1:18080 ADMIN=127.0.0.1:18081 METRICS=127.0.0.1:19091
 TOKEN=load-bench-admin
 
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
-redis_cli() { redis-cli -u "$REDIS_URL" "$@"; }
-redis_cli ping >/dev/null
-
 cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example auth_only --example loadgen --example seed_keys
 
 . benches/common.sh
+bench_redis
+redis_cli() { redis-cli -u "$REDIS_URL" "$@"; }
+redis_cli ping >/dev/null
 
 target/release/examples/upstream "$UPSTREAM" & up_pid=$!; pids+=($up_pid)
 target/release/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pass_pid=$!; pids+=($pass_pid)
@@ -142,7 +142,8 @@ if phase half && phase saturation; then
   # provisioned for, where the added latency is what callers feel. "busy" is how much of the
   # machine's two cores was in use during the runs: a constant rate costs more CPU per request
   # than saturation (fewer requests per wakeup), so half of the maximum rate is not half of the
-  # machine.
+  # machine. "CPU us/req" is the target process's own CPU time (user and system) per request,
+  # to set beside its figure at saturation.
   max=$(median "${RPS[svcgate]}")
   busy() { # the share of CPU time not idle between two /proc/stat "cpu" lines (user to steal)
     awk -v a="$1" -v b="$2" 'BEGIN { split(a, x); split(b, y)
@@ -151,27 +152,30 @@ if phase half && phase saturation; then
   }
   for fraction in $FRACTIONS; do
     rate=$(awk -v r="$max" -v f="$fraction" 'BEGIN { printf "%d", r * f }')
-    declare -A HP50=() HP99=() HP999=() HBUSY=()
+    declare -A HP50=() HP99=() HP999=() HBUSY=() HCPU=()
     for round in $(seq 1 "$ROUNDS"); do
       for t in direct passthrough svcgate; do
-        s0=$(head -1 /proc/stat)
+        s0=$(head -1 /proc/stat); c0=$(cpu_ticks "${PID[$t]}")
         out=$(target/release/examples/loadgen "${URL[$t]}" "$rate" "$DURATION" "$CONNS" "$key")
-        s1=$(head -1 /proc/stat)
+        s1=$(head -1 /proc/stat); c1=$(cpu_ticks "${PID[$t]}")
         HBUSY[$t]+="$(busy "$s0" "$s1") "
+        HCPU[$t]+="$(awk -v t=$((c1 - c0)) -v hz="$tick" -v n="$(sed -E 's/sent=([0-9]+).*/\1/' <<<"$out")" \
+          'BEGIN { printf "%.1f", t / hz * 1e6 / n }') "
         HP50[$t]+="$(sed -E 's/.*p50_ms=([0-9.]+).*/\1/' <<<"$out") "
         HP99[$t]+="$(sed -E 's/.*p99_ms=([0-9.]+).*/\1/' <<<"$out") "
         HP999[$t]+="$(sed -E 's/.*p999_ms=([0-9.]+).*/\1/' <<<"$out") "
       done
     done
     printf '\nat a constant %s requests/s (%s of svcgate'"'"'s maximum), %s connections (medians)\n' "$rate" "$fraction" "$CONNS"
-    printf '%-12s %10s %10s %10s %16s %18s %8s\n' target 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms' 'over Pingora ms' 'busy %'
+    printf '%-12s %10s %10s %10s %16s %18s %8s %12s\n' target 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms' 'over Pingora ms' 'busy %' 'CPU us/req'
     hdirect=$(median "${HP99[direct]}")
     hpass=$(median "${HP99[passthrough]}")
     for t in direct passthrough svcgate; do
       p99=$(median "${HP99[$t]}")
-      printf '%-12s %10s %10s %10s %16s %18s %8s\n' "$t" "$(median "${HP50[$t]}")" "$p99" "$(median "${HP999[$t]}")" \
+      printf '%-12s %10s %10s %10s %16s %18s %8s %12s\n' "$t" "$(median "${HP50[$t]}")" "$p99" "$(median "${HP999[$t]}")" \
         "$(awk -v a="$p99" -v b="$hdirect" 'BEGIN { printf "%.3f", a - b }')" \
-        "$(awk -v a="$p99" -v b="$hpass" 'BEGIN { printf "%.3f", a - b }')" "$(median "${HBUSY[$t]}")"
+        "$(awk -v a="$p99" -v b="$hpass" 'BEGIN { printf "%.3f", a - b }')" "$(median "${HBUSY[$t]}")" \
+        "$(median "${HCPU[$t]}")"
     done
     echo "svcgate p99 per round: ${HP99[svcgate]}; bare Pingora: ${HP99[passthrough]}"
   done
