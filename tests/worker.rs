@@ -409,6 +409,51 @@ async fn a_slow_endpoint_does_not_delay_a_fast_one() {
 }
 
 #[tokio::test]
+async fn endpoints_that_hang_leave_slots_for_the_others() {
+    // Four slots, two per endpoint: four endpoints that never answer could hold all of them.
+    let ns = TestNamespace::new();
+    let outbox = tempfile::tempdir().unwrap();
+    let toml = webhooks_toml(outbox.path(), "[1, 1, 1, 1, 1, 1, 1, 1]", 5);
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .toml(&format!("{toml}max_in_flight = 4\n"))
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", SCOPES).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/hang", &[Reply::Slow(Duration::from_secs(60))]);
+    for _ in 0..4 {
+        endpoint(&gw, &key, &receiver.url("/hang"), &["agent.run.*"]).await;
+    }
+    endpoint(&gw, &key, &receiver.url("/ok"), &["image.batch.*"]).await;
+    for _ in 0..4 {
+        publish(&gw, &ws, "agent.run.completed", "live").await;
+    }
+    // Sixteen deliveries to endpoints that hang, retried a second after each 5 s timeout: the
+    // first attempts take all four slots; once they have failed, those endpoints get one slot
+    // at a time and two between them.
+    eventually(Duration::from_secs(15), || async {
+        receiver.received("/hang").len() >= 6
+    })
+    .await
+    .expect("the hanging endpoints are retried");
+    for _ in 0..3 {
+        let started = Instant::now();
+        publish(&gw, &ws, "image.batch.completed", "live").await;
+        let n = receiver.received("/ok").len() + 1;
+        received(&receiver, "/ok", n, Duration::from_secs(10)).await;
+        // Not held up by an attempt that times out (5 s): there is a free slot at once.
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+}
+
+#[tokio::test]
 async fn a_worker_killed_mid_delivery_loses_nothing() {
     let s = setup("[60]", 2, true).await;
     let receiver = Receiver::start().await;

@@ -12,6 +12,7 @@ pub mod endpoint;
 pub mod mail;
 pub mod sender;
 pub mod signature;
+pub mod slots;
 pub mod worker;
 
 pub use signature::{sign, verify, VerifyError};

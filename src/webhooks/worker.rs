@@ -6,7 +6,8 @@
 //!   [`Store::enqueue_deliveries`], which stores one delivery per subscribed, active endpoint
 //!   and acknowledges the entries in the same step;
 //! - **dispatch** claims due deliveries (first attempts and retries alike) within the global and
-//!   per-endpoint in-flight caps, and runs each attempt as a task of its own;
+//!   per-endpoint in-flight caps and each endpoint's share of them ([`Slots`]: endpoints that
+//!   fail or answer slowly cannot take every slot), and runs each attempt as a task of its own;
 //! - **stats** publishes the queue's depth, its most overdue delivery and paused endpoints.
 //!
 //! Nothing lives only in this process: an entry is pending in the group until fanned out, and a
@@ -26,6 +27,7 @@ use crate::webhooks::delivery::{Delivery, DeliveryStatus};
 use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use crate::webhooks::mail::Mailer;
 use crate::webhooks::sender::Sender;
+use crate::webhooks::slots::{Outcome, Slots};
 
 /// Most event-log entries read at once.
 const INTAKE_BATCH: usize = 512;
@@ -82,8 +84,8 @@ pub struct Worker {
     settings: WorkerSettings,
     /// This worker's name in the consumer group.
     consumer: String,
-    /// Attempts in flight per endpoint.
-    in_flight: Mutex<HashMap<String, usize>>,
+    /// Attempts in flight, and each endpoint's share of them.
+    slots: Mutex<Slots>,
     /// Wakes dispatch: new deliveries were queued, or an attempt ended.
     wake: Notify,
 }
@@ -96,14 +98,15 @@ impl Worker {
         mailer: Mailer,
     ) -> Result<Arc<Self>, String> {
         let sender = Sender::new(settings.timeout, settings.allow_insecure_targets)?;
+        let slots = Slots::new(settings.max_in_flight, settings.max_in_flight_per_endpoint);
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_string());
         Ok(Arc::new(Self {
             store,
             sender,
             mailer,
             settings,
+            slots: Mutex::new(slots),
             consumer: format!("{host}-{}", new_id("w")),
-            in_flight: Mutex::default(),
             wake: Notify::new(),
         }))
     }
@@ -130,7 +133,11 @@ impl Worker {
     }
 
     fn total_in_flight(&self) -> usize {
-        self.in_flight.lock().map(|m| m.values().sum()).unwrap_or(0)
+        self.slots().in_flight()
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     async fn intake(self: Arc<Self>) {
@@ -228,13 +235,16 @@ impl Worker {
         }
     }
 
-    /// Claims what fits under the caps, and counts it in flight.
+    /// Claims what fits under the caps and each endpoint's share, and counts it in flight.
     async fn claim(&self) -> Result<Vec<ClaimedDelivery>, StoreError> {
         let (room, busy) = {
-            let map = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            let total: usize = map.values().sum();
-            let busy: Vec<(String, usize)> = map.iter().map(|(k, v)| (k.clone(), *v)).collect();
-            (self.settings.max_in_flight.saturating_sub(total), busy)
+            let slots = self.slots();
+            let (room, counted) = slots.claim_limits();
+            let counted: Vec<(String, usize)> = counted
+                .into_iter()
+                .map(|(e, n)| (e.to_string(), n))
+                .collect();
+            (room, counted)
         };
         if room == 0 {
             return Ok(Vec::new());
@@ -250,9 +260,9 @@ impl Worker {
                 busy: &busy,
             })
             .await?;
-        let mut map = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots();
         for c in &claimed {
-            *map.entry(c.delivery.endpoint.clone()).or_default() += 1;
+            slots.take(&c.delivery.endpoint);
         }
         Ok(claimed)
     }
@@ -265,14 +275,14 @@ impl Worker {
         } = claimed;
         let endpoint_id = delivery.endpoint.clone();
         let now_ms = unix_millis();
-        let (outcome, took) = match &endpoint {
+        let (outcome, took, mut share) = match &endpoint {
             None => {
                 delivery.skip("the endpoint was deleted", now_ms);
-                ("skipped", None)
+                ("skipped", None, Outcome::Gone)
             }
             Some(e) if e.status == EndpointStatus::Paused => {
                 delivery.skip("the endpoint is paused", now_ms);
-                ("skipped", None)
+                ("skipped", None, Outcome::Gone)
             }
             Some(e) => {
                 let attempt = self.sender.send(e, &delivery.event).await;
@@ -281,11 +291,15 @@ impl Worker {
                     delivery.succeed(attempt);
                     let lag = unix_millis().saturating_sub(delivery.created_ms);
                     metrics::record_delivery_lag(Duration::from_millis(lag));
-                    ("succeeded", Some(took))
+                    let share = match took > self.settings.timeout / 2 {
+                        true => Outcome::Slow,
+                        false => Outcome::Answered,
+                    };
+                    ("succeeded", Some(took), share)
                 } else if delivery.fail(attempt, &self.settings.retry_schedule) {
-                    ("failed_final", Some(took))
+                    ("failed_final", Some(took), Outcome::Failed)
                 } else {
-                    ("failed_retrying", Some(took))
+                    ("failed_retrying", Some(took), Outcome::Failed)
                 }
             }
         };
@@ -293,6 +307,7 @@ impl Worker {
         let pause = delivery.status == DeliveryStatus::Failed;
         match self.save(&delivery, pause).await {
             Ok(true) => {
+                share = Outcome::Gone;
                 if let Some(e) = endpoint {
                     tracing::warn!(endpoint = %e.id, workspace = %e.workspace, "every retry failed; endpoint paused");
                     let worker = self.clone();
@@ -311,15 +326,7 @@ impl Worker {
                 "could not save a delivery; it will be attempted again when its lease ends"
             ),
         }
-        {
-            let mut map = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = map.get_mut(&endpoint_id) {
-                *n -= 1;
-                if *n == 0 {
-                    map.remove(&endpoint_id);
-                }
-            }
-        }
+        self.slots().free(&endpoint_id, share);
         self.wake.notify_one();
     }
 
