@@ -19,10 +19,14 @@ pub fn init(config: &LogConfig) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    // A layer of its own, so no directive of the filter above can lift it.
+    // A filter of its own, so no directive of the one above can lift it. It only ever narrows
+    // that one, whose most detailed level it passes on: without that hint, every `log` record
+    // of every crate would reach the filters (Pingora writes several per request).
+    let most_detail = filter.max_level_hint().unwrap_or(LevelFilter::TRACE);
     let pingora_cap = FilterFn::new(|meta| {
         !meta.target().starts_with("pingora") || *meta.level() <= PINGORA_MAX_LEVEL
-    });
+    })
+    .with_max_level_hint(most_detail);
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = match config.format {
         LogFormat::Json => fmt.json().boxed(),
@@ -31,4 +35,20 @@ pub fn init(config: &LogConfig) {
     let _ = tracing_subscriber::registry()
         .with(fmt.with_filter(filter).with_filter(pingora_cap))
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pingora_cap_leaves_the_level_to_the_filter() {
+        std::env::remove_var("RUST_LOG");
+        init(&LogConfig {
+            level: "info".into(),
+            ..LogConfig::default()
+        });
+        // Records above `info` are dropped where they are made, not filtered one by one.
+        assert_eq!(LevelFilter::current(), LevelFilter::INFO);
+    }
 }
