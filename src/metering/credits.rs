@@ -25,30 +25,43 @@ impl Credits {
         self.0
     }
 
-    /// Parses a non-negative decimal such as `"12"`, `"0.5"` or `"3.000125"` (at most six
-    /// decimal places), exactly, without going through floating point.
+    /// Parses a non-negative decimal such as `"12"`, `"0.5"` or `"3.000125"` exactly, without
+    /// going through floating point: what a backend reports in `Service-Credits`. Past six
+    /// decimal places the amount is rounded to the nearest micro-credit, and an amount over a
+    /// trillion credits counts as a trillion, so whatever a backend reports as a plain decimal is
+    /// charged (at most) as much as it says. `None` for anything else (a sign, an exponent,
+    /// `NaN`): the caller charges its own price.
     pub fn parse_decimal(s: &str) -> Option<Self> {
         let s = s.trim();
         let (int, frac) = s.split_once('.').unwrap_or((s, ""));
         if int.is_empty() && frac.is_empty() {
             return None;
         }
-        if frac.len() > 6 || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+        if !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
             return None;
+        }
+        let int = int.trim_start_matches('0');
+        // More digits than a trillion has, or more than it: the most an amount can be.
+        if int.len() > 13 {
+            return Some(Self(MAX_CREDITS * MICROS));
         }
         let whole: i64 = if int.is_empty() { 0 } else { int.parse().ok()? };
         if whole > MAX_CREDITS {
-            return None;
+            return Some(Self(MAX_CREDITS * MICROS));
         }
-        let mut fraction: i64 = if frac.is_empty() {
+        let (kept, dropped) = frac.split_at(frac.len().min(6));
+        let mut fraction: i64 = if kept.is_empty() {
             0
         } else {
-            frac.parse().ok()?
+            kept.parse().ok()?
         };
-        for _ in frac.len()..6 {
+        for _ in kept.len()..6 {
             fraction *= 10;
         }
-        Some(Self(whole * MICROS + fraction))
+        if dropped.as_bytes().first().is_some_and(|d| *d >= b'5') {
+            fraction += 1;
+        }
+        Some(Self((whole * MICROS + fraction).min(MAX_CREDITS * MICROS)))
     }
 
     /// From a JSON number; `None` for negative, non-finite or absurdly large values.
@@ -113,18 +126,26 @@ mod tests {
             Some(Credits(3_000_125))
         );
         for bad in [
-            "",
-            ".",
-            "-1",
-            "1e3",
-            "0.1234567",
-            "abc",
-            "1.2.3",
-            "+1",
-            "99999999999999",
+            "", ".", "-1", "-0", "1e3", "abc", "1.2.3", "+1", "NaN", "inf",
         ] {
             assert_eq!(Credits::parse_decimal(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn long_fractions_round_and_huge_amounts_are_capped_not_dropped() {
+        let parse = |s| Credits::parse_decimal(s).map(Credits::micros);
+        assert_eq!(parse("0.1234567"), Some(123_457));
+        assert_eq!(parse("0.1234564"), Some(123_456));
+        assert_eq!(parse("2.000000000"), Some(2_000_000));
+        assert_eq!(parse("0.0000001"), Some(0));
+        assert_eq!(parse("0.9999995"), Some(1_000_000));
+        let max = MAX_CREDITS * MICROS;
+        assert_eq!(parse("1000000000000"), Some(max));
+        assert_eq!(parse("10000000000000"), Some(max));
+        assert_eq!(parse("99999999999999999999999999.5"), Some(max));
+        assert_eq!(parse("999999999999.9999999"), Some(max));
+        assert_eq!(parse("000000000000000000012"), Some(12_000_000));
     }
 
     #[test]
