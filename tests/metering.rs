@@ -206,6 +206,38 @@ async fn two_replicas_keep_a_budget_exactly_when_requests_are_paced() {
 }
 
 #[tokio::test]
+async fn a_workspace_new_to_a_replica_is_held_to_its_credits_from_its_first_request() {
+    let ns = TestNamespace::new();
+    // Scheduled flushes 2 s apart: only the first request's own flush can stop the fourth.
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .metering("flush_interval_ms = 2000")
+        .start()
+        .await;
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/workspaces")
+        .json(&json!({"name": "Small", "admin_emails": ["ops@example.com"], "monthly_credits": 3}))
+        .send()
+        .await
+        .unwrap();
+    let ws = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    // One credit each (the simulated backend's price). The replica learns the workspace's
+    // credits at its first request, not at its next scheduled flush, which admitted all ten.
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        statuses.push(gw.chat(&key).await.status().as_u16());
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    assert_eq!(statuses, [200, 200, 200, 402, 402, 402, 402, 402, 402, 402]);
+}
+
+#[tokio::test]
 async fn credits_low_fires_once_per_crossing_however_many_replicas_see_it() {
     let ns = TestNamespace::new();
     let (a, b) = replicas(&ns).await;
@@ -331,15 +363,29 @@ async fn a_key_in_the_path_is_cut_to_its_last_four_in_answers_and_audit_records(
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(live.requests()[0].path, path);
+    // Both requests were authenticated, so both are audited, the 404 too.
     eventually(Duration::from_secs(5), || async {
-        !audit(&gw, &format!("workspace={DEMO_WS}")).await.is_empty()
+        audit(&gw, &format!("workspace={DEMO_WS}")).await.len() == 2
     })
     .await
-    .expect("an audit record");
+    .expect("two audit records");
     let records = audit(&gw, &format!("workspace={DEMO_WS}")).await;
+    let mut seen: Vec<(String, u64)> = records
+        .iter()
+        .map(|r| {
+            (
+                r["path"].as_str().unwrap().into(),
+                r["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    seen.sort();
     assert_eq!(
-        records[0]["path"],
-        format!("/v1/agents/runs/{shown}/approve")
+        seen,
+        [
+            (format!("/v1/agents/runs/{shown}/approve"), 200),
+            (format!("/v1/{shown}"), 404)
+        ]
     );
 }
 

@@ -253,11 +253,14 @@ impl Meter {
         let mut usage_ok = true;
         let mut failing = false;
         loop {
-            tokio::select! {
-                _ = ticker.tick() => {}
+            // A workspace new to this replica is flushed for at once: until then its credits
+            // and project budgets are unknown here, and nothing it spends is refused.
+            let wanted = tokio::select! {
+                _ = ticker.tick() => false,
+                _ = self.usage.flush_wanted() => !failing,
                 _ = shutdown.changed() => break,
-            }
-            if last_usage.elapsed() >= self.config.flush_interval {
+            };
+            if wanted || last_usage.elapsed() >= self.config.flush_interval {
                 last_usage = tokio::time::Instant::now();
                 usage_ok = self.flush_usage().await;
             } else if failing || writer.queued() < AUDIT_BATCH {

@@ -202,6 +202,9 @@ pub struct Usage {
     /// Budgets per workspace and project from the configuration; the store's win. Nested, so
     /// a lookup borrows the names instead of building a `(String, String)` key per request.
     configured_project_budgets: FastMap<String, FastMap<String, i64>>,
+    /// Signalled when a request checks a workspace this replica has no totals for: until a
+    /// flush brings them, it knows neither the workspace's credits nor its projects' budgets.
+    flush_wanted: tokio::sync::Notify,
 }
 
 impl Usage {
@@ -214,7 +217,13 @@ impl Usage {
         Self {
             ledger: Mutex::new(Ledger::default()),
             configured_project_budgets: nested,
+            flush_wanted: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Completes when a request found a workspace whose budgets are not known yet.
+    pub async fn flush_wanted(&self) {
+        self.flush_wanted.notified().await
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
@@ -240,6 +249,9 @@ impl Usage {
             touch(&mut watched.projects, p, now);
         }
         let totals = ledger.totals.get(ws);
+        if totals.is_none() {
+            self.flush_wanted.notify_one();
+        }
         let pending = ledger.pending.get(ws);
         let in_flight = ledger.in_flight.get(ws);
         let spent = |pick: &dyn Fn(&PendingSpend) -> i64, base: i64| {

@@ -202,11 +202,12 @@ impl Gateway {
             )
             .await
             .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
+        // Known before the route: an authenticated request is audited whatever its answer.
+        let caller = ctx.caller.insert(caller);
         let route = self.routes.find(&req.method, path).ok_or_else(|| {
             ApiError::not_found(format!("no route for {} {}", req.method, redact(path)))
         })?;
         let route = ctx.route.insert(route.clone()).clone();
-        let caller = ctx.caller.insert(caller);
         policy::check_scope(caller, &route)?;
         let project = policy::check_project(req.headers.get_all(&SERVICE_PROJECT))?;
         ctx.project = project.map(str::to_owned);

@@ -243,8 +243,13 @@ impl GatewayBuilder {
             .spool_dir
             .clone()
             .unwrap_or_else(|| dir.path().join("spool"));
+        // Flushes every 20 ms unless the test sets its own interval.
+        let interval = match self.metering_toml.contains("flush_interval_ms") {
+            true => "",
+            false => "flush_interval_ms = 20\n",
+        };
         let metering = format!(
-            "[metering]\nflush_interval_ms = 20\nspool_dir = \"{}\"\n{}\n",
+            "[metering]\n{interval}spool_dir = \"{}\"\n{}\n",
             spool_dir.display(),
             self.metering_toml
         );
