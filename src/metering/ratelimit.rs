@@ -54,6 +54,25 @@ pub fn sliding_count(previous: u64, current: u64, ms_into_window: u64) -> u64 {
     current + (previous * overlap).div_ceil(60_000)
 }
 
+/// Milliseconds from `ms_into_window` until [`sliding_count`] falls below `max`, if nothing more
+/// is admitted: the previous minute's weight shrinks as the window slides, so a refused client
+/// may be admitted well before the minute ends.
+pub fn sliding_wait_ms(previous: u64, current: u64, ms_into_window: u64, max: u64) -> u64 {
+    let left = 60_000u64.saturating_sub(ms_into_window);
+    // The largest overlap with `previous` at which `count` requests leave room for one more:
+    // `count + ceil(p * overlap / 60_000) < max`.
+    let overlap_for = |p: u64, count: u64| match p {
+        0 => 60_000,
+        p => (max.saturating_sub(count + 1) * 60_000 / p).min(60_000),
+    };
+    if current < max {
+        left.saturating_sub(overlap_for(previous, current))
+    } else {
+        // This minute is full: into the next one, where it is the previous minute.
+        left + 60_000 - overlap_for(current, 0)
+    }
+}
+
 /// What the last flush learned about one key's requests across all replicas.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WindowCounts {
@@ -139,19 +158,21 @@ impl RateLimiter {
         let used = sliding_count(previous, current + state.local, into);
         let max = u64::from(limit.requests_per_minute);
         if used >= max {
-            let reset = (60_000 - into).div_ceil(1000).max(1);
+            let wait_ms = sliding_wait_ms(previous, current + state.local, into, max);
             return Decision {
                 allowed: false,
                 limit: limit.requests_per_minute,
                 remaining: 0,
-                reset_secs: reset,
+                reset_secs: wait_ms.div_ceil(1000).max(1),
             };
         }
         if let Err(wait_ms) = state.gcra.admit(limit, now_ms) {
+            // Refused for the burst: nothing may be sent until it refills, whatever the minute
+            // has left.
             return Decision {
                 allowed: false,
                 limit: limit.requests_per_minute,
-                remaining: (max - used) as u32,
+                remaining: 0,
                 reset_secs: wait_ms.div_ceil(1000).max(1),
             };
         }
@@ -261,6 +282,59 @@ mod tests {
         // Taking the counts moves them to the flush.
         assert_eq!(limiter.take_counts(), vec![(key.clone(), 1000, 4)]);
         assert!(limiter.take_counts().is_empty());
+    }
+
+    #[test]
+    fn retry_after_is_when_the_sliding_count_admits_again() {
+        // 30 last minute, none yet in this one, 10 s in: ceil(30 * 50/60) = 25 of 20 used.
+        let (limiter, limit) = (
+            RateLimiter::new(),
+            Limit {
+                requests_per_minute: 20,
+                burst: 100,
+            },
+        );
+        let minute = 1000;
+        let start = minute * 60_000;
+        assert!(limiter.check("k", limit, start - 1).allowed);
+        limiter.take_counts();
+        limiter.set_global(
+            "k",
+            WindowCounts {
+                window: minute,
+                previous: 30,
+                current: 0,
+            },
+        );
+        let refused = limiter.check("k", limit, start + 10_000);
+        assert!(!refused.allowed);
+        // At 22 s the previous minute weighs ceil(30 * 38/60) = 19: room for one.
+        assert_eq!(refused.reset_secs, 12);
+        assert!(!limiter.check("k", limit, start + 21_999).allowed);
+        assert!(limiter.check("k", limit, start + 22_000).allowed);
+    }
+
+    #[test]
+    fn a_full_minute_waits_into_the_next() {
+        assert_eq!(sliding_wait_ms(0, 20, 50_000, 20), 10_000 + 3_000);
+        assert_eq!(sliding_count(20, 0, 3_000), 19);
+        assert_eq!(sliding_count(20, 0, 2_999), 20);
+        assert_eq!(sliding_wait_ms(0, 20, 50_000, 1), 10_000 + 60_000);
+    }
+
+    #[test]
+    fn a_burst_refusal_says_nothing_is_left_for_now() {
+        let limiter = RateLimiter::new();
+        let limit = Limit {
+            requests_per_minute: 60,
+            burst: 2,
+        };
+        let t = 60_000 * 7;
+        assert!(limiter.check("k", limit, t).allowed);
+        assert!(limiter.check("k", limit, t).allowed);
+        let refused = limiter.check("k", limit, t);
+        assert!(!refused.allowed);
+        assert_eq!((refused.remaining, refused.reset_secs), (0, 1));
     }
 
     #[test]
