@@ -277,8 +277,13 @@ async fn failures_are_retried_on_schedule_then_the_endpoint_pauses_and_admins_ar
     assert_eq!(body["replayed"], 1);
     let got = received(&receiver, "/hook", 4, Duration::from_secs(10)).await;
     assert_eq!(header(&got[3], "service-event-id"), missed);
+    // The attempt is saved after the receiver has answered.
+    eventually(Duration::from_secs(5), || async {
+        deliveries(&s.gw, &s.key, &id).await[0]["status"] == "succeeded"
+    })
+    .await
+    .expect("the replay is saved as succeeded");
     let listed = deliveries(&s.gw, &s.key, &id).await;
-    assert_eq!(listed[0]["status"], "succeeded");
     assert_eq!(listed[0]["replay"], true);
 }
 
@@ -613,7 +618,12 @@ async fn the_zero_config_gateway_delivers_too() {
         svcgate::ids::unix_now()
     )
     .is_ok());
-    assert_eq!(deliveries(&gw, &key, &id).await[0]["status"], "succeeded");
+    // The attempt is saved after the receiver has answered.
+    let saved = eventually(Duration::from_secs(5), || async {
+        deliveries(&gw, &key, &id).await[0]["status"] == "succeeded"
+    })
+    .await;
+    assert!(saved.is_some(), "the delivery is saved as succeeded");
 }
 
 #[tokio::test]
