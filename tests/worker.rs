@@ -444,9 +444,9 @@ async fn endpoints_that_hang_leave_slots_for_the_others() {
     .await
     .expect("the hanging endpoints are retried");
     for _ in 0..3 {
+        let n = receiver.received("/ok").len() + 1;
         let started = Instant::now();
         publish(&gw, &ws, "image.batch.completed", "live").await;
-        let n = receiver.received("/ok").len() + 1;
         received(&receiver, "/ok", n, Duration::from_secs(10)).await;
         // Not held up by an attempt that times out (5 s): there is a free slot at once.
         assert!(
