@@ -18,6 +18,21 @@ async fn usage(gw: &Gateway, ws: &str) -> Value {
         .unwrap()
 }
 
+/// Creates a workspace from `body` (budgets, thresholds) through the admin API; returns its id.
+async fn workspace_with(gw: &Gateway, body: Value) -> String {
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/workspaces")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 async fn audit(gw: &Gateway, query: &str) -> Vec<Value> {
     let page = gw.admin_get(&format!("/admin/v1/audit?{query}")).await;
     page["data"].as_array().cloned().unwrap_or_default()
@@ -214,16 +229,11 @@ async fn a_workspace_new_to_a_replica_is_held_to_its_credits_from_its_first_requ
         .metering("flush_interval_ms = 2000")
         .start()
         .await;
-    let resp = gw
-        .admin_request(Method::POST, "/admin/v1/workspaces")
-        .json(&json!({"name": "Small", "admin_emails": ["ops@example.com"], "monthly_credits": 3}))
-        .send()
-        .await
-        .unwrap();
-    let ws = resp.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let ws = workspace_with(
+        &gw,
+        json!({"name": "Small", "admin_emails": ["ops@example.com"], "monthly_credits": 3}),
+    )
+    .await;
     let (_, key) = gw
         .create_key_in(&ws, "live", &["chat.completions:create"])
         .await;
@@ -241,16 +251,7 @@ async fn a_workspace_new_to_a_replica_is_held_to_its_credits_from_its_first_requ
 async fn credits_low_fires_once_per_crossing_however_many_replicas_see_it() {
     let ns = TestNamespace::new();
     let (a, b) = replicas(&ns).await;
-    let resp = a
-        .admin_request(Method::POST, "/admin/v1/workspaces")
-        .json(&json!({"name": "Low", "admin_emails": ["ops@example.com"], "monthly_credits": 10, "credits_low_threshold": 7.5}))
-        .send()
-        .await
-        .unwrap();
-    let ws = resp.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let ws = workspace_with(&a, json!({"name": "Low", "admin_emails": ["ops@example.com"], "monthly_credits": 10, "credits_low_threshold": 7.5})).await;
     let (_, key) = a
         .create_key_in(&ws, "live", &["chat.completions:create"])
         .await;

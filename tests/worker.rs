@@ -488,9 +488,7 @@ async fn events_written_straight_to_the_stream_are_delivered_and_bad_entries_ski
     let s = setup("[60]", 10, false).await;
     let receiver = Receiver::start().await;
     endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["image.batch.*"]).await;
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let stream = format!("{{{}}}:events", s._ns.name);
+    let (mut conn, stream) = event_log(&s).await;
     let _ = append_raw(
         &mut conn,
         &stream,
@@ -522,9 +520,7 @@ async fn an_entry_whose_data_is_not_utf8_is_skipped_with_a_warning() {
     let s = setup("[60]", 10, false).await;
     let receiver = Receiver::start().await;
     endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["image.batch.*"]).await;
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let stream = format!("{{{}}}:events", s._ns.name);
+    let (mut conn, stream) = event_log(&s).await;
     let bad = append_raw(
         &mut conn,
         &stream,
@@ -799,4 +795,11 @@ async fn append_raw(
         cmd.arg(*name).arg(*value);
     }
     cmd.query_async(conn).await.unwrap()
+}
+
+/// A connection to the event log of `s`'s namespace, and the log's key.
+async fn event_log(s: &Setup) -> (redis::aio::MultiplexedConnection, String) {
+    let client = redis::Client::open(redis_url()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    (conn, format!("{{{}}}:events", s._ns.name))
 }

@@ -63,7 +63,7 @@ impl Slots {
     /// of slots to count as taken against `per_endpoint` (an endpoint counted at
     /// `per_endpoint` gets nothing). Endpoints this worker has no attempt out to and no trouble
     /// with are not listed: they may take `per_endpoint`.
-    pub fn claim_limits(&self) -> (usize, Vec<(&str, usize)>) {
+    pub fn claim_limits(&self) -> (usize, Vec<(String, usize)>) {
         let struggling: usize = self
             .loads
             .values()
@@ -84,7 +84,7 @@ impl Slots {
                     room = room.min(share_left);
                     share_left -= room;
                 }
-                (endpoint.as_str(), self.per_endpoint - room)
+                (endpoint.clone(), self.per_endpoint - room)
             })
             .collect();
         (self.total.saturating_sub(self.in_flight()), counted)

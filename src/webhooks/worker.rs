@@ -237,15 +237,7 @@ impl Worker {
 
     /// Claims what fits under the caps and each endpoint's share, and counts it in flight.
     async fn claim(&self) -> Result<Vec<ClaimedDelivery>, StoreError> {
-        let (room, busy) = {
-            let slots = self.slots();
-            let (room, counted) = slots.claim_limits();
-            let counted: Vec<(String, usize)> = counted
-                .into_iter()
-                .map(|(e, n)| (e.to_string(), n))
-                .collect();
-            (room, counted)
-        };
+        let (room, busy) = self.slots().claim_limits();
         if room == 0 {
             return Ok(Vec::new());
         }
