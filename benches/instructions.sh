@@ -17,6 +17,7 @@
 # Knobs (environment): REQUESTS (2500), WARMUP (750), RATE (250), REDIS_URL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash .ci/install  # cmake for the build, redis-server for the store
 
 REQUESTS=${REQUESTS:-2500}
 WARMUP=${WARMUP:-750}

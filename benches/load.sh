@@ -20,6 +20,7 @@
 # FRACTIONS (of svcgate's maximum throughput, for the constant-rate runs: "0.5 0.25").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash .ci/install  # cmake for the build, redis-server for the store
 
 DURATION=${DURATION:-10}
 CONNS=${CONNS:-32}

@@ -64,6 +64,9 @@ async fn backend_sees_identity_headers_and_never_the_credential() {
         .header("service-workspace", "ws_evil")
         .header("service-key-id", "key_evil")
         .header("service-environment", "test")
+        // The client's own headers pass, repeated ones in order.
+        .header("X-Trace", "a")
+        .header("X-Trace", "b")
         .body(body)
         .send()
         .await
@@ -88,6 +91,8 @@ async fn backend_sees_identity_headers_and_never_the_credential() {
     assert_eq!(r.headers["service-request-id"], request_id.as_str());
     assert_eq!(r.headers["service-project"], "team-a.prod_1");
     assert_eq!(r.headers.get_all("service-workspace").iter().count(), 1);
+    let trace: Vec<_> = r.headers.get_all("x-trace").iter().collect();
+    assert_eq!(trace, ["a", "b"]);
     assert_eq!(&r.body[..], body.as_bytes(), "body forwarded byte for byte");
     let raw = format!("{:?}", r.headers);
     assert!(!raw.contains(&key), "the key reached the backend");

@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod headers;
 pub mod listen;
 pub mod policy;
 pub mod respond;
@@ -386,6 +387,7 @@ impl ProxyHttp for Gateway {
                 .and_then(|v| v.to_str().ok())
                 .map(|m| m.chars().take(256).collect());
         }
+        headers::prepare_response(upstream_response, 4);
         upstream_response.insert_header(respond::REQUEST_ID, ctx.request_id.as_str())?;
         if let Some(d) = &ctx.rate {
             // Integers become header values directly, without an intermediate String.

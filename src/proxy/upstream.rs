@@ -80,12 +80,13 @@ impl Upstreams {
 
 /// Rewrites the request for the backend: drops the credential, states who is calling. For a
 /// scoped token, `Service-Key-Id` names the parent key (the one billed) and `Service-Token-Id`
-/// the token.
+/// the token. Header names go out without the client's capitalization ([`super::headers`]).
 pub fn set_identity_headers(
     req: &mut RequestHeader,
     key: &CachedKey,
     request_id: &str,
 ) -> pingora::Result<()> {
+    super::headers::prepare_request(req, IDENTITY_HEADERS.len());
     req.remove_header(&http::header::AUTHORIZATION);
     let [workspace, key_id, environment, request, token] = IDENTITY_HEADERS;
     req.insert_header(workspace, &*key.workspace)?;

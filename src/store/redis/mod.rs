@@ -864,7 +864,9 @@ impl Store for RedisStore {
     }
 
     async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
-        let mut by_workspace: HashMap<&str, Vec<&AuditRecord>> = HashMap::new();
+        // One entry per record: a fast hash, not SipHash (workspace ids are not secrets).
+        let mut by_workspace: HashMap<&str, Vec<&AuditRecord>, foldhash::fast::RandomState> =
+            HashMap::default();
         for r in records {
             by_workspace.entry(&r.workspace).or_default().push(r);
         }
