@@ -153,7 +153,7 @@ async fn still_allowed(
 }
 
 async fn write_header(session: &mut Session, request_id: &str) -> pingora::Result<()> {
-    let mut resp = ResponseHeader::build(200, Some(5))?;
+    let mut resp = ResponseHeader::build_no_case(200, Some(5))?;
     resp.insert_header(CONTENT_TYPE, "text/event-stream")?;
     resp.insert_header(CACHE_CONTROL, "no-cache")?;
     resp.insert_header(REQUEST_ID, request_id)?;

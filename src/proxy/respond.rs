@@ -31,7 +31,8 @@ pub async fn json(
         // Headers already went out (e.g. a failure mid-body): nothing valid can follow.
         return Ok(());
     }
-    let mut resp = ResponseHeader::build(status, Some(4 + extra.len()))?;
+    // Names written as on proxied responses: standard ones capitalized, others lower case.
+    let mut resp = ResponseHeader::build_no_case(status, Some(4 + extra.len()))?;
     resp.insert_header(CONTENT_TYPE, "application/json")?;
     resp.insert_header(CONTENT_LENGTH, body.len())?;
     resp.insert_header(REQUEST_ID, request_id)?;
