@@ -85,6 +85,34 @@ async fn a_minted_token_calls_the_backend_as_its_parent() {
 }
 
 #[tokio::test]
+async fn a_token_spends_its_parents_budget() {
+    let gw = Gateway::builder().start().await;
+    let (parent_id, key) = gw
+        .create_key("live", &["tokens:create", "chat.completions:create"])
+        .await;
+    let resp = gw
+        .admin_request(Method::PATCH, &format!("/admin/v1/keys/{parent_id}"))
+        .json(&json!({"monthly_budget": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let minted = mint_ok(&gw, &key, json!({"scopes": ["chat.completions:create"]})).await;
+    let token = minted["value"].as_str().unwrap();
+    // Two requests at 1 credit each (the simulated backend's price) spend the parent's budget:
+    // a token has no budget of its own to hide behind.
+    for _ in 0..2 {
+        assert_eq!(gw.chat(token).await.status(), 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_error(gw.chat(token).await, 402, "budget_exceeded").await;
+    assert_error(gw.chat(&key).await, 402, "budget_exceeded").await;
+    let other = mint_ok(&gw, &key, json!({"scopes": ["chat.completions:create"]})).await;
+    let other = other["value"].as_str().unwrap();
+    assert_error(gw.chat(other).await, 402, "budget_exceeded").await;
+}
+
+#[tokio::test]
 async fn expires_in_defaults_to_the_maximum() {
     let gw = Gateway::builder().start().await;
     let (_, key) = gw

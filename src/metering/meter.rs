@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit};
+use super::credits::Credits;
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
 use super::usage::{BudgetScope, PendingSpend, RateFlush, Usage, UsageFlush};
@@ -123,10 +124,11 @@ impl Meter {
 
     /// Rate limit (429), then — for a `billable` request, one a backend answers — budgets
     /// (402). The rate decision comes back either way: its `RateLimit-*` headers go on every
-    /// answer.
+    /// answer. `budget` is the billed key's monthly budget: a scoped token's parent's.
     pub fn admit(
         &self,
         key: &CachedKey,
+        budget: Option<Credits>,
         project: Option<&str>,
         billable: bool,
         now_ms: u64,
@@ -153,7 +155,7 @@ impl Meter {
         if !billable || key.effective_environment() == Environment::Test {
             return (decision, Ok(()));
         }
-        let verdict = self.usage.check(key, project).map_err(|scope| {
+        let verdict = self.usage.check(key, budget, project).map_err(|scope| {
             crate::metrics::record_policy_rejection(match scope {
                 BudgetScope::Key => "budget_key",
                 BudgetScope::Project => "budget_project",

@@ -231,7 +231,12 @@ impl Usage {
     }
 
     /// Refuses a request whose key, project or workspace has spent its monthly budget.
-    pub fn check(&self, key: &CachedKey, project: Option<&str>) -> Result<(), BudgetScope> {
+    pub fn check(
+        &self,
+        key: &CachedKey,
+        budget: Option<Credits>,
+        project: Option<&str>,
+    ) -> Result<(), BudgetScope> {
         let mut ledger = self.ledger();
         let ws = &*key.workspace;
         let billed = key.billed_key_id();
@@ -242,7 +247,7 @@ impl Usage {
         };
         watched.seen = now;
         // Only a key with a budget needs its total read back; the others are charged, not read.
-        if key.monthly_budget.is_some() {
+        if budget.is_some() {
             touch(&mut watched.keys, billed, now);
         }
         if let Some(p) = project {
@@ -257,7 +262,7 @@ impl Usage {
         let spent = |pick: &dyn Fn(&PendingSpend) -> i64, base: i64| {
             base + pending.map_or(0, pick) + in_flight.map_or(0, pick)
         };
-        if let Some(budget) = key.monthly_budget {
+        if let Some(budget) = budget {
             let base = totals
                 .and_then(|t| t.keys.get(billed))
                 .copied()
@@ -450,7 +455,7 @@ mod tests {
     fn a_key_budget_counts_flushed_and_unflushed_spend() {
         let usage = Usage::new(HashMap::new());
         let k = key(Some(3_000_000));
-        assert_eq!(usage.check(&k, None), Ok(()));
+        assert_eq!(usage.check(&k, k.monthly_budget, None), Ok(()));
         usage.charge(&k, None, Credits::from_micros(1_000_000));
         let (_, flush) = usage.begin_flush("2026-11");
         assert_eq!(flush[0].total, 1_000_000);
@@ -464,9 +469,12 @@ mod tests {
         let mut snapshot = UsageSnapshot::default();
         snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
-        assert_eq!(usage.check(&k, None), Ok(()));
+        assert_eq!(usage.check(&k, k.monthly_budget, None), Ok(()));
         usage.charge(&k, None, Credits::from_micros(500_000));
-        assert_eq!(usage.check(&k, None), Err(BudgetScope::Key));
+        assert_eq!(
+            usage.check(&k, k.monthly_budget, None),
+            Err(BudgetScope::Key)
+        );
     }
 
     #[test]
@@ -496,8 +504,11 @@ mod tests {
         let usage = Usage::new(configured);
         let k = key(None);
         usage.charge(&k, Some("p"), Credits::from_micros(5));
-        assert_eq!(usage.check(&k, Some("p")), Err(BudgetScope::Project));
-        assert_eq!(usage.check(&k, Some("q")), Ok(()));
+        assert_eq!(
+            usage.check(&k, k.monthly_budget, Some("p")),
+            Err(BudgetScope::Project)
+        );
+        assert_eq!(usage.check(&k, k.monthly_budget, Some("q")), Ok(()));
         usage.begin_flush("2026-11");
         let mut snapshot = UsageSnapshot::default();
         snapshot.workspaces.insert(
@@ -509,10 +520,13 @@ mod tests {
             },
         );
         usage.finish_flush(&snapshot);
-        assert_eq!(usage.check(&k, Some("q")), Err(BudgetScope::Workspace));
+        assert_eq!(
+            usage.check(&k, k.monthly_budget, Some("q")),
+            Err(BudgetScope::Workspace)
+        );
         // A new month starts from zero.
         usage.begin_flush("2026-12");
-        assert_eq!(usage.check(&k, Some("q")), Ok(()));
+        assert_eq!(usage.check(&k, k.monthly_budget, Some("q")), Ok(()));
     }
 
     #[test]
@@ -528,8 +542,8 @@ mod tests {
         let capped = key(Some(10));
         let mut free = key(None);
         free.id = "key_2".into();
-        usage.check(&free, Some("p")).unwrap();
-        usage.check(&capped, None).unwrap();
+        usage.check(&free, free.monthly_budget, Some("p")).unwrap();
+        usage.check(&capped, capped.monthly_budget, None).unwrap();
         let (_, batch) = usage.begin_flush("2026-11");
         assert_eq!(batch.len(), 1);
         assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
@@ -539,10 +553,15 @@ mod tests {
         let mut snapshot = UsageSnapshot::default();
         snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
-        assert_eq!(usage.check(&capped, None), Err(BudgetScope::Key));
+        assert_eq!(
+            usage.check(&capped, capped.monthly_budget, None),
+            Err(BudgetScope::Key)
+        );
         // The budgeted key stays in use; the project is not named again.
         for _ in 0..WATCH_IDLE_FLUSHES {
-            usage.check(&capped, None).unwrap_err();
+            usage
+                .check(&capped, capped.monthly_budget, None)
+                .unwrap_err();
             let (_, batch) = usage.begin_flush("2026-11");
             usage.finish_flush(&snapshot);
             assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
@@ -554,7 +573,11 @@ mod tests {
         for _ in 0..=WATCH_IDLE_FLUSHES {
             let (_, batch) = usage.begin_flush("2026-11");
             if batch.is_empty() {
-                assert_eq!(usage.check(&capped, None), Ok(()), "stale totals dropped");
+                assert_eq!(
+                    usage.check(&capped, capped.monthly_budget, None),
+                    Ok(()),
+                    "stale totals dropped"
+                );
                 return;
             }
             usage.finish_flush(&snapshot);

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::error::ApiError;
 use crate::keys::format::{self, MAX_KEY_LEN};
 use crate::keys::{CachedKey, KeyFormatError, KeyHash, Rejection};
+use crate::metering::Credits;
 use crate::store::KeyCache;
 
 /// Why a request is not authenticated.
@@ -153,6 +154,14 @@ impl Authenticated {
     /// its parent (a parent's scopes can shrink after minting).
     pub fn allows(&self, scope: &str) -> bool {
         self.key.scopes.allows(scope) && self.parent.as_ref().is_none_or(|p| p.scopes.allows(scope))
+    }
+
+    /// The monthly budget of the key billed: a scoped token has none of its own, and spends
+    /// its parent's.
+    pub fn monthly_budget(&self) -> Option<Credits> {
+        self.parent
+            .as_ref()
+            .map_or(self.key.monthly_budget, |p| p.monthly_budget)
     }
 }
 
