@@ -90,7 +90,9 @@ fn bench(c: &mut Criterion) {
     let cost = Credits::from_micros(12_500);
     c.bench_function("budget_check_and_charge", |b| {
         b.iter(|| {
-            let ok = usage.check(black_box(&key), Some("proj_a")).is_ok();
+            let ok = usage
+                .check(black_box(&key), key.monthly_budget, Some("proj_a"))
+                .is_ok();
             usage.charge(&key, Some("proj_a"), cost);
             ok
         })
