@@ -109,6 +109,24 @@ fn parse_forward_url(raw: &str) -> Result<url::Url, String> {
     }
 }
 
+/// A budget in credits: a finite number, not negative (`NaN` would reach the API as `null`, which
+/// means no budget at all).
+fn parse_budget(raw: &str) -> Result<f64, String> {
+    match raw.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err("a budget is a number of credits, 0 or more".into()),
+    }
+}
+
+/// A key id goes into the admin API's URL path, so it is checked as one: letters, digits, `_`.
+fn parse_key_id(raw: &str) -> Result<String, String> {
+    let valid = !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    match valid {
+        true => Ok(raw.to_string()),
+        false => Err("a key id is letters, digits and `_` (key_…)".into()),
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum EventsCommand {
     /// Publish a test event: a realistic sample payload of TYPE, unless --data is given.
@@ -138,7 +156,7 @@ struct AdminArgs {
     )]
     admin_url: String,
     /// Admin token.
-    #[arg(long, env = "SVCGATE_SERVER_ADMIN_TOKEN", default_value = DEMO_ADMIN_TOKEN, hide_default_value = true, global = true)]
+    #[arg(long, env = "SVCGATE_SERVER_ADMIN_TOKEN", hide_env_values = true, default_value = DEMO_ADMIN_TOKEN, hide_default_value = true, global = true)]
     admin_token: String,
 }
 
@@ -165,7 +183,7 @@ enum KeysCommand {
         #[arg(long)]
         name: Option<String>,
         /// Monthly budget in credits.
-        #[arg(long)]
+        #[arg(long, value_parser = parse_budget)]
         monthly_budget: Option<f64>,
     },
     /// List the keys of a workspace.
@@ -177,16 +195,19 @@ enum KeysCommand {
     /// Show one key.
     Show {
         /// Key id (`key_…`).
+        #[arg(value_parser = parse_key_id)]
         id: String,
     },
     /// Revoke a key at once.
     Revoke {
         /// Key id (`key_…`).
+        #[arg(value_parser = parse_key_id)]
         id: String,
     },
     /// Issue a successor key; the old one keeps working for the grace period.
     Rotate {
         /// Key id (`key_…`).
+        #[arg(value_parser = parse_key_id)]
         id: String,
         /// Grace period in seconds (default: the server's `keys.rotation_grace_seconds`).
         #[arg(long)]
@@ -198,6 +219,7 @@ enum KeysCommand {
     /// End a rotated key's grace period now.
     EndGrace {
         /// Key id (`key_…`) of the rotated (old) key.
+        #[arg(value_parser = parse_key_id)]
         id: String,
     },
 }

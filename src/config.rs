@@ -523,6 +523,18 @@ impl Config {
                 }
             }
         }
+        if self.keys.rotation_grace_seconds > crate::keys::MAX_GRACE_SECONDS {
+            problems.push(Problem::new(
+                "keys.rotation_grace_seconds",
+                format!(
+                    "must be at most {} (30 days)",
+                    crate::keys::MAX_GRACE_SECONDS
+                ),
+            ));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            problems.push(Problem::new("log.level", format!("not a log filter: {e}")));
+        }
         let w = &self.webhooks;
         if w.retry_schedule_seconds.len() > 20 {
             problems.push(Problem::new(
@@ -665,6 +677,10 @@ fn validate_routes(routes: &[RouteConfig]) -> Vec<Problem> {
     problems
 }
 
+/// `SVCGATE_*` variables that are not settings: the configuration file's path and what the
+/// CLI's client commands (`keys`, `events`, `listen`) read.
+const CLI_VARIABLES: [&str; 4] = ["CONFIG", "ADMIN_URL", "GATEWAY_URL", "API_KEY"];
+
 /// Applies `SVCGATE_<SECTION>_<KEY>` overrides to the parsed file.
 ///
 /// A value becomes a string when the setting is a string (so `SVCGATE_SERVER_ADMIN_TOKEN=1234`
@@ -681,8 +697,9 @@ fn apply_env(
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
             continue;
         };
-        // `SVCGATE_CONFIG` names the file itself; it is not a setting.
-        if rest == "CONFIG" {
+        // `SVCGATE_CONFIG` names the file itself, and the CLI's commands read where the admin
+        // API and the gateway are and the key to call with: not settings of the server.
+        if CLI_VARIABLES.contains(&rest) {
             continue;
         }
         let rest = rest.to_ascii_lowercase();
@@ -784,6 +801,9 @@ mod tests {
                 ("SVCGATE_SERVER_ADMIN_TOKEN", "12345"),
                 ("SVCGATE_UPSTREAM_LIVE", "127.0.0.1:9000"),
                 ("SVCGATE_CONFIG", "ignored"),
+                ("SVCGATE_ADMIN_URL", "http://127.0.0.1:8081"),
+                ("SVCGATE_GATEWAY_URL", "http://127.0.0.1:8080"),
+                ("SVCGATE_API_KEY", "svc_live_ignored"),
                 ("HOME", "/root"),
             ]),
         )
@@ -830,6 +850,10 @@ admin_listen = "0.0.0.0:8081"
 [upstream]
 live = "no-such-host.invalid:80"
 read_timeout_ms = 0
+[keys]
+rotation_grace_seconds = 99999999999
+[log]
+level = "not[a]filter"
 [[routes]]
 method = "POST"
 path = "/chat"
@@ -847,6 +871,8 @@ scope = "Chat"
             "upstream.read_timeout_ms",
             "routes[0].path",
             "routes[0].scope",
+            "keys.rotation_grace_seconds",
+            "log.level",
         ] {
             assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
         }

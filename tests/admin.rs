@@ -256,6 +256,22 @@ async fn bad_admin_input_gets_spec_errors() {
 }
 
 #[tokio::test]
+async fn a_key_put_where_an_id_belongs_is_not_repeated_in_the_404() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("live", &["models:read"]).await;
+    for path in [
+        format!("/admin/v1/keys/{key}"),
+        format!("/admin/v1/usage?workspace={key}"),
+    ] {
+        let resp = gw.admin_request(Method::GET, &path).send().await.unwrap();
+        let body = assert_error(resp, 404, "not_found").await;
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(!message.contains(&key), "{message}");
+        assert!(message.contains(&key[key.len() - 4..]), "{message}");
+    }
+}
+
+#[tokio::test]
 async fn reading_an_unknown_workspace_is_not_found_on_both_stores() {
     let ns = TestNamespace::new();
     for gw in [Gateway::builder().start().await, on_redis(&ns).await] {

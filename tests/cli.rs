@@ -86,6 +86,35 @@ async fn keys_cli_with_a_wrong_token_fails_cleanly() {
 }
 
 #[test]
+fn keys_cli_refuses_bad_arguments_before_calling_the_api_and_hides_the_token() {
+    let run = |args: &[&str]| {
+        svcgate_command()
+            .env("SVCGATE_SERVER_ADMIN_TOKEN", "admin-token-never-shown")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let help = run(&["keys", "create", "--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("SVCGATE_SERVER_ADMIN_TOKEN"), "{text}");
+    assert!(!text.contains("admin-token-never-shown"), "{text}");
+    // Port 9 is discard: were any of these sent, it would fail for another reason.
+    let create = ["create", "--workspace", "ws_1", "--scope", "a:b"];
+    for tail in [
+        [&create[..], &["--monthly-budget", "NaN"]].concat(),
+        [&create[..], &["--monthly-budget=-1"]].concat(),
+        vec!["revoke", "key_1/rotate?x="],
+        vec!["show", "../keys"],
+    ] {
+        let args = [&["keys", "--admin-url", "http://127.0.0.1:9"][..], &tail].concat();
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("invalid value"), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn a_bad_config_exits_non_zero_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [

@@ -11,7 +11,9 @@ use super::extract::{from_object, JsonBody, QueryParams};
 use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::unix_now;
+use crate::keys::format::redact;
 use crate::keys::scopes::is_valid_scope;
+use crate::keys::MAX_GRACE_SECONDS;
 use crate::keys::{self, format, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
 use crate::metering::Credits;
 use crate::store::Rotation;
@@ -218,8 +220,6 @@ pub(super) async fn revoke(
     Ok(Json(KeyView::from(&*revoked)))
 }
 
-/// Longest grace period a rotation may ask for: 30 days.
-const MAX_GRACE_SECONDS: u64 = 30 * 86_400;
 /// Name of the store secret that idempotent rotations derive new keys from.
 const ROTATION_SECRET: &str = "rotation";
 
@@ -346,7 +346,8 @@ pub(super) async fn end_grace(
 }
 
 fn no_such_key(id: &str) -> ApiError {
-    // Ids are ours and short; anything else is cut so the message stays small.
-    let shown: String = id.chars().take(64).collect();
+    // Ids are ours and short; anything else is cut so the message stays small, and a key
+    // pasted where its id belongs is not repeated in full.
+    let shown: String = redact(id).chars().take(64).collect();
     ApiError::not_found(format!("no key '{shown}'"))
 }

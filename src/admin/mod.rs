@@ -23,6 +23,7 @@ use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
 use crate::ids::request_id;
+use crate::keys::format::redact;
 use crate::proxy::respond::REQUEST_ID;
 use crate::store::{KeyCache, Store};
 pub use service::AdminService;
@@ -64,7 +65,10 @@ impl AdminState {
     async fn require_workspace(&self, id: &str) -> Result<(), ApiError> {
         match self.store.workspace(id).await? {
             Some(_) => Ok(()),
-            None => Err(ApiError::not_found(format!("no workspace '{id}'"))),
+            None => {
+                let shown: String = redact(id).chars().take(64).collect();
+                Err(ApiError::not_found(format!("no workspace '{shown}'")))
+            }
         }
     }
 

@@ -154,6 +154,9 @@ pub struct ScopedGrant {
     pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
+/// Longest grace period a rotation may have: 30 days.
+pub const MAX_GRACE_SECONDS: u64 = 30 * 86_400;
+
 /// A key as the request path holds it: the fields a request needs and nothing more, with the
 /// workspace and scope set shared between keys. A million of these fit in a few hundred MB.
 #[derive(Debug, Clone, PartialEq)]
