@@ -253,6 +253,20 @@ async fn bad_admin_input_gets_spec_errors() {
         .await
         .unwrap();
     assert_error(resp, 405, "invalid_request_error").await;
+    // A filter the API does not have is refused, not ignored; a path that is not UTF-8 gets
+    // the same JSON error as any other bad input.
+    for path in [
+        format!("/admin/v1/keys?workspace={DEMO_WS}&status=revoked"),
+        "/admin/v1/keys/%FF".to_string(),
+        format!("/admin/v1/workspaces/{DEMO_WS}/projects/%C3%28/budget"),
+    ] {
+        let method = match path.ends_with("budget") {
+            true => Method::PUT,
+            false => Method::GET,
+        };
+        let resp = gw.admin_request(method, &path).send().await.unwrap();
+        assert_error(resp, 400, "invalid_request_error").await;
+    }
 }
 
 #[tokio::test]

@@ -66,3 +66,17 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
             .map_err(|e| ApiError::invalid(e.body_text()))
     }
 }
+
+/// Path parameters; one that cannot be read (not UTF-8, say) is a 400 `invalid_request_error`.
+pub struct PathParams<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(v)| PathParams(v))
+            .map_err(|e| ApiError::invalid(e.body_text()))
+    }
+}

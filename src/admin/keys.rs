@@ -1,13 +1,13 @@
 //! `/admin/v1/keys…`: issue, list, show, change and revoke keys.
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use http::HeaderMap;
 use http::StatusCode;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::extract::{from_object, JsonBody, QueryParams};
+use super::extract::{from_object, JsonBody, PathParams, QueryParams};
 use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::unix_now;
@@ -121,6 +121,7 @@ pub(super) async fn create(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct ListQuery {
     workspace: Option<String>,
 }
@@ -146,7 +147,7 @@ pub(super) async fn list(
 
 pub(super) async fn show(
     State(state): State<AdminState>,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
 ) -> Result<Json<KeyView>, ApiError> {
     let key = state
         .store
@@ -177,7 +178,7 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
 
 pub(super) async fn patch(
     State(state): State<AdminState>,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
     JsonBody(body): JsonBody<PatchKey>,
 ) -> Result<Json<KeyView>, ApiError> {
     let scopes = body.scopes.as_deref().map(parse_scopes).transpose()?;
@@ -205,7 +206,7 @@ pub(super) async fn patch(
 
 pub(super) async fn revoke(
     State(state): State<AdminState>,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
 ) -> Result<Json<KeyView>, ApiError> {
     let revoked = state
         .store
@@ -236,7 +237,7 @@ pub(super) struct RotateKey {
 /// the idempotency key, so it is reproduced rather than stored.
 pub(super) async fn rotate(
     State(state): State<AdminState>,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Json<KeyView>), ApiError> {
@@ -320,7 +321,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// `POST /admin/v1/keys/{id}/end-grace`: a rotated key stops working now.
 pub(super) async fn end_grace(
     State(state): State<AdminState>,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
 ) -> Result<Json<KeyView>, ApiError> {
     let current = state
         .store

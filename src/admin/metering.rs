@@ -1,11 +1,11 @@
 //! `GET /admin/v1/audit`, `GET /admin/v1/usage` and project budgets.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use super::extract::{JsonBody, QueryParams};
+use super::extract::{JsonBody, PathParams, QueryParams};
 use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::unix_now;
@@ -113,7 +113,7 @@ pub(super) struct ProjectBudget {
 
 pub(super) async fn set_project_budget(
     State(state): State<AdminState>,
-    Path((workspace, project)): Path<(String, String)>,
+    PathParams((workspace, project)): PathParams<(String, String)>,
     JsonBody(body): JsonBody<SetBudget>,
 ) -> Result<Json<ProjectBudget>, ApiError> {
     if !crate::proxy::policy::is_valid_project(&project) {
