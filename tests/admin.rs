@@ -72,8 +72,18 @@ async fn workspaces_are_created_and_validated() {
         .unwrap();
     assert_eq!(resp.status(), 200);
 
+    // Names are limited in characters, not bytes.
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/workspaces")
+        .json(&json!({"name": "é".repeat(200)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+
     for bad in [
         json!({"name": ""}),
+        json!({"name": "é".repeat(201)}),
         json!({"name": "x", "admin_emails": ["not-an-email"]}),
         json!({"name": "x", "monthly_credits": -5}),
         json!({"name": "x", "surprise": 1}),

@@ -98,7 +98,7 @@ pub(super) async fn create(
     }
     let scopes = parse_scopes(&body.scopes)?;
     let name = body.name.unwrap_or_default();
-    if name.len() > 200 {
+    if name.chars().count() > 200 {
         return Err(ApiError::invalid("name must be at most 200 characters"));
     }
     state.require_workspace(&body.workspace).await?;
@@ -182,7 +182,7 @@ pub(super) async fn patch(
     JsonBody(body): JsonBody<PatchKey>,
 ) -> Result<Json<KeyView>, ApiError> {
     let scopes = body.scopes.as_deref().map(parse_scopes).transpose()?;
-    if body.name.as_ref().is_some_and(|n| n.len() > 200) {
+    if body.name.as_ref().is_some_and(|n| n.chars().count() > 200) {
         return Err(ApiError::invalid("name must be at most 200 characters"));
     }
     let updated = state

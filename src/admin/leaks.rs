@@ -53,7 +53,7 @@ pub(super) async fn report(
         let (key_id, action) = handle(&state, item).await?;
         revoked_any |= action == "revoked";
         results.push(LeakResult {
-            token_last4: last4(&item.token).to_string(),
+            token_last4: last4(item.token.trim()).to_string(),
             key_id,
             action,
         });

@@ -29,7 +29,7 @@ pub(super) async fn create(
     JsonBody(body): JsonBody<CreateWorkspace>,
 ) -> Result<(StatusCode, Json<Workspace>), ApiError> {
     let name = body.name.trim();
-    if name.is_empty() || name.len() > 200 {
+    if name.is_empty() || name.chars().count() > 200 {
         return Err(ApiError::invalid("name must be 1-200 characters"));
     }
     if let Some(bad) = body.admin_emails.iter().find(|e| !looks_like_email(e)) {
