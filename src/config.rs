@@ -63,6 +63,8 @@ pub struct ServerConfig {
     pub shutdown_timeout_seconds: u64,
     /// Socket used to hand listeners over during a graceful upgrade (`serve -u`).
     pub upgrade_sock: String,
+    /// How long an idle client connection stays open between requests (seconds).
+    pub keepalive_timeout_seconds: u64,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +78,7 @@ impl Default for ServerConfig {
             shutdown_grace_seconds: 5,
             shutdown_timeout_seconds: 5,
             upgrade_sock: "/tmp/svcgate_upgrade.sock".into(),
+            keepalive_timeout_seconds: 60,
         }
     }
 }
@@ -522,6 +525,12 @@ impl Config {
                     ));
                 }
             }
+        }
+        if self.server.keepalive_timeout_seconds == 0 {
+            problems.push(Problem::new(
+                "server.keepalive_timeout_seconds",
+                "must be greater than 0",
+            ));
         }
         if self.keys.rotation_grace_seconds > crate::keys::MAX_GRACE_SECONDS {
             problems.push(Problem::new(

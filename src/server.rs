@@ -117,6 +117,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         upstreams,
         meter,
         config.webhooks.allow_insecure_targets,
+        server_cfg.keepalive_timeout_seconds,
     );
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,

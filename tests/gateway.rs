@@ -64,6 +64,10 @@ async fn backend_sees_identity_headers_and_never_the_credential() {
         .header("service-workspace", "ws_evil")
         .header("service-key-id", "key_evil")
         .header("service-environment", "test")
+        // Underscore lookalikes, which CGI, WSGI and Rack read as the real ones, are dropped.
+        .header("Service_Workspace", "ws_evil")
+        .header("service_project", "evil project")
+        .header("X_Trace_Id", "kept")
         // The client's own headers pass, repeated ones in order.
         .header("X-Trace", "a")
         .header("X-Trace", "b")
@@ -91,6 +95,9 @@ async fn backend_sees_identity_headers_and_never_the_credential() {
     assert_eq!(r.headers["service-request-id"], request_id.as_str());
     assert_eq!(r.headers["service-project"], "team-a.prod_1");
     assert_eq!(r.headers.get_all("service-workspace").iter().count(), 1);
+    assert!(r.headers.get("service_workspace").is_none());
+    assert!(r.headers.get("service_project").is_none());
+    assert_eq!(r.headers["x_trace_id"], "kept");
     let trace: Vec<_> = r.headers.get_all("x-trace").iter().collect();
     assert_eq!(trace, ["a", "b"]);
     assert_eq!(&r.body[..], body.as_bytes(), "body forwarded byte for byte");
@@ -326,17 +333,15 @@ async fn revoked_keys_stop_working_at_once() {
         .contains("revoked"));
 }
 
-#[tokio::test]
-async fn a_body_cut_short_is_answered_400_not_dropped() {
-    let live = RecordingUpstream::start("live").await;
-    let gw = Gateway::builder().live(live.addr).start().await;
-    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+/// Sends a chat request that announces 100 bytes of body and sends 2, then half-closes the
+/// connection or just waits; the raw answer.
+async fn send_a_short_body(gw: &Gateway, key: &str, half_close: bool) -> String {
     let addr = gw.base.trim_start_matches("http://").to_string();
-    let answer = tokio::task::spawn_blocking(move || {
+    let key = key.to_string();
+    tokio::task::spawn_blocking(move || {
         let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-        conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
             .unwrap();
-        // 100 bytes announced, 2 sent, then the client's side closed: it still reads.
         conn.write_all(
             format!(
                 "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
@@ -345,16 +350,62 @@ async fn a_body_cut_short_is_answered_400_not_dropped() {
             .as_bytes(),
         )
         .unwrap();
-        conn.shutdown(std::net::Shutdown::Write).unwrap();
+        if half_close {
+            conn.shutdown(std::net::Shutdown::Write).unwrap();
+        }
         let mut answer = Vec::new();
         let _ = conn.read_to_end(&mut answer);
         String::from_utf8_lossy(&answer).into_owned()
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_body_cut_short_is_answered_400_not_dropped() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder().live(live.addr).start().await;
+    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    // The client's side closed: it still reads.
+    let answer = send_a_short_body(&gw, &key, true).await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("invalid_request_error"), "{answer}");
     assert!(answer.contains("ended before it was complete"), "{answer}");
+    // The client stalls: the backend, still waiting for the body, times out first. The fault
+    // is the client's, not the backend's.
+    let answer = send_a_short_body(&gw, &key, false).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("did not arrive in time"), "{answer}");
+}
+
+#[tokio::test]
+async fn an_idle_client_connection_is_closed_after_the_keepalive_timeout() {
+    let gw = Gateway::builder()
+        .server("keepalive_timeout_seconds = 1")
+        .start()
+        .await;
+    let addr = gw.base.trim_start_matches("http://").to_string();
+    let closed = tokio::task::spawn_blocking(move || {
+        let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut buf = [0u8; 4096];
+        let n = conn.read(&mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        // Idle from here on: the gateway closes its side within the timeout.
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let started = std::time::Instant::now();
+        let eof = matches!(conn.read(&mut buf), Ok(0));
+        (eof, started.elapsed())
+    })
+    .await
+    .unwrap();
+    assert!(
+        closed.0,
+        "the idle connection is still open after {:?}",
+        closed.1
+    );
 }
 
 #[tokio::test]

@@ -5,9 +5,9 @@
 //! gateway adds (five on the request, four on the response) was inserted twice and grew both
 //! maps: about a tenth of the instructions of a proxied request. Header names are
 //! case-insensitive (RFC 9110 §5.1), and HTTP/2 keeps no case at all, so before adding to a
-//! message the gateway drops the name map and reserves room for what it adds. On the wire,
-//! standard names are then written in their usual capitalization (`Content-Type`) and others in
-//! lower case (`service-request-id`), as Envoy and HTTP/2 do.
+//! message the gateway drops the name map and reserves room for what it adds. On the wire, a
+//! dozen common names are then written capitalized as Pingora knows them (`Content-Type`) and
+//! all others in lower case (`service-request-id`), as Envoy and HTTP/2 do.
 
 use pingora::http::{RequestHeader, ResponseHeader};
 

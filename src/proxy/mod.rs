@@ -102,6 +102,8 @@ pub struct Gateway {
     store: Arc<dyn Store>,
     /// Whether webhook endpoints may be `http://` or internal (development and tests).
     allow_insecure_targets: bool,
+    /// How long an idle client connection stays open between requests.
+    keepalive_secs: u64,
 }
 
 /// What `request_filter` decided.
@@ -120,6 +122,7 @@ impl Gateway {
         upstreams: Upstreams,
         meter: Arc<Meter>,
         allow_insecure_targets: bool,
+        keepalive_secs: u64,
     ) -> Self {
         Self {
             store: keys.store().clone(),
@@ -128,6 +131,7 @@ impl Gateway {
             upstreams,
             meter,
             allow_insecure_targets,
+            keepalive_secs,
         }
     }
 
@@ -303,6 +307,11 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        // Pingora keeps an idle client connection open for good (`Some(0)`), each holding a
+        // socket; it gets the configured idle timeout instead.
+        if session.get_keepalive() == Some(0) {
+            session.set_keepalive(Some(self.keepalive_secs));
+        }
         match self.admit(session, ctx).await {
             Ok(Admission::Forward) => {
                 ctx.billable = true;
@@ -438,6 +447,10 @@ impl ProxyHttp for Gateway {
                 ApiError::invalid("the request body did not arrive in time")
             }
             (ErrorSource::Downstream, _) => ApiError::invalid("malformed request"),
+            // The backend gave up waiting for a body the client stopped sending.
+            (ErrorSource::Upstream, ErrorType::ReadTimedout) if !session.is_body_done() => {
+                ApiError::invalid("the request body did not arrive in time")
+            }
             (
                 _,
                 ErrorType::ConnectTimedout

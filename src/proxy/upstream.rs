@@ -88,6 +88,7 @@ pub fn set_identity_headers(
 ) -> pingora::Result<()> {
     super::headers::prepare_request(req, IDENTITY_HEADERS.len());
     req.remove_header(&http::header::AUTHORIZATION);
+    drop_lookalikes(req);
     let [workspace, key_id, environment, request, token] = IDENTITY_HEADERS;
     req.insert_header(workspace, &*key.workspace)?;
     req.insert_header(key_id, key.billed_key_id())?;
@@ -101,6 +102,27 @@ pub fn set_identity_headers(
         }
     }
     Ok(())
+}
+
+/// Drops client headers that backends may read as the gateway's own: CGI, WSGI and Rack turn
+/// both `-` and `_` into `_`, so to them `Service_Workspace` is `Service-Workspace` (and
+/// `Service_Project` an unvalidated project). The whole `service-` namespace is the gateway's.
+fn drop_lookalikes(req: &mut RequestHeader) {
+    // The common case, no `_` in any name, costs one look at each name.
+    if !req.headers.keys().any(|n| n.as_str().contains('_')) {
+        return;
+    }
+    let lookalikes: Vec<http::HeaderName> = req
+        .headers
+        .keys()
+        .filter(|n| {
+            n.as_str().contains('_') && n.as_str().replace('_', "-").starts_with("service-")
+        })
+        .cloned()
+        .collect();
+    for name in lookalikes {
+        req.remove_header(&name);
+    }
 }
 
 #[cfg(test)]
