@@ -612,3 +612,45 @@ async fn what_cannot_be_written_at_shutdown_is_spooled_and_written_at_the_next_s
     let left = std::fs::read_dir(spool.path()).unwrap().count();
     assert_eq!(left, 0, "the spool is emptied");
 }
+
+#[tokio::test]
+async fn an_answer_the_backend_cuts_short_is_recorded_as_502_and_not_charged() {
+    // A backend that promises 100 bytes, sends 10 and closes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 64 * 1024];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                      Service-Credits: 3\r\nContent-Length: 100\r\n\r\n{\"partial\"",
+                )
+                .await;
+        }
+    });
+    let gw = Gateway::builder().live(backend).start().await;
+    let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    let resp = gw.chat(&key).await;
+    assert_eq!(
+        resp.status(),
+        200,
+        "the status went out before the body broke"
+    );
+    assert!(resp.bytes().await.is_err(), "the body is cut short");
+    eventually(Duration::from_secs(5), || async {
+        !audit(&gw, &format!("workspace={DEMO_WS}")).await.is_empty()
+    })
+    .await
+    .expect("an audit record");
+    let records = audit(&gw, &format!("workspace={DEMO_WS}")).await;
+    assert_eq!(records[0]["status"], 502);
+    assert_eq!(records[0]["credits"], 0.0);
+    let usage = gw
+        .admin_get(&format!("/admin/v1/usage?workspace={DEMO_WS}"))
+        .await;
+    assert_eq!(usage["total"], 0.0, "{usage}");
+    assert!(usage["keys"].get(&id).is_none(), "{usage}");
+}

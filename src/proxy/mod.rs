@@ -491,9 +491,16 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
-        let status = session
+        let mut status = session
             .response_written()
             .map_or(0, |resp| resp.status.as_u16());
+        // The backend failed after its answer began (cut short, or stalled past the read
+        // timeout): the client got a broken body. It counts as the 502 it is, and is not charged.
+        if e.is_some_and(|e| e.esource() == &ErrorSource::Upstream) && (200..400).contains(&status)
+        {
+            status = 502;
+            ctx.billable = false;
+        }
         let environment = ctx.caller.as_ref().map(|c| c.key.effective_environment());
         let elapsed = ctx.started.elapsed();
         let route = match &ctx.route {
