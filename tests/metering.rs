@@ -146,6 +146,17 @@ async fn project_budgets_from_the_admin_api_apply() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
+    // Removing a budget takes an explicit `null`; an empty body is a mistake, not a removal.
+    let resp = gw
+        .admin_request(
+            Method::PUT,
+            &format!("/admin/v1/workspaces/{DEMO_WS}/projects/team-b/budget"),
+        )
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request_error").await;
     let send = |project: &'static str| {
         gw.request(Method::POST, "/v1/chat/completions")
             .bearer_auth(&key)
@@ -613,24 +624,55 @@ async fn what_cannot_be_written_at_shutdown_is_spooled_and_written_at_the_next_s
     assert_eq!(left, 0, "the spool is emptied");
 }
 
-#[tokio::test]
-async fn an_answer_the_backend_cuts_short_is_recorded_as_502_and_not_charged() {
-    // A backend that promises 100 bytes, sends 10 and closes.
+/// The demo workspace's one audit record, once it is written.
+async fn only_audit_record(gw: &Gateway) -> Value {
+    eventually(Duration::from_secs(5), || async {
+        !audit(gw, &format!("workspace={DEMO_WS}")).await.is_empty()
+    })
+    .await
+    .expect("an audit record");
+    let records = audit(gw, &format!("workspace={DEMO_WS}")).await;
+    assert_eq!(records.len(), 1);
+    records[0].clone()
+}
+
+/// A backend that reads a request and answers every one with `response`, as raw bytes.
+async fn raw_backend(response: &'static [u8]) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = listener.local_addr().unwrap();
+    let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         while let Ok((mut conn, _)) = listener.accept().await {
             let mut buf = vec![0u8; 64 * 1024];
             let _ = conn.read(&mut buf).await;
-            let _ = conn
-                .write_all(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
-                      Service-Credits: 3\r\nContent-Length: 100\r\n\r\n{\"partial\"",
-                )
-                .await;
+            let _ = conn.write_all(response).await;
         }
     });
+    addr
+}
+
+#[tokio::test]
+async fn two_service_credits_figures_are_no_figure() {
+    let backend = raw_backend(
+        b"HTTP/1.1 200 OK\r\nService-Credits: 5\r\nService-Credits: 7\r\n\
+          Content-Length: 2\r\nConnection: close\r\n\r\n{}",
+    )
+    .await;
+    let gw = Gateway::builder().live(backend).start().await;
+    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    assert_eq!(gw.chat(&key).await.status(), 200);
+    // As `5, 7` on one line: the route's price (1), not the first figure.
+    assert_eq!(only_audit_record(&gw).await["credits"], 1.0);
+}
+
+#[tokio::test]
+async fn an_answer_the_backend_cuts_short_is_recorded_as_502_and_not_charged() {
+    // Promises 100 bytes, sends 10 and closes.
+    let backend = raw_backend(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+          Service-Credits: 3\r\nContent-Length: 100\r\n\r\n{\"partial\"",
+    )
+    .await;
     let gw = Gateway::builder().live(backend).start().await;
     let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;
     let resp = gw.chat(&key).await;
@@ -640,14 +682,9 @@ async fn an_answer_the_backend_cuts_short_is_recorded_as_502_and_not_charged() {
         "the status went out before the body broke"
     );
     assert!(resp.bytes().await.is_err(), "the body is cut short");
-    eventually(Duration::from_secs(5), || async {
-        !audit(&gw, &format!("workspace={DEMO_WS}")).await.is_empty()
-    })
-    .await
-    .expect("an audit record");
-    let records = audit(&gw, &format!("workspace={DEMO_WS}")).await;
-    assert_eq!(records[0]["status"], 502);
-    assert_eq!(records[0]["credits"], 0.0);
+    let record = only_audit_record(&gw).await;
+    assert_eq!(record["status"], 502);
+    assert_eq!(record["credits"], 0.0);
     let usage = gw
         .admin_get(&format!("/admin/v1/usage?workspace={DEMO_WS}"))
         .await;

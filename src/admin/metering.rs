@@ -100,7 +100,8 @@ pub(super) async fn usage(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SetBudget {
-    /// `null` removes the budget.
+    /// `null` removes the budget; the member itself is required (`{}` is not a removal).
+    #[serde(deserialize_with = "Option::deserialize")]
     monthly_budget: Option<Credits>,
 }
 

@@ -389,8 +389,10 @@ impl ProxyHttp for Gateway {
         if let (Some(sent), Some(route)) = (ctx.upstream_sent, &ctx.route) {
             route.metrics.record_upstream(sent.elapsed());
         }
-        if let Some(v) = upstream_response.headers.get(&SERVICE_CREDITS) {
-            // An unreadable figure is no figure: the route's price applies.
+        let mut reported = upstream_response.headers.get_all(&SERVICE_CREDITS).iter();
+        if let (Some(v), None) = (reported.next(), reported.next()) {
+            // An unreadable figure is no figure: the route's price applies. So do two figures,
+            // on two lines as on one (`5, 7`).
             ctx.reported_credits = v.to_str().ok().and_then(Credits::parse_decimal);
         }
         if ctx.model.is_none() {
