@@ -75,7 +75,7 @@ async fn workspaces_are_created_and_validated() {
     // Names are limited in characters, not bytes.
     let resp = gw
         .admin_request(Method::POST, "/admin/v1/workspaces")
-        .json(&json!({"name": "é".repeat(200)}))
+        .json(&json!({"name": "é".repeat(200), "admin_emails": ["ops@acme.example"]}))
         .send()
         .await
         .unwrap();
@@ -83,7 +83,9 @@ async fn workspaces_are_created_and_validated() {
 
     for bad in [
         json!({"name": ""}),
-        json!({"name": "é".repeat(201)}),
+        json!({"name": "é".repeat(201), "admin_emails": ["ops@acme.example"]}),
+        json!({"name": "x"}),
+        json!({"name": "x", "admin_emails": []}),
         json!({"name": "x", "admin_emails": ["not-an-email"]}),
         json!({"name": "x", "monthly_credits": -5}),
         json!({"name": "x", "surprise": 1}),

@@ -16,7 +16,6 @@ use crate::metering::Credits;
 #[serde(deny_unknown_fields)]
 pub(super) struct CreateWorkspace {
     name: String,
-    #[serde(default)]
     admin_emails: Vec<String>,
     #[serde(default)]
     monthly_credits: Option<Credits>,
@@ -31,6 +30,10 @@ pub(super) async fn create(
     let name = body.name.trim();
     if name.is_empty() || name.chars().count() > 200 {
         return Err(ApiError::invalid("name must be 1-200 characters"));
+    }
+    // Where a paused webhook endpoint is reported (SPEC §7): someone must be told.
+    if body.admin_emails.is_empty() {
+        return Err(ApiError::invalid("admin_emails needs at least one address"));
     }
     if let Some(bad) = body.admin_emails.iter().find(|e| !looks_like_email(e)) {
         return Err(ApiError::invalid(format!(
