@@ -47,6 +47,7 @@ pub struct ServeOptions {
 
 /// Runs the gateway until it is told to stop.
 pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
+    writable_dir("metering.spool_dir", &config.metering.spool_dir)?;
     metrics::init();
     // Pingora binds its listeners after start-up and retries a taken port silently; check
     // first so a conflict fails at once with the key to change. In an upgrade the old
@@ -172,9 +173,22 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
 }
 
 fn webhook_worker(config: &Config, store: Arc<dyn Store>) -> Result<Arc<Worker>, StartError> {
+    if config.smtp.host.is_none() {
+        writable_dir("webhooks.outbox_dir", &config.webhooks.outbox_dir)?;
+    }
     let mailer = Mailer::new(&config.smtp, &config.webhooks);
     Worker::new(store, WorkerSettings::from_config(&config.webhooks), mailer)
         .map_err(StartError::Config)
+}
+
+/// Makes sure `dir` exists and takes files: what is spooled there (audit records, spend, mail)
+/// is what an outage must not lose, so a directory that cannot hold it stops start-up.
+fn writable_dir(key: &str, dir: &str) -> Result<(), StartError> {
+    let fail = |e: std::io::Error| StartError::Config(format!("{key}: cannot write to {dir}: {e}"));
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let probe = std::path::Path::new(dir).join(format!(".svcgate-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(fail)?;
+    std::fs::remove_file(&probe).map_err(fail)
 }
 
 fn connect_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {

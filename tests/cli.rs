@@ -157,6 +157,19 @@ fn a_bad_config_exits_non_zero_naming_the_key() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("SVCGATE_SERVER_THREADS"));
+
+    // A spool directory that cannot take files stops start-up before anything is bound: an
+    // outage would otherwise lose the audit records meant for it.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let out = svcgate_command()
+        .args(["serve"])
+        .env("SVCGATE_METERING_SPOOL_DIR", file.join("spool"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("metering.spool_dir"), "{stderr}");
 }
 
 #[test]
