@@ -24,17 +24,9 @@ async fn live_keys_are_revoked_and_others_reported() {
     let (_, minter) = gw
         .create_key("live", &["chat.completions:create", "tokens:create"])
         .await;
-    let scoped: Value = gw
-        .request(Method::POST, "/v1/tokens")
-        .bearer_auth(&minter)
-        .json(&json!({"scopes": ["chat.completions:create"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let scoped = scoped["value"].as_str().unwrap().to_string();
+    let scoped = gw
+        .mint_token(&minter, json!({"scopes": ["chat.completions:create"]}))
+        .await;
     let unknown = svcgate::keys::format::generate(svcgate::keys::Environment::Live).value;
 
     let resp = report(
@@ -63,7 +55,7 @@ async fn live_keys_are_revoked_and_others_reported() {
         .collect();
     assert_eq!(
         actions,
-        ["revoked", "ignored", "ignored", "not_found", "not_found"]
+        ["revoked", "ignored", "revoked", "not_found", "not_found"]
     );
     assert_eq!(results[0]["key_id"], live_id.as_str());
     assert_eq!(results[0]["token_last4"], &live[live.len() - 4..]);
@@ -76,6 +68,9 @@ async fn live_keys_are_revoked_and_others_reported() {
         200,
         "test keys are not revoked"
     );
+    // A live key's token goes alone: the key it was minted from keeps working.
+    assert_error(gw.chat(&scoped).await, 401, "authentication_error").await;
+    assert_eq!(gw.chat(&minter).await.status(), 200);
     assert!(!gw.logs().contains(&live));
 }
 
@@ -150,4 +145,53 @@ async fn a_bad_report_revokes_nothing() {
         .unwrap();
     assert_error(resp, 401, "authentication_error").await;
     assert_eq!(gw.chat(&key).await.status(), 200, "nothing was revoked");
+}
+
+#[tokio::test]
+async fn a_leaked_token_is_revoked_alone_and_still_expires_on_redis() {
+    let ns = TestNamespace::new();
+    let gw = on_redis(&ns).await;
+    let ws = gw.create_workspace().await;
+    let (_, minter) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create", "tokens:create"])
+        .await;
+    let token = gw
+        .mint_token(
+            &minter,
+            json!({"scopes": ["chat.completions:create"], "expires_in": 600}),
+        )
+        .await;
+    assert_eq!(gw.chat(&token).await.status(), 200);
+
+    let resp = report(&gw, json!([{"token": token}])).await;
+    let results: Vec<Value> = resp.json().await.unwrap();
+    assert_eq!(results[0]["action"], "revoked");
+    let token_id = results[0]["key_id"].as_str().unwrap().to_string();
+    assert!(token_id.starts_with("tok_"), "{token_id}");
+    assert_error(gw.chat(&token).await, 401, "authentication_error").await;
+    assert_eq!(gw.chat(&minter).await.status(), 200);
+
+    // The admin API shows it revoked, and refuses to change it.
+    let shown = gw.admin_get(&format!("/admin/v1/keys/{token_id}")).await;
+    assert_eq!(shown["status"], "revoked");
+    let resp = gw
+        .admin_request(Method::POST, &format!("/admin/v1/keys/{token_id}/rotate"))
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request_error").await;
+
+    // Revoked, its record still expires with the token.
+    let hash = svcgate::keys::KeyHash::of(&token).to_hex();
+    let mut conn = redis::Client::open(redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(format!("{{{}}}:keys:h:{hash}", ns.name))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!((1..=600).contains(&ttl), "ttl {ttl}");
 }

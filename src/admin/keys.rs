@@ -181,6 +181,7 @@ pub(super) async fn patch(
     PathParams(id): PathParams<String>,
     JsonBody(body): JsonBody<PatchKey>,
 ) -> Result<Json<KeyView>, ApiError> {
+    refuse_token(&id)?;
     let scopes = body.scopes.as_deref().map(parse_scopes).transpose()?;
     if body.name.as_ref().is_some_and(|n| n.chars().count() > 200) {
         return Err(ApiError::invalid("name must be at most 200 characters"));
@@ -241,6 +242,7 @@ pub(super) async fn rotate(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Json<KeyView>), ApiError> {
+    refuse_token(&id)?;
     let params: RotateKey = if body.iter().all(u8::is_ascii_whitespace) {
         RotateKey::default()
     } else {
@@ -323,6 +325,7 @@ pub(super) async fn end_grace(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,
 ) -> Result<Json<KeyView>, ApiError> {
+    refuse_token(&id)?;
     let current = state
         .store
         .key_by_id(&id)
@@ -344,6 +347,17 @@ pub(super) async fn end_grace(
     state.refresh_keys().await;
     tracing::info!(key_id = %updated.id, "rotation grace period ended");
     Ok(Json(KeyView::from(&*updated)))
+}
+
+/// A scoped token (`tok_…`) is shown and revoked like a key, never changed: its scopes and
+/// lifetime were fixed when it was minted, and it spends its parent's budget.
+fn refuse_token(id: &str) -> Result<(), ApiError> {
+    match id.starts_with("tok_") {
+        true => Err(ApiError::invalid(
+            "a scoped token cannot be changed or rotated; revoke it or let it expire",
+        )),
+        false => Ok(()),
+    }
 }
 
 fn no_such_key(id: &str) -> ApiError {

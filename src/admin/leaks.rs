@@ -64,8 +64,9 @@ pub(super) async fn report(
     Ok(Json(results))
 }
 
-/// What to do with one reported token: `revoked`, `ignored` (a test key or scoped token: they
-/// cannot bill) or `not_found`.
+/// What to do with one reported token: `revoked` (a live key, or a scoped token of one),
+/// `ignored` (a test key or a test key's token: they cannot bill or reach the live backend) or
+/// `not_found`.
 async fn handle(
     state: &AdminState,
     item: &FoundToken,
@@ -78,7 +79,12 @@ async fn handle(
         return Ok((None, "not_found"));
     };
     let key_id = Some(key.id.clone());
-    if environment != Environment::Live {
+    // A token of a live key bills it and reaches the live backend: it goes like a live key.
+    let live = match &key.scoped {
+        Some(grant) => grant.parent_environment == Environment::Live,
+        None => environment == Environment::Live,
+    };
+    if !live {
         tracing::info!(key_id = %key.id, environment = environment.as_str(), "leaked key reported, not revoked");
         return Ok((key_id, "ignored"));
     }
@@ -102,10 +108,14 @@ async fn handle(
         .store
         .update_key_emitting(&key.id, &revoke, &event)
         .await?;
-    if revoked.is_some() {
-        tracing::warn!(key_id = %key.id, workspace = %key.workspace, event_id = %event.id, "leaked key revoked");
+    match revoked {
+        Some(_) => {
+            tracing::warn!(key_id = %key.id, workspace = %key.workspace, event_id = %event.id, "leaked key revoked");
+            Ok((key_id, "revoked"))
+        }
+        // Gone between the lookup and the write (a token that just expired).
+        None => Ok((key_id, "not_found")),
     }
-    Ok((key_id, "revoked"))
 }
 
 fn revoke(k: &mut KeyRecord) {

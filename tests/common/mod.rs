@@ -493,6 +493,20 @@ impl Gateway {
         )
     }
 
+    /// Mints a scoped token with `key` (`body` as `POST /v1/tokens` takes it); its value.
+    pub async fn mint_token(&self, key: &str, body: Value) -> String {
+        let resp = self
+            .request(reqwest::Method::POST, "/v1/tokens")
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        let minted: Value = resp.json().await.unwrap();
+        minted["value"].as_str().unwrap().to_string()
+    }
+
     /// `GET` on the admin API, as JSON.
     pub async fn admin_get(&self, path: &str) -> Value {
         self.admin_request(reqwest::Method::GET, path)

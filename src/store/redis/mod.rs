@@ -7,7 +7,7 @@
 //! | `{ns}:ws:<id>` | string | workspace JSON |
 //! | `{ns}:events` | stream | the event log: fields `id`, `type`, `created`, `workspace`, `environment`, `data` (JSON) |
 //! | `{ns}:keys:h:<sha256 hex>` | string | key or scoped-token record JSON, by digest (the request path's lookup); tokens expire with a TTL |
-//! | `{ns}:keys:id:<key id>` | string | digest hex, by key id |
+//! | `{ns}:keys:id:<key id>` | string | digest hex, by key or token id (a token's expires with it) |
 //! | `{ns}:keys:ws:<workspace>` | sorted set | key ids of a workspace, scored by creation time |
 //! | `{ns}:keys:epoch` | integer | bumped by every key write |
 //! | `{ns}:keys:log` | stream | one entry `<epoch>-0 h=<digest>` per key write, capped |
@@ -143,12 +143,12 @@ return e
 /// the change and, when given one, appends an event. KEYS: record, epoch, log, events.
 /// ARGV: expected json, new json, hash hex, channel, log length, then (optional) the event's
 /// id, type, created, workspace, environment, data. Returns the new epoch, or -1 if the record
-/// changed meanwhile.
+/// changed meanwhile. A scoped token's record keeps its TTL.
 static UPDATE_KEY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-redis.call('SET', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 local e = redis.call('INCR', KEYS[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], e .. '-0', 'h', ARGV[3])
 if ARGV[6] then
@@ -780,7 +780,18 @@ impl Store for RedisStore {
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        created_or_conflict(created.is_some(), "token", &token.id)
+        created_or_conflict(created.is_some(), "token", &token.id)?;
+        // By id too, for as long, so a token can be shown and revoked like a key.
+        let _: () = self
+            .conn()
+            .set_ex(
+                self.layout.key_by_id(&token.id),
+                token.hash.to_hex(),
+                ttl_secs.max(1),
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 
     async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError> {
