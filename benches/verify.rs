@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use svcgate::config::default_routes;
 use svcgate::keys::{self, format, Environment, KeyHash, KeyParams, Scopes};
-use svcgate::metering::usage::Usage;
+use svcgate::metering::usage::{KeyBudget, Usage};
 use svcgate::metering::Credits;
 use svcgate::proxy::auth::Authenticator;
 use svcgate::proxy::routes::RouteTable;
@@ -91,7 +91,7 @@ fn bench(c: &mut Criterion) {
     c.bench_function("budget_check_and_charge", |b| {
         b.iter(|| {
             let ok = usage
-                .check(black_box(&key), key.monthly_budget, Some("proj_a"))
+                .check(black_box(&key), KeyBudget::of(&key), Some("proj_a"))
                 .is_ok();
             usage.charge(&key, Some("proj_a"), cost);
             ok

@@ -209,6 +209,38 @@ async fn rotate(
 }
 
 #[tokio::test]
+async fn a_rotation_does_not_open_a_new_months_budget() {
+    let ns = TestNamespace::new();
+    let gw = on_redis(&ns).await;
+    let ws = gw.create_workspace().await;
+    let (old_id, old_key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    let resp = gw
+        .admin_request(Method::PATCH, &format!("/admin/v1/keys/{old_id}"))
+        .json(&serde_json::json!({"monthly_budget": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Two requests at the simulated backend's price of 1 spend the budget.
+    for _ in 0..2 {
+        assert_eq!(gw.chat(&old_key).await.status(), 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_error(gw.chat(&old_key).await, 402, "budget_exceeded").await;
+
+    let resp = rotate(&gw, &old_id, serde_json::json!({}), None).await;
+    assert_eq!(resp.status(), 201);
+    let new: serde_json::Value = resp.json().await.unwrap();
+    let new_key = new["key"].as_str().unwrap();
+    // The successor inherits the budget and what the month spent of it; the old key, in its
+    // grace period, stays refused.
+    assert_error(gw.chat(new_key).await, 402, "budget_exceeded").await;
+    assert_error(gw.chat(&old_key).await, 402, "budget_exceeded").await;
+}
+
+#[tokio::test]
 async fn a_rotated_key_works_until_its_grace_period_ends() {
     let ns = TestNamespace::new();
     let (a, b) = replicas(&ns).await;

@@ -132,6 +132,10 @@ pub struct KeyRecord {
     /// For a rotated key, the key that replaces it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rotated_to: Option<String>,
+    /// The keys this one replaced, oldest first (at most [`MAX_PREDECESSORS`]): its monthly
+    /// budget counts their spend too, so a rotation does not open a new month's budget.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub predecessors: Vec<String>,
     /// For a scoped token, what it was minted from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scoped: Option<Box<ScopedGrant>>,
@@ -175,6 +179,9 @@ pub struct CachedKey {
     pub grace_until: Option<u64>,
     /// Optional monthly spending cap.
     pub monthly_budget: Option<Credits>,
+    /// Keys whose spend the budget counts besides this one's: the keys it replaced and, while
+    /// it is in its grace period, its successor. Empty without a budget.
+    pub budget_peers: Box<[Arc<str>]>,
     /// For a scoped token, what it was minted from.
     pub scoped: Option<Box<ScopedGrant>>,
     /// The visible tail of the key, for audit records.
@@ -192,6 +199,15 @@ impl CachedKey {
             status: record.status,
             grace_until: record.grace_until,
             monthly_budget: record.monthly_budget,
+            budget_peers: match record.monthly_budget {
+                Some(_) => record
+                    .predecessors
+                    .iter()
+                    .chain(&record.rotated_to)
+                    .map(|id| Arc::from(id.as_str()))
+                    .collect(),
+                None => Box::default(),
+            },
             scoped: record.scoped.clone(),
             last4: record.last4.as_bytes().try_into().unwrap_or([b'?'; 4]),
         }
@@ -286,6 +302,7 @@ pub fn issue(params: KeyParams, now: u64) -> (NewKey, KeyRecord) {
         hash: key.hash,
         rotated_from: None,
         rotated_to: None,
+        predecessors: Vec::new(),
         scoped: None,
     };
     (key, record)
@@ -317,6 +334,7 @@ pub fn mint(
         hash: key.hash,
         rotated_from: None,
         rotated_to: None,
+        predecessors: Vec::new(),
         scoped: Some(Box::new(ScopedGrant {
             parent_id: parent.id.to_string(),
             parent_hash,
@@ -328,8 +346,20 @@ pub fn mint(
     (key, record)
 }
 
+/// How many replaced keys a key's budget remembers: a dozen rotations in one month.
+pub const MAX_PREDECESSORS: usize = 12;
+
+/// `old`'s predecessors and `old` itself: what its successor's budget counts.
+fn successor_lineage(old: &KeyRecord) -> Vec<String> {
+    let mut lineage = old.predecessors.clone();
+    lineage.push(old.id.clone());
+    let excess = lineage.len().saturating_sub(MAX_PREDECESSORS);
+    lineage.drain(..excess);
+    lineage
+}
+
 /// The record of the key that replaces `old` in a rotation: same workspace, environment,
-/// scopes, name and budget.
+/// scopes, name and budget, and the budget's spend so far (`predecessors`).
 pub fn successor(old: &KeyRecord, key: &NewKey, now: u64) -> KeyRecord {
     KeyRecord {
         id: crate::ids::new_id("key"),
@@ -346,6 +376,7 @@ pub fn successor(old: &KeyRecord, key: &NewKey, now: u64) -> KeyRecord {
         hash: key.hash,
         rotated_from: Some(old.id.clone()),
         rotated_to: None,
+        predecessors: successor_lineage(old),
         scoped: None,
     }
 }
@@ -391,6 +422,7 @@ mod tests {
             hash: key.hash,
             rotated_from: None,
             rotated_to: None,
+            predecessors: Vec::new(),
             scoped: None,
         }
     }
@@ -418,6 +450,29 @@ mod tests {
         assert_eq!(token.check_usable(160), Err(Rejection::Expired));
         assert!(token.expired(160) && !token.expired(159));
         assert_eq!(parent.billed_key_id(), &*parent.id);
+    }
+
+    #[test]
+    fn a_successor_remembers_a_dozen_predecessors_for_its_budget() {
+        let mut key = record(KeyStatus::Active, None);
+        key.monthly_budget = Some(Credits::from_micros(1));
+        let mut ids = vec![key.id.clone()];
+        for _ in 0..15 {
+            key = successor(&key, &format::generate(Environment::Live), 0);
+            ids.push(key.id.clone());
+        }
+        let last = ids.pop().unwrap();
+        assert_eq!(key.id, last);
+        assert_eq!(key.predecessors, ids[ids.len() - MAX_PREDECESSORS..]);
+        assert_eq!(cached(&key).budget_peers.len(), MAX_PREDECESSORS);
+        // Rotated in turn, its successor's spend counts too; without a budget, nothing does.
+        key.rotated_to = Some("key_next".into());
+        assert_eq!(
+            cached(&key).budget_peers.last().map(|p| &**p),
+            Some("key_next")
+        );
+        key.monthly_budget = None;
+        assert!(cached(&key).budget_peers.is_empty());
     }
 
     fn cached(r: &KeyRecord) -> CachedKey {

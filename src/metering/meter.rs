@@ -12,10 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit};
-use super::credits::Credits;
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
-use super::usage::{BudgetScope, PendingSpend, RateFlush, Usage, UsageFlush};
+use super::usage::{BudgetScope, KeyBudget, PendingSpend, RateFlush, Usage, UsageFlush};
 use crate::error::ApiError;
 use crate::keys::{CachedKey, Environment};
 use crate::store::Store;
@@ -128,7 +127,7 @@ impl Meter {
     pub fn admit(
         &self,
         key: &CachedKey,
-        budget: Option<Credits>,
+        budget: Option<KeyBudget<'_>>,
         project: Option<&str>,
         billable: bool,
         now_ms: u64,

@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::Credits;
 use crate::keys::CachedKey;
@@ -182,6 +182,26 @@ struct Watched {
 pub const WATCH_IDLE_FLUSHES: u64 = 600;
 
 /// Marks `name` as checked at flush `now`, allocating only the first time.
+/// A key's monthly budget as the check needs it: the cap, and the other keys whose spend it
+/// counts (those it replaced in rotations and, during its grace period, its successor).
+#[derive(Debug, Clone, Copy)]
+pub struct KeyBudget<'a> {
+    /// The monthly cap.
+    pub limit: Credits,
+    /// The other keys of the rotation lineage.
+    pub peers: &'a [Arc<str>],
+}
+
+impl<'a> KeyBudget<'a> {
+    /// `key`'s own budget, if it has one.
+    pub fn of(key: &'a CachedKey) -> Option<Self> {
+        key.monthly_budget.map(|limit| KeyBudget {
+            limit,
+            peers: &key.budget_peers,
+        })
+    }
+}
+
 fn touch(map: &mut FastMap<Box<str>, u64>, name: &str, now: u64) {
     match map.get_mut(name) {
         Some(seen) => *seen = now,
@@ -234,7 +254,7 @@ impl Usage {
     pub fn check(
         &self,
         key: &CachedKey,
-        budget: Option<Credits>,
+        budget: Option<KeyBudget<'_>>,
         project: Option<&str>,
     ) -> Result<(), BudgetScope> {
         let mut ledger = self.ledger();
@@ -247,8 +267,11 @@ impl Usage {
         };
         watched.seen = now;
         // Only a key with a budget needs its total read back; the others are charged, not read.
-        if budget.is_some() {
+        if let Some(budget) = &budget {
             touch(&mut watched.keys, billed, now);
+            for peer in budget.peers {
+                touch(&mut watched.keys, peer, now);
+            }
         }
         if let Some(p) = project {
             touch(&mut watched.projects, p, now);
@@ -263,12 +286,12 @@ impl Usage {
             base + pending.map_or(0, pick) + in_flight.map_or(0, pick)
         };
         if let Some(budget) = budget {
-            let base = totals
-                .and_then(|t| t.keys.get(billed))
-                .copied()
-                .unwrap_or(0);
-            let used = spent(&|p| p.keys.get(billed).copied().unwrap_or(0), base);
-            if used >= budget.micros() {
+            let spent_by = |id: &str| {
+                let base = totals.and_then(|t| t.keys.get(id)).copied().unwrap_or(0);
+                spent(&|p| p.keys.get(id).copied().unwrap_or(0), base)
+            };
+            let used = spent_by(billed) + budget.peers.iter().map(|p| spent_by(p)).sum::<i64>();
+            if used >= budget.limit.micros() {
                 return Err(BudgetScope::Key);
             }
         }
@@ -435,7 +458,6 @@ pub fn credits_low_event(
 mod tests {
     use super::*;
     use crate::keys::{Environment, KeyStatus, Scopes};
-    use std::sync::Arc;
 
     fn key(budget: Option<i64>) -> CachedKey {
         CachedKey {
@@ -446,6 +468,7 @@ mod tests {
             status: KeyStatus::Active,
             grace_until: None,
             monthly_budget: budget.map(Credits::from_micros),
+            budget_peers: Box::default(),
             scoped: None,
             last4: *b"abcd",
         }
@@ -455,7 +478,7 @@ mod tests {
     fn a_key_budget_counts_flushed_and_unflushed_spend() {
         let usage = Usage::new(HashMap::new());
         let k = key(Some(3_000_000));
-        assert_eq!(usage.check(&k, k.monthly_budget, None), Ok(()));
+        assert_eq!(usage.check(&k, KeyBudget::of(&k), None), Ok(()));
         usage.charge(&k, None, Credits::from_micros(1_000_000));
         let (_, flush) = usage.begin_flush("2026-11");
         assert_eq!(flush[0].total, 1_000_000);
@@ -469,10 +492,10 @@ mod tests {
         let mut snapshot = UsageSnapshot::default();
         snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
-        assert_eq!(usage.check(&k, k.monthly_budget, None), Ok(()));
+        assert_eq!(usage.check(&k, KeyBudget::of(&k), None), Ok(()));
         usage.charge(&k, None, Credits::from_micros(500_000));
         assert_eq!(
-            usage.check(&k, k.monthly_budget, None),
+            usage.check(&k, KeyBudget::of(&k), None),
             Err(BudgetScope::Key)
         );
     }
@@ -505,10 +528,10 @@ mod tests {
         let k = key(None);
         usage.charge(&k, Some("p"), Credits::from_micros(5));
         assert_eq!(
-            usage.check(&k, k.monthly_budget, Some("p")),
+            usage.check(&k, KeyBudget::of(&k), Some("p")),
             Err(BudgetScope::Project)
         );
-        assert_eq!(usage.check(&k, k.monthly_budget, Some("q")), Ok(()));
+        assert_eq!(usage.check(&k, KeyBudget::of(&k), Some("q")), Ok(()));
         usage.begin_flush("2026-11");
         let mut snapshot = UsageSnapshot::default();
         snapshot.workspaces.insert(
@@ -521,12 +544,12 @@ mod tests {
         );
         usage.finish_flush(&snapshot);
         assert_eq!(
-            usage.check(&k, k.monthly_budget, Some("q")),
+            usage.check(&k, KeyBudget::of(&k), Some("q")),
             Err(BudgetScope::Workspace)
         );
         // A new month starts from zero.
         usage.begin_flush("2026-12");
-        assert_eq!(usage.check(&k, k.monthly_budget, Some("q")), Ok(()));
+        assert_eq!(usage.check(&k, KeyBudget::of(&k), Some("q")), Ok(()));
     }
 
     #[test]
@@ -542,8 +565,8 @@ mod tests {
         let capped = key(Some(10));
         let mut free = key(None);
         free.id = "key_2".into();
-        usage.check(&free, free.monthly_budget, Some("p")).unwrap();
-        usage.check(&capped, capped.monthly_budget, None).unwrap();
+        usage.check(&free, KeyBudget::of(&free), Some("p")).unwrap();
+        usage.check(&capped, KeyBudget::of(&capped), None).unwrap();
         let (_, batch) = usage.begin_flush("2026-11");
         assert_eq!(batch.len(), 1);
         assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
@@ -554,13 +577,13 @@ mod tests {
         snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
         assert_eq!(
-            usage.check(&capped, capped.monthly_budget, None),
+            usage.check(&capped, KeyBudget::of(&capped), None),
             Err(BudgetScope::Key)
         );
         // The budgeted key stays in use; the project is not named again.
         for _ in 0..WATCH_IDLE_FLUSHES {
             usage
-                .check(&capped, capped.monthly_budget, None)
+                .check(&capped, KeyBudget::of(&capped), None)
                 .unwrap_err();
             let (_, batch) = usage.begin_flush("2026-11");
             usage.finish_flush(&snapshot);
@@ -574,7 +597,7 @@ mod tests {
             let (_, batch) = usage.begin_flush("2026-11");
             if batch.is_empty() {
                 assert_eq!(
-                    usage.check(&capped, capped.monthly_budget, None),
+                    usage.check(&capped, KeyBudget::of(&capped), None),
                     Ok(()),
                     "stale totals dropped"
                 );

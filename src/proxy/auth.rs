@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::error::ApiError;
 use crate::keys::format::{self, MAX_KEY_LEN};
 use crate::keys::{CachedKey, KeyFormatError, KeyHash, Rejection};
-use crate::metering::Credits;
+use crate::metering::usage::KeyBudget;
 use crate::store::KeyCache;
 
 /// Why a request is not authenticated.
@@ -158,10 +158,8 @@ impl Authenticated {
 
     /// The monthly budget of the key billed: a scoped token has none of its own, and spends
     /// its parent's.
-    pub fn monthly_budget(&self) -> Option<Credits> {
-        self.parent
-            .as_ref()
-            .map_or(self.key.monthly_budget, |p| p.monthly_budget)
+    pub fn monthly_budget(&self) -> Option<KeyBudget<'_>> {
+        KeyBudget::of(self.parent.as_ref().unwrap_or(&self.key))
     }
 }
 

@@ -667,6 +667,7 @@ mod tests {
             hash: new.hash,
             rotated_from: None,
             rotated_to: None,
+            predecessors: Vec::new(),
             scoped: None,
         }
     }
