@@ -313,6 +313,12 @@ async fn a_retried_rotation_with_an_idempotency_key_returns_the_same_key() {
     let resp = rotate(&gw, &id, serde_json::json!({}), None).await;
     assert_error(resp, 400, "invalid_request_error").await;
     assert_eq!(gw.list_keys(&ws).await.len(), 2);
+
+    // Once the new key is revoked, a retry no longer hands its value out.
+    gw.revoke(first["id"].as_str().unwrap()).await;
+    let resp = rotate(&gw, &id, serde_json::json!({}), Some("retry-1")).await;
+    let body = assert_error(resp, 400, "invalid_request_error").await;
+    assert!(!body.to_string().contains(first["key"].as_str().unwrap()));
 }
 
 #[tokio::test]

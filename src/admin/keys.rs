@@ -222,6 +222,8 @@ pub(super) async fn revoke(
     Ok(Json(KeyView::from(&*revoked)))
 }
 
+/// How long a retried rotation with the same `Idempotency-Key` is shown the new key again.
+const IDEMPOTENCY_WINDOW_SECONDS: u64 = 86_400;
 /// Name of the store secret that idempotent rotations derive new keys from.
 const ROTATION_SECRET: &str = "rotation";
 
@@ -292,6 +294,15 @@ pub(super) async fn rotate(
                 .key_by_hash(&new_key.hash)
                 .await?
                 .ok_or_else(|| ApiError::not_found("the rotated key no longer exists"))?;
+            // A retry is shown the new key once more; later, or once that key is revoked or
+            // rotated in turn, the value is not handed out again.
+            let age = now.saturating_sub(existing.created_at);
+            if existing.status != KeyStatus::Active || age > IDEMPOTENCY_WINDOW_SECONDS {
+                return Err(ApiError::invalid(
+                    "this Idempotency-Key's rotation is over (its key is no longer active, or it \
+                     is more than 24 hours old); its key is not shown again",
+                ));
+            }
             KeyRecord::clone(&existing)
         }
         Rotation::NotFound => return Err(no_such_key(&id)),
