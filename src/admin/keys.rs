@@ -11,7 +11,6 @@ use super::extract::{from_object, JsonBody, PathParams, QueryParams};
 use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::unix_now;
-use crate::keys::format::redact;
 use crate::keys::scopes::is_valid_scope;
 use crate::keys::MAX_GRACE_SECONDS;
 use crate::keys::{self, format, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
@@ -372,8 +371,5 @@ fn refuse_token(id: &str) -> Result<(), ApiError> {
 }
 
 fn no_such_key(id: &str) -> ApiError {
-    // Ids are ours and short; anything else is cut so the message stays small, and a key
-    // pasted where its id belongs is not repeated in full.
-    let shown: String = redact(id).chars().take(64).collect();
-    ApiError::not_found(format!("no key '{shown}'"))
+    super::unknown("key", id)
 }

@@ -65,10 +65,7 @@ impl AdminState {
     async fn require_workspace(&self, id: &str) -> Result<(), ApiError> {
         match self.store.workspace(id).await? {
             Some(_) => Ok(()),
-            None => {
-                let shown: String = redact(id).chars().take(64).collect();
-                Err(ApiError::not_found(format!("no workspace '{shown}'")))
-            }
+            None => Err(unknown("workspace", id)),
         }
     }
 
@@ -199,4 +196,11 @@ impl IntoResponse for ApiError {
         resp.extensions_mut().insert(self);
         resp
     }
+}
+
+/// The 404 for an id the caller sent: ids are ours and short, so anything else is cut to keep
+/// the message small, and a key pasted where its id belongs is not repeated in full.
+pub(super) fn unknown(what: &str, id: &str) -> ApiError {
+    let shown: String = redact(id).chars().take(64).collect();
+    ApiError::not_found(format!("no {what} '{shown}'"))
 }
