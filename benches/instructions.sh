@@ -30,18 +30,19 @@ TOKEN=instr-bench-admin
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
 redis-cli -u "$REDIS_URL" ping >/dev/null
 cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example loadgen
+rel=${CARGO_TARGET_DIR:-target}/release  # where cargo put the binaries
 
 . benches/common.sh
 
-target/release/examples/upstream "$UPSTREAM" >/dev/null 2>&1 & pids+=($!)
+"$rel"/examples/upstream "$UPSTREAM" >/dev/null 2>&1 & pids+=($!)
 
 # count NAME URL BEARER: drive the process under callgrind; its per-thread dumps go to $work/NAME.
 count() {
   local name=$1 url=$2 bearer=$3
-  target/release/examples/loadgen "$url" "$RATE" "$(awk -v n="$WARMUP" -v r="$RATE" 'BEGIN { print n / r }')" 8 "$bearer" >/dev/null
+  "$rel"/examples/loadgen "$url" "$RATE" "$(awk -v n="$WARMUP" -v r="$RATE" 'BEGIN { print n / r }')" 8 "$bearer" >/dev/null
   sleep 1
   callgrind_control --zero "$vg_pid" >/dev/null 2>&1
-  out=$(target/release/examples/loadgen "$url" "$RATE" "$(awk -v n="$REQUESTS" -v r="$RATE" 'BEGIN { print n / r }')" 8 "$bearer")
+  out=$("$rel"/examples/loadgen "$url" "$RATE" "$(awk -v n="$REQUESTS" -v r="$RATE" 'BEGIN { print n / r }')" 8 "$bearer")
   sleep 0.5
   callgrind_control --dump "$vg_pid" >/dev/null 2>&1
   sleep 1
@@ -55,7 +56,7 @@ count() {
 }
 
 valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$work/cg.%p" \
-  target/release/examples/passthrough "$PROXY" "$UPSTREAM" >/dev/null 2>"$work/passthrough.log" & vg_pid=$!; pids+=($vg_pid)
+  "$rel"/examples/passthrough "$PROXY" "$UPSTREAM" >/dev/null 2>"$work/passthrough.log" & vg_pid=$!; pids+=($vg_pid)
 sleep 3
 count passthrough "http://$PROXY/v1/chat/completions" ""
 
@@ -65,7 +66,7 @@ SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
 SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
 SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn \
   valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$work/cg.%p" \
-  target/release/svcgate serve >/dev/null 2>"$work/svcgate.log" & vg_pid=$!; pids+=($vg_pid)
+  "$rel"/svcgate serve >/dev/null 2>"$work/svcgate.log" & vg_pid=$!; pids+=($vg_pid)
 wait_http "http://$ADMIN/healthz"
 ws=$(bench_workspace "$ADMIN" "$TOKEN")
 key=$(bench_key "$ADMIN" "$TOKEN" "$ws")
@@ -104,8 +105,8 @@ g, p = inclusive("svcgate"), inclusive("passthrough")
 # them change from build to build).
 parts = [
     ("header inserts: identity headers, request id, RateLimit-*",
-     ["pingora_http::insert_header_value", "svcgate::proxy::headers::prepare_request",
-      "svcgate::proxy::headers::prepare_response"]),
+     ["pingora_http::insert_header_value", "svcgate::proxy::headers::insert_request_headers",
+      "svcgate::proxy::headers::insert_response_headers"]),
     ("upstream read/write timeouts: timer registrations",
      ["<pingora_timeout::fast_timeout::FastTimeout as pingora_timeout::ToTimeout>::timeout"]),
     ("store thread: audit records (JSON, XADD), spend flushes", ["svcgate::metering::meter::Meter::run::{{closure}}"]),

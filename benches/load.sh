@@ -36,26 +36,27 @@ TOKEN=load-bench-admin
 
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example auth_only --example loadgen --example seed_keys
+rel=${CARGO_TARGET_DIR:-target}/release  # where cargo put the binaries
 
 . benches/common.sh
 bench_redis
 redis_cli() { redis-cli -u "$REDIS_URL" "$@"; }
 redis_cli ping >/dev/null
 
-target/release/examples/upstream "$UPSTREAM" & up_pid=$!; pids+=($up_pid)
-target/release/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pass_pid=$!; pids+=($pass_pid)
+"$rel"/examples/upstream "$UPSTREAM" & up_pid=$!; pids+=($up_pid)
+"$rel"/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pass_pid=$!; pids+=($pass_pid)
 SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
 SVCGATE_SERVER_LISTEN="$GW" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
 SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
 SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
 SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn \
-  target/release/svcgate serve 2>"$work/svcgate.log" & gw_pid=$!
+  "$rel"/svcgate serve 2>"$work/svcgate.log" & gw_pid=$!
 pids+=($gw_pid)
 
 wait_http "http://$ADMIN/healthz"
 ws=$(bench_workspace "$ADMIN" "$TOKEN")
 key=$(bench_key "$ADMIN" "$TOKEN" "$ws")
-target/release/examples/auth_only "$AUTH" "$UPSTREAM" "$REDIS_URL" "$NS" 2>/dev/null & auth_pid=$!; pids+=($auth_pid)
+"$rel"/examples/auth_only "$AUTH" "$UPSTREAM" "$REDIS_URL" "$NS" 2>/dev/null & auth_pid=$!; pids+=($auth_pid)
 sleep 1
 
 cat > "$work/post.lua" <<LUA
@@ -157,7 +158,7 @@ if phase half && phase saturation; then
     for round in $(seq 1 "$ROUNDS"); do
       for t in direct passthrough svcgate; do
         s0=$(head -1 /proc/stat); c0=$(cpu_ticks "${PID[$t]}")
-        out=$(target/release/examples/loadgen "${URL[$t]}" "$rate" "$DURATION" "$CONNS" "$key")
+        out=$("$rel"/examples/loadgen "${URL[$t]}" "$rate" "$DURATION" "$CONNS" "$key")
         s1=$(head -1 /proc/stat); c1=$(cpu_ticks "${PID[$t]}")
         HBUSY[$t]+="$(busy "$s0" "$s1") "
         HCPU[$t]+="$(awk -v t=$((c1 - c0)) -v hz="$tick" -v n="$(sed -E 's/sent=([0-9]+).*/\1/' <<<"$out")" \
@@ -186,7 +187,7 @@ if phase many; then
   # Resident memory with KEYS cached keys. The keys are used in order, each wrk thread taking
   # every other one from where the key cache's size says the previous run stopped, until every
   # key is cached (first uses are cache misses, served from Redis).
-  target/release/examples/seed_keys "$REDIS_URL" "$NS" "$ws" "$KEYS" > "$work/keys.txt"
+  "$rel"/examples/seed_keys "$REDIS_URL" "$NS" "$ws" "$KEYS" > "$work/keys.txt"
   cat > "$work/many.lua" <<LUA
 local keys = {}
 for line in io.lines("$work/keys.txt") do keys[#keys + 1] = line end

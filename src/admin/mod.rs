@@ -169,7 +169,7 @@ async fn with_request_id(req: Request, next: Next) -> Response {
         resp = render(&err, &id);
     }
     if let Ok(value) = HeaderValue::from_str(&id) {
-        resp.headers_mut().insert(REQUEST_ID, value);
+        resp.headers_mut().insert(&REQUEST_ID, value);
     }
     resp
 }

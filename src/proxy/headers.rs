@@ -8,34 +8,42 @@
 //! message the gateway drops the name map and reserves room for what it adds. On the wire, a
 //! dozen common names are then written capitalized as Pingora knows them (`Content-Type`) and
 //! all others in lower case (`service-request-id`), as Envoy and HTTP/2 do.
+//!
+//! The gateway's headers go straight into the `http` map, under names parsed once
+//! (`HeaderName::from_static`): Pingora's `insert_header` parses and copies the name on every
+//! call.
 
+use http::{HeaderMap, HeaderName, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 
-/// Makes `req` a message without a name map, with room for `additional` more headers.
-///
-/// A request whose target the URI does not reproduce byte for byte (absolute-form, or not
-/// UTF-8) is left as it is: Pingora keeps that target only next to the name map.
-pub fn prepare_request(req: &mut RequestHeader, additional: usize) {
+/// Headers to add to a message, each replacing any of the same name.
+pub type Added<'a> = &'a mut dyn Iterator<Item = (&'static HeaderName, HeaderValue)>;
+
+/// Adds `added` to `req`. The request loses its name map first, unless its target is one the
+/// URI does not reproduce byte for byte (absolute-form, or not UTF-8): Pingora keeps that
+/// target only next to the name map, so such a request gets the headers through Pingora.
+pub fn insert_request_headers(req: &mut RequestHeader, added: Added) -> pingora::Result<()> {
     let from_uri = req.uri.path_and_query().map(|p| p.as_str().as_bytes());
-    if !req.has_case() || from_uri != Some(req.raw_path()) || !req.raw_path_is_utf8() {
-        return;
+    if from_uri != Some(req.raw_path()) || !req.raw_path_is_utf8() {
+        for (name, value) in added {
+            req.insert_header(name, value)?;
+        }
+        return Ok(());
     }
     let send_end_stream = req.send_end_stream();
     let placeholder = RequestHeader::from(http::Request::new(()).into_parts().0);
     let mut parts = http::request::Parts::from(std::mem::replace(req, placeholder));
-    parts.headers.reserve(additional);
+    insert(&mut parts.headers, added);
     *req = RequestHeader::from(parts);
     if let Some(end) = send_end_stream {
         req.set_send_end_stream(end);
     }
+    Ok(())
 }
 
-/// Makes `resp` a message without a name map, with room for `additional` more headers. A
-/// reason phrase other than the status's own is kept.
-pub fn prepare_response(resp: &mut ResponseHeader, additional: usize) {
-    if !resp.has_case() {
-        return;
-    }
+/// Adds `added` to `resp`, which loses its name map first. A reason phrase other than the
+/// status's own is kept.
+pub fn insert_response_headers(resp: &mut ResponseHeader, added: Added) {
     let placeholder = ResponseHeader::from(http::Response::new(()).into_parts().0);
     let taken = std::mem::replace(resp, placeholder);
     // Pingora keeps a reason only when it is not the status's own.
@@ -44,7 +52,7 @@ pub fn prepare_response(resp: &mut ResponseHeader, additional: usize) {
         .filter(|r| Some(*r) != taken.status.canonical_reason())
         .map(str::to_owned);
     let mut parts = http::response::Parts::from(taken);
-    parts.headers.reserve(additional);
+    insert(&mut parts.headers, added);
     *resp = ResponseHeader::from(parts);
     if reason.is_some() {
         // Accepted once from the backend, so accepted again.
@@ -52,9 +60,20 @@ pub fn prepare_response(resp: &mut ResponseHeader, additional: usize) {
     }
 }
 
+/// Inserts `added` into `headers`, grown once.
+fn insert(headers: &mut HeaderMap, added: Added) {
+    headers.reserve(added.size_hint().0);
+    for (name, value) in added {
+        headers.insert(name, value);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    static WORKSPACE: HeaderName = HeaderName::from_static("service-workspace");
+    static CUSTOM: HeaderName = HeaderName::from_static("x-custom");
 
     fn wire(req: &RequestHeader) -> String {
         let mut buf = Vec::new();
@@ -69,17 +88,17 @@ mod tests {
         req.append_header("X-Custom", "b").unwrap();
         req.append_header("Content-Type", "application/json")
             .unwrap();
-        prepare_request(&mut req, 5);
+        let added = [
+            (&WORKSPACE, HeaderValue::from_static("ws_1")),
+            (&CUSTOM, HeaderValue::from_static("c")),
+        ];
+        insert_request_headers(&mut req, &mut added.into_iter()).unwrap();
         assert!(!req.has_case());
         assert_eq!(req.method, http::Method::POST);
         assert_eq!(req.raw_path(), b"/v1/chat?stream=1");
-        let values: Vec<_> = req.headers.get_all("x-custom").iter().collect();
-        assert_eq!(values, ["a", "b"]);
-        assert!(req.headers.capacity() >= req.headers.len() + 5);
-        req.insert_header("Service-Workspace", "ws_1").unwrap();
         assert_eq!(
             wire(&req),
-            "x-custom: a\r\nx-custom: b\r\nContent-Type: application/json\r\nservice-workspace: ws_1\r\n"
+            "x-custom: c\r\nContent-Type: application/json\r\nservice-workspace: ws_1\r\n"
         );
     }
 
@@ -87,9 +106,15 @@ mod tests {
     fn an_absolute_form_target_keeps_the_name_map() {
         let mut req = RequestHeader::build("GET", b"http://backend/v1/models", None).unwrap();
         req.append_header("X-Custom", "a").unwrap();
-        prepare_request(&mut req, 5);
+        req.append_header("X-Custom", "b").unwrap();
+        let added = [(&WORKSPACE, HeaderValue::from_static("ws_1"))];
+        insert_request_headers(&mut req, &mut added.into_iter()).unwrap();
         assert!(req.has_case());
         assert_eq!(req.raw_path(), b"http://backend/v1/models");
+        assert_eq!(
+            wire(&req),
+            "X-Custom: a\r\nX-Custom: b\r\nservice-workspace: ws_1\r\n"
+        );
     }
 
     #[test]
@@ -97,15 +122,19 @@ mod tests {
         let mut resp = ResponseHeader::build(299, None).unwrap();
         resp.set_reason_phrase(Some("Mostly Fine")).unwrap();
         resp.append_header("Service-Credits", "2.5").unwrap();
-        prepare_response(&mut resp, 4);
+        insert_response_headers(
+            &mut resp,
+            &mut [(&CUSTOM, HeaderValue::from(7u32))].into_iter(),
+        );
         assert!(!resp.has_case());
         assert_eq!(resp.status.as_u16(), 299);
         assert_eq!(resp.get_reason_phrase(), Some("Mostly Fine"));
         assert_eq!(resp.headers["service-credits"], "2.5");
+        assert_eq!(resp.headers["x-custom"], "7");
 
         let mut ok = ResponseHeader::build(200, None).unwrap();
         ok.set_reason_phrase(Some("OK")).unwrap();
-        prepare_response(&mut ok, 4);
+        insert_response_headers(&mut ok, &mut [].into_iter());
         assert_eq!(ok.get_reason_phrase(), Some("OK"));
     }
 }

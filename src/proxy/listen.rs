@@ -156,7 +156,7 @@ async fn write_header(session: &mut Session, request_id: &str) -> pingora::Resul
     let mut resp = ResponseHeader::build_no_case(200, Some(5))?;
     resp.insert_header(CONTENT_TYPE, "text/event-stream")?;
     resp.insert_header(CACHE_CONTROL, "no-cache")?;
-    resp.insert_header(REQUEST_ID, request_id)?;
+    resp.insert_header(&REQUEST_ID, request_id)?;
     // Tells buffering reverse proxies (nginx and the like) to pass events on at once.
     resp.insert_header("X-Accel-Buffering", "no")?;
     let req = session.req_header();

@@ -22,6 +22,7 @@ pub mod webhooks;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use http::HeaderValue;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -46,6 +47,10 @@ use upstream::{Target, Upstreams};
 static SERVICE_PROJECT: http::HeaderName = http::HeaderName::from_static("service-project");
 static SERVICE_CREDITS: http::HeaderName = http::HeaderName::from_static("service-credits");
 static SERVICE_MODEL: http::HeaderName = http::HeaderName::from_static("service-model");
+// Header names written on every proxied answer.
+static RATELIMIT_LIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit-limit");
+static RATELIMIT_REMAINING: http::HeaderName = http::HeaderName::from_static("ratelimit-remaining");
+static RATELIMIT_RESET: http::HeaderName = http::HeaderName::from_static("ratelimit-reset");
 
 /// Per-request state, filled in phase by phase.
 pub struct RequestCtx {
@@ -402,14 +407,18 @@ impl ProxyHttp for Gateway {
                 .and_then(|v| v.to_str().ok())
                 .map(|m| m.chars().take(256).collect());
         }
-        headers::prepare_response(upstream_response, 4);
-        upstream_response.insert_header(respond::REQUEST_ID, ctx.request_id.as_str())?;
-        if let Some(d) = &ctx.rate {
-            // Integers become header values directly, without an intermediate String.
-            upstream_response.insert_header("RateLimit-Limit", d.limit)?;
-            upstream_response.insert_header("RateLimit-Remaining", d.remaining)?;
-            upstream_response.insert_header("RateLimit-Reset", d.reset_secs)?;
-        }
+        let request_id = HeaderValue::from_str(&ctx.request_id)
+            .or_err(ErrorType::InternalError, "request id is no header value")?;
+        let added = [(&respond::REQUEST_ID, request_id)];
+        // Integers become header values directly, without an intermediate String.
+        let rate = ctx.rate.iter().flat_map(|d| {
+            [
+                (&RATELIMIT_LIMIT, HeaderValue::from(d.limit)),
+                (&RATELIMIT_REMAINING, HeaderValue::from(d.remaining)),
+                (&RATELIMIT_RESET, HeaderValue::from(d.reset_secs)),
+            ]
+        });
+        headers::insert_response_headers(upstream_response, &mut added.into_iter().chain(rate));
         Ok(())
     }
 

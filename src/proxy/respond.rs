@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::HeaderName;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use std::time::Duration;
 use crate::error::ApiError;
 
 /// Name of the request-id header on every response.
-pub const REQUEST_ID: &str = "Service-Request-Id";
+pub static REQUEST_ID: HeaderName = HeaderName::from_static("service-request-id");
 
 /// Largest unread request body drained so the connection can be reused after an early answer.
 const DRAIN_LIMIT: usize = 64 * 1024;
@@ -35,7 +36,7 @@ pub async fn json(
     let mut resp = ResponseHeader::build_no_case(status, Some(4 + extra.len()))?;
     resp.insert_header(CONTENT_TYPE, "application/json")?;
     resp.insert_header(CONTENT_LENGTH, body.len())?;
-    resp.insert_header(REQUEST_ID, request_id)?;
+    resp.insert_header(&REQUEST_ID, request_id)?;
     for (name, value) in extra {
         resp.insert_header(*name, value.as_str())?;
     }

@@ -4,6 +4,7 @@
 //! on every request and panic on failure). `svc_test_` keys can never be sent to the live
 //! backend: [`Upstreams::target`] has no path from `Test` to `Live`.
 
+use http::{HeaderName, HeaderValue};
 use pingora::http::RequestHeader;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use std::time::Duration;
@@ -12,12 +13,12 @@ use crate::config::{resolve, UpstreamConfig};
 use crate::keys::{CachedKey, Environment};
 
 /// Identity headers the gateway sets on every forwarded request (client values are replaced).
-pub const IDENTITY_HEADERS: [&str; 5] = [
-    "service-workspace",
-    "service-key-id",
-    "service-environment",
-    "service-request-id",
-    "service-token-id",
+pub static IDENTITY_HEADERS: [HeaderName; 5] = [
+    HeaderName::from_static("service-workspace"),
+    HeaderName::from_static("service-key-id"),
+    HeaderName::from_static("service-environment"),
+    HeaderName::from_static("service-request-id"),
+    HeaderName::from_static("service-token-id"),
 ];
 
 /// Where a request is answered.
@@ -86,22 +87,37 @@ pub fn set_identity_headers(
     key: &CachedKey,
     request_id: &str,
 ) -> pingora::Result<()> {
-    super::headers::prepare_request(req, IDENTITY_HEADERS.len());
+    let [workspace, key_id, environment, request, token] = &IDENTITY_HEADERS;
     req.remove_header(&http::header::AUTHORIZATION);
     drop_lookalikes(req);
-    let [workspace, key_id, environment, request, token] = IDENTITY_HEADERS;
-    req.insert_header(workspace, &*key.workspace)?;
-    req.insert_header(key_id, key.billed_key_id())?;
-    let env = http::HeaderValue::from_static(key.effective_environment().as_str());
-    req.insert_header(environment, env)?;
-    req.insert_header(request, request_id)?;
-    match &key.scoped {
-        Some(_) => req.insert_header(token, &*key.id)?,
+    let token_id = match &key.scoped {
+        Some(_) => Some(value(&key.id)?),
         None => {
             req.remove_header(token);
+            None
         }
-    }
-    Ok(())
+    };
+    let identity = [
+        (workspace, value(&key.workspace)?),
+        (key_id, value(key.billed_key_id())?),
+        (
+            environment,
+            HeaderValue::from_static(key.effective_environment().as_str()),
+        ),
+        (request, value(request_id)?),
+    ];
+    let token = token_id.map(|t| (token, t));
+    super::headers::insert_request_headers(req, &mut identity.into_iter().chain(token))
+}
+
+/// An id as a header value (ids are ASCII; one that is not fails the request, not the process).
+fn value(id: &str) -> pingora::Result<HeaderValue> {
+    HeaderValue::from_str(id).map_err(|_| {
+        pingora::Error::explain(
+            pingora::ErrorType::InvalidHTTPHeader,
+            "id is no header value",
+        )
+    })
 }
 
 /// Drops client headers that backends may read as the gateway's own: CGI, WSGI and Rack turn
