@@ -157,13 +157,36 @@ struct Ledger {
     /// That batch, with its id, until the store confirms it.
     in_flight_batch: Option<(String, Vec<WorkspaceFlush>)>,
     /// Month totals from the last flush.
-    totals: HashMap<String, WorkspaceTotals>,
+    totals: FastMap<String, Totals>,
     /// What to read back at the next flush, per workspace.
     watched: FastMap<String, Watched>,
     /// Flushes begun so far: the clock of [`Watched`].
     flushes: u64,
     /// The month the totals are for.
     month: String,
+}
+
+/// [`WorkspaceTotals`] as the ledger keeps them, in [`FastMap`]s.
+#[derive(Debug, Default)]
+struct Totals {
+    total: i64,
+    monthly_credits: Option<i64>,
+    keys: FastMap<String, i64>,
+    projects: FastMap<String, i64>,
+    project_budgets: FastMap<String, i64>,
+}
+
+impl From<&WorkspaceTotals> for Totals {
+    fn from(t: &WorkspaceTotals) -> Self {
+        let fast = |m: &HashMap<String, i64>| m.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        Self {
+            total: t.total,
+            monthly_credits: t.monthly_credits,
+            keys: fast(&t.keys),
+            projects: fast(&t.projects),
+            project_budgets: fast(&t.project_budgets),
+        }
+    }
 }
 
 /// A workspace whose totals the flush reads back, with the keys and projects whose totals it
@@ -398,7 +421,7 @@ impl Usage {
         ledger.in_flight.clear();
         ledger.in_flight_batch = None;
         for (ws, totals) in &snapshot.workspaces {
-            ledger.totals.insert(ws.clone(), totals.clone());
+            ledger.totals.insert(ws.clone(), totals.into());
         }
     }
 

@@ -62,7 +62,8 @@ pub fn insert_response_headers(resp: &mut ResponseHeader, added: Added) {
 
 /// Inserts `added` into `headers`, grown once.
 fn insert(headers: &mut HeaderMap, added: Added) {
-    headers.reserve(added.size_hint().0);
+    let (least, most) = added.size_hint();
+    headers.reserve(most.unwrap_or(least));
     for (name, value) in added {
         headers.insert(name, value);
     }

@@ -409,16 +409,21 @@ impl ProxyHttp for Gateway {
         }
         let request_id = HeaderValue::from_str(&ctx.request_id)
             .or_err(ErrorType::InternalError, "request id is no header value")?;
-        let added = [(&respond::REQUEST_ID, request_id)];
-        // Integers become header values directly, without an intermediate String.
-        let rate = ctx.rate.iter().flat_map(|d| {
-            [
-                (&RATELIMIT_LIMIT, HeaderValue::from(d.limit)),
-                (&RATELIMIT_REMAINING, HeaderValue::from(d.remaining)),
-                (&RATELIMIT_RESET, HeaderValue::from(d.reset_secs)),
-            ]
-        });
-        headers::insert_response_headers(upstream_response, &mut added.into_iter().chain(rate));
+        let id = (&respond::REQUEST_ID, request_id);
+        match &ctx.rate {
+            // Integers become header values directly, without an intermediate String.
+            Some(d) => headers::insert_response_headers(
+                upstream_response,
+                &mut [
+                    id,
+                    (&RATELIMIT_LIMIT, HeaderValue::from(d.limit)),
+                    (&RATELIMIT_REMAINING, HeaderValue::from(d.remaining)),
+                    (&RATELIMIT_RESET, HeaderValue::from(d.reset_secs)),
+                ]
+                .into_iter(),
+            ),
+            None => headers::insert_response_headers(upstream_response, &mut [id].into_iter()),
+        }
         Ok(())
     }
 

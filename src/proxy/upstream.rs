@@ -51,7 +51,9 @@ impl Upstreams {
                 Some(Duration::from_millis(config.connect_timeout_ms));
             options.read_timeout = Some(Duration::from_millis(config.read_timeout_ms));
             options.write_timeout = Some(Duration::from_millis(config.write_timeout_ms));
-            options.idle_timeout = Some(Duration::from_secs(60));
+            // An idle pooled connection stays until the backend closes it (Pingora's default):
+            // an idle timeout here would register a timer each time a connection goes back to
+            // the pool, on every request.
             Ok(Some(peer))
         };
         Ok(Self {
