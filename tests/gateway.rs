@@ -81,6 +81,26 @@ async fn backend_sees_identity_headers_and_never_the_credential() {
         .unwrap()
         .to_string();
     assert_eq!(resp.headers()["service-credits"], "0.5");
+    // The gateway's own headers on the proxied answer, once each.
+    for name in [
+        "service-request-id",
+        "ratelimit-limit",
+        "ratelimit-remaining",
+        "ratelimit-reset",
+    ] {
+        assert_eq!(resp.headers().get_all(name).iter().count(), 1, "{name}");
+    }
+    let remaining: u64 = resp.headers()["ratelimit-remaining"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let limit: u64 = resp.headers()["ratelimit-limit"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(remaining < limit);
     let answer: Value = resp.json().await.unwrap();
     assert_eq!(answer["upstream"], "live");
 
