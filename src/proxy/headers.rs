@@ -87,6 +87,8 @@ mod tests {
         let mut req = RequestHeader::build("POST", b"/v1/chat?stream=1", Some(2)).unwrap();
         req.append_header("X-Custom", "a").unwrap();
         req.append_header("X-Custom", "b").unwrap();
+        req.append_header("X-Trace", "1").unwrap();
+        req.append_header("X-Trace", "2").unwrap();
         req.append_header("Content-Type", "application/json")
             .unwrap();
         let added = [
@@ -99,7 +101,7 @@ mod tests {
         assert_eq!(req.raw_path(), b"/v1/chat?stream=1");
         assert_eq!(
             wire(&req),
-            "x-custom: c\r\nContent-Type: application/json\r\nservice-workspace: ws_1\r\n"
+            "x-custom: c\r\nx-trace: 1\r\nx-trace: 2\r\nContent-Type: application/json\r\nservice-workspace: ws_1\r\n"
         );
     }
 
