@@ -107,7 +107,7 @@ parts = [
     ("header inserts: identity headers, request id, RateLimit-*",
      ["pingora_http::insert_header_value", "svcgate::proxy::headers::insert_request_headers",
       "svcgate::proxy::headers::insert_response_headers"]),
-    ("timer registrations: backend read timeout, client keep-alive",
+    ("Pingora timer-wheel registrations (timeouts of 5 s or less)",
      ["<pingora_timeout::fast_timeout::FastTimeout as pingora_timeout::ToTimeout>::timeout"]),
     ("store thread: audit records (JSON, XADD), spend flushes", ["svcgate::metering::meter::Meter::run::{{closure}}"]),
     ("key digest, SHA-256 (software under valgrind)", ["sha2::sha256::compress256"]),
