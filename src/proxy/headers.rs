@@ -60,6 +60,17 @@ pub fn insert_response_headers(resp: &mut ResponseHeader, added: Added) {
     }
 }
 
+/// An id (request, key, workspace) as a header value. Ids are ASCII; one that is not fails the
+/// request, not the process.
+pub fn id_value(id: &str) -> pingora::Result<HeaderValue> {
+    HeaderValue::from_str(id).map_err(|_| {
+        pingora::Error::explain(
+            pingora::ErrorType::InvalidHTTPHeader,
+            "id is no header value",
+        )
+    })
+}
+
 /// Inserts `added` into `headers`, grown once.
 fn insert(headers: &mut HeaderMap, added: Added) {
     let (least, most) = added.size_hint();

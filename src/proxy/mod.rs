@@ -407,9 +407,7 @@ impl ProxyHttp for Gateway {
                 .and_then(|v| v.to_str().ok())
                 .map(|m| m.chars().take(256).collect());
         }
-        let request_id = HeaderValue::from_str(&ctx.request_id)
-            .or_err(ErrorType::InternalError, "request id is no header value")?;
-        let id = (&respond::REQUEST_ID, request_id);
+        let id = (&respond::REQUEST_ID, headers::id_value(&ctx.request_id)?);
         match &ctx.rate {
             // Integers become header values directly, without an intermediate String.
             Some(d) => headers::insert_response_headers(

@@ -9,6 +9,7 @@ use pingora::http::RequestHeader;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use std::time::Duration;
 
+use super::headers::{id_value, insert_request_headers};
 use crate::config::{resolve, UpstreamConfig};
 use crate::keys::{CachedKey, Environment};
 
@@ -93,33 +94,23 @@ pub fn set_identity_headers(
     req.remove_header(&http::header::AUTHORIZATION);
     drop_lookalikes(req);
     let token_id = match &key.scoped {
-        Some(_) => Some(value(&key.id)?),
+        Some(_) => Some(id_value(&key.id)?),
         None => {
             req.remove_header(token);
             None
         }
     };
     let identity = [
-        (workspace, value(&key.workspace)?),
-        (key_id, value(key.billed_key_id())?),
+        (workspace, id_value(&key.workspace)?),
+        (key_id, id_value(key.billed_key_id())?),
         (
             environment,
             HeaderValue::from_static(key.effective_environment().as_str()),
         ),
-        (request, value(request_id)?),
+        (request, id_value(request_id)?),
     ];
     let token = token_id.map(|t| (token, t));
-    super::headers::insert_request_headers(req, &mut identity.into_iter().chain(token))
-}
-
-/// An id as a header value (ids are ASCII; one that is not fails the request, not the process).
-fn value(id: &str) -> pingora::Result<HeaderValue> {
-    HeaderValue::from_str(id).map_err(|_| {
-        pingora::Error::explain(
-            pingora::ErrorType::InvalidHTTPHeader,
-            "id is no header value",
-        )
-    })
+    insert_request_headers(req, &mut identity.into_iter().chain(token))
 }
 
 /// Drops client headers that backends may read as the gateway's own: CGI, WSGI and Rack turn
