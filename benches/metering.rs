@@ -111,7 +111,7 @@ fn main() {
                 key: caller.key.clone(),
                 project: Some("bench".into()),
                 method: http::Method::POST,
-                uri: http::Uri::from_static("/v1/chat/completions"),
+                path: "/v1/chat/completions".into(),
                 model: Some("m".into()),
                 status: 200,
                 credits: Credits::from_micros(500_000),

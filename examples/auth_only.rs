@@ -26,7 +26,7 @@ struct AuthOnly {
 
 #[async_trait]
 impl ProxyHttp for AuthOnly {
-    type CTX = Option<(Authenticated, String)>;
+    type CTX = Option<(Authenticated, svcgate::ids::RequestId)>;
 
     fn new_ctx(&self) -> Self::CTX {
         None

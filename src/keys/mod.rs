@@ -6,6 +6,7 @@
 pub mod format;
 pub mod scopes;
 
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -214,11 +215,12 @@ impl CachedKey {
     }
 
     /// The visible form of the key: its prefix and last four characters.
-    pub fn masked(&self) -> String {
-        // Built directly: this runs for every audit record, and `format!` costs several times more.
+    pub fn masked(&self) -> CompactString {
+        // Built directly: this runs for every audit record, and `format!` costs several times
+        // more. At most 16 bytes, held inline.
         let prefix = self.environment.key_prefix();
         let last4 = std::str::from_utf8(&self.last4).unwrap_or("????");
-        let mut masked = String::with_capacity(prefix.len() + '…'.len_utf8() + last4.len());
+        let mut masked = CompactString::const_new("");
         masked.push_str(prefix);
         masked.push('…');
         masked.push_str(last4);
@@ -483,7 +485,10 @@ mod tests {
     fn the_masked_form_is_the_prefix_and_the_last_four() {
         let mut r = record(KeyStatus::Active, None);
         r.last4 = "Ab9z".into();
-        assert_eq!(cached(&r).masked(), "svc_live_…Ab9z");
+        let masked = cached(&r).masked();
+        assert_eq!(masked, "svc_live_…Ab9z");
+        // Rendered for every audit record: held inline, no allocation.
+        assert!(!masked.is_heap_allocated());
         r.environment = Environment::Test;
         r.last4 = "x".into();
         assert_eq!(cached(&r).masked(), "svc_test_…????");

@@ -7,6 +7,7 @@
 //! and are written, oldest first, when it is back. At shutdown whatever could not be written
 //! goes to the spool, and the next start writes it.
 
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-use crate::keys::format::redact;
+use crate::ids::RequestId;
 use crate::keys::{CachedKey, Environment};
 use crate::metering::Credits;
 use crate::store::Store;
@@ -29,13 +30,13 @@ pub struct AuditRecord {
     /// Unix milliseconds when the request arrived.
     pub time_ms: u64,
     /// `req_…`
-    pub request_id: String,
+    pub request_id: CompactString,
     /// `ws_…`
     pub workspace: Arc<str>,
     /// The key billed (the parent, for a scoped token).
     pub key_id: Arc<str>,
     /// Prefix and last four of the key or token presented.
-    pub key: String,
+    pub key: CompactString,
     /// `live`, `test` (a scoped token's parent's).
     pub environment: Environment,
     /// `Service-Project`, if sent.
@@ -44,10 +45,10 @@ pub struct AuditRecord {
     /// HTTP method.
     pub method: Cow<'static, str>,
     /// Request path (no query string; a key in it cut to its last four).
-    pub path: String,
+    pub path: CompactString,
     /// The `model` of the JSON body, or the backend's `Service-Model`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
+    pub model: Option<CompactString>,
     /// Response status.
     pub status: u16,
     /// Credits charged.
@@ -93,24 +94,26 @@ impl AuditQuery {
 }
 
 /// An audit record as the request path leaves it: the key it already holds and plain values.
-/// The writer renders it into an [`AuditRecord`] (strings, the masked key, the token's
-/// metadata) off the request path.
+/// The writer renders it into an [`AuditRecord`] (the masked key, the token's metadata) off the
+/// request path. The strings are [`CompactString`]s, which hold the usual request id, path and
+/// model inline: a heap string would be allocated on a worker thread and freed on the store
+/// thread's, for every request.
 #[derive(Debug)]
 pub struct PendingAudit {
     /// Unix milliseconds when the request arrived.
     pub time_ms: u64,
     /// `req_…`
-    pub request_id: String,
+    pub request_id: RequestId,
     /// The key or scoped token presented.
     pub key: Arc<CachedKey>,
     /// `Service-Project`, if sent.
     pub project: Option<String>,
     /// The request's method.
     pub method: http::Method,
-    /// The request's URI (only its path is kept).
-    pub uri: http::Uri,
+    /// The request's path, a key in it cut to its last four.
+    pub path: CompactString,
     /// The `model` of the JSON body, or the backend's `Service-Model`.
-    pub model: Option<String>,
+    pub model: Option<CompactString>,
     /// Response status.
     pub status: u16,
     /// Credits charged.
@@ -134,7 +137,7 @@ impl PendingAudit {
             environment: key.effective_environment(),
             project: self.project,
             method: method_name(&self.method),
-            path: redact(self.uri.path()).into_owned(),
+            path: self.path,
             model: self.model,
             status: self.status,
             credits: self.credits.as_f64(),

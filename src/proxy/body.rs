@@ -1,5 +1,6 @@
 //! Reading request bodies the gateway answers itself (bounded, so a huge body costs nothing).
 
+use compact_str::CompactString;
 use pingora::proxy::Session;
 
 /// Reads the whole request body if it is at most `limit` bytes. A larger body is left unread
@@ -22,7 +23,7 @@ pub const SNIFF_LIMIT: usize = 16 * 1024;
 /// The top-level `model` of a JSON body, from its first [`SNIFF_LIMIT`] bytes, at most 256
 /// characters of it. A complete body is parsed as far as its top-level `model` and no further;
 /// a longer one is scanned for the first `"model": "…"`.
-pub fn sniff_model(prefix: &[u8], complete: bool) -> Option<String> {
+pub fn sniff_model(prefix: &[u8], complete: bool) -> Option<CompactString> {
     if complete {
         return top_level_model(prefix).map(|model| truncate_chars(model, 256));
     }
@@ -36,14 +37,16 @@ pub fn sniff_model(prefix: &[u8], complete: bool) -> Option<String> {
     if rest[end] != b'"' || end > 256 {
         return None;
     }
-    std::str::from_utf8(&rest[..end]).ok().map(str::to_owned)
+    std::str::from_utf8(&rest[..end])
+        .ok()
+        .map(CompactString::from)
 }
 
 /// Reads a JSON object's members in order until the one named `model`. The values before it
 /// are skipped (serde_json skips without building anything) and the ones after it are never
 /// read: a body whose `model` comes first costs the same whatever its size. `None` if the body
 /// is not an object, its `model` is not a string, or the JSON breaks before `model`.
-fn top_level_model(body: &[u8]) -> Option<String> {
+fn top_level_model(body: &[u8]) -> Option<CompactString> {
     use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
     use std::fmt;
 
@@ -65,7 +68,7 @@ fn top_level_model(body: &[u8]) -> Option<String> {
         }
     }
 
-    struct FindModel<'m>(&'m mut Option<String>);
+    struct FindModel<'m>(&'m mut Option<CompactString>);
     impl<'de> Visitor<'de> for FindModel<'_> {
         type Value = ();
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -91,7 +94,7 @@ fn top_level_model(body: &[u8]) -> Option<String> {
 }
 
 /// `s` cut to its first `max` characters.
-fn truncate_chars(mut s: String, max: usize) -> String {
+fn truncate_chars(mut s: CompactString, max: usize) -> CompactString {
     if let Some((end, _)) = s.char_indices().nth(max) {
         s.truncate(end);
     }
@@ -154,6 +157,9 @@ mod tests {
         assert_eq!(sniff_model(br#"{"model":null,"n":1}"#, true), None);
         // At most 256 characters are kept, cut on a character boundary.
         let long = format!(r#"{{"model":"{}"}}"#, "é".repeat(300));
-        assert_eq!(sniff_model(long.as_bytes(), true), Some("é".repeat(256)));
+        assert_eq!(
+            sniff_model(long.as_bytes(), true),
+            Some("é".repeat(256).into())
+        );
     }
 }

@@ -22,6 +22,7 @@ pub mod webhooks;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use compact_str::CompactString;
 use http::HeaderValue;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
@@ -31,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::ApiError;
-use crate::ids::request_id;
+use crate::ids::{request_id, unix_millis, RequestId};
 use crate::keys::format::redact;
 use crate::keys::Environment;
 use crate::metering::audit::PendingAudit;
@@ -55,7 +56,7 @@ static RATELIMIT_RESET: http::HeaderName = http::HeaderName::from_static("rateli
 /// Per-request state, filled in phase by phase.
 pub struct RequestCtx {
     /// `req_…`, on every response and forwarded request.
-    pub request_id: String,
+    pub request_id: RequestId,
     /// When the request arrived.
     pub started: Instant,
     /// The authenticated caller, once known.
@@ -77,7 +78,7 @@ pub struct RequestCtx {
     /// The cost the backend reported in `Service-Credits`.
     pub reported_credits: Option<Credits>,
     /// The request's `model`, from the body or the backend's `Service-Model`.
-    pub model: Option<String>,
+    pub model: Option<CompactString>,
     /// The first bytes of a forwarded body, to find its `model`.
     body_prefix: Vec<u8>,
     /// When the request went to the backend.
@@ -258,7 +259,7 @@ impl Gateway {
         };
         ctx.billable = true;
         ctx.reported_credits = Some(price);
-        ctx.model = summary.model;
+        ctx.model = summary.model.map(CompactString::from);
         let mut extra = ctx.rate_headers();
         extra.push(("Service-Credits", price.to_string()));
         respond::json(session, 200, body, &ctx.request_id, &extra)
@@ -300,7 +301,7 @@ impl ProxyHttp for Gateway {
             route: None,
             target: Target::Simulated,
             auth_failure: None,
-            arrived_ms: unix_now_ms(),
+            arrived_ms: unix_millis(),
             rate: None,
             project: None,
             billable: false,
@@ -405,7 +406,7 @@ impl ProxyHttp for Gateway {
                 .headers
                 .get(&SERVICE_MODEL)
                 .and_then(|v| v.to_str().ok())
-                .map(|m| m.chars().take(256).collect());
+                .map(|m| m.chars().take(256).collect::<CompactString>());
         }
         let id = (&respond::REQUEST_ID, headers::id_value(&ctx.request_id)?);
         match &ctx.rate {
@@ -566,7 +567,7 @@ impl Gateway {
             key: key.clone(),
             project: ctx.project.take(),
             method: req.method.clone(),
-            uri: req.uri.clone(),
+            path: redact(req.uri.path()).into(),
             model: ctx.model.take(),
             status,
             credits: cost,
@@ -577,11 +578,4 @@ impl Gateway {
             latency_ms: elapsed.as_millis() as u64,
         });
     }
-}
-
-fn unix_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
