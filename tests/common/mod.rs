@@ -564,6 +564,17 @@ impl Drop for Gateway {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // A failing test shows what the gateway said (the test harness prints a failing test's
+        // output only).
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(60)..];
+            eprintln!(
+                "--- last lines of the gateway's log ---\n{}",
+                tail.join("\n")
+            );
+        }
     }
 }
 
