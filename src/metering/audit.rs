@@ -1,6 +1,6 @@
 //! The audit log: one record per authenticated request, written off the request path.
 //!
-//! The request path hands a record to an unbounded channel and moves on. A writer task
+//! The request path queues a record (in a queue of its thread's own) and moves on. A writer task
 //! batches records (per flush interval) into the store, one stream entry per workspace and
 //! batch, so the log costs a few Redis commands per second, not one per request. While the
 //! store is unreachable, records wait in memory up to a bound, then in spool files on disk,
@@ -13,8 +13,8 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use tokio::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use thread_local::ThreadLocal;
 
 use crate::ids::RequestId;
 use crate::keys::{CachedKey, Environment};
@@ -163,25 +163,59 @@ fn method_name(method: &http::Method) -> Cow<'static, str> {
 }
 
 /// The request path's handle: hands records to the writer.
+///
+/// Each worker thread queues into a vector of its own, behind a lock that only the writer
+/// also takes (when it drains, every few milliseconds): an uncontended lock per record. A
+/// shared channel cost several atomic operations per record that all cores contend for.
 #[derive(Clone)]
 pub struct AuditLog {
-    tx: mpsc::UnboundedSender<PendingAudit>,
+    queues: Arc<Queues>,
+}
+
+/// Records queued by the request path, per thread.
+#[derive(Default)]
+struct Queues {
+    per_thread: ThreadLocal<Mutex<Queue>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    records: Vec<PendingAudit>,
+    /// Set by the writer's last drain: a record queued after it would never be written.
+    closed: bool,
+}
+
+impl Queues {
+    /// Each thread's queue, locked. A thread that panicked holding the lock left the queue
+    /// whole (a push or a swap), so its records are still good.
+    fn each(&self) -> impl Iterator<Item = MutexGuard<'_, Queue>> {
+        self.per_thread
+            .iter()
+            .map(|q| q.lock().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 impl AuditLog {
-    /// Queues one record; never blocks.
+    /// Queues one record; never blocks on the store.
     pub fn record(&self, record: PendingAudit) {
-        if self.tx.send(record).is_err() {
+        let queue = self.queues.per_thread.get_or_default();
+        let mut queue = queue.lock().unwrap_or_else(PoisonError::into_inner);
+        if queue.closed {
             tracing::error!("audit writer is gone; a record could not be queued");
+            return;
         }
+        queue.records.push(record);
     }
 }
 
 /// Writes queued records to the store in batches, spooling while it cannot.
 pub struct AuditWriter {
-    rx: mpsc::UnboundedReceiver<PendingAudit>,
+    queues: Arc<Queues>,
+    /// An empty vector, swapped for a thread's queue when draining it: the queue keeps its
+    /// capacity, and does not grow again from nothing after every drain.
+    spare: Vec<PendingAudit>,
     store: Arc<dyn Store>,
-    /// Records taken from the channel and not yet written, oldest first.
+    /// Records taken from the queues and not yet written, oldest first.
     backlog: VecDeque<AuditRecord>,
     spool: Spool,
     max_backlog: usize,
@@ -193,11 +227,14 @@ pub fn audit_log(
     spool_dir: PathBuf,
     max_backlog: usize,
 ) -> (AuditLog, AuditWriter) {
-    let (tx, rx) = mpsc::unbounded_channel();
+    let queues = Arc::new(Queues::default());
     (
-        AuditLog { tx },
+        AuditLog {
+            queues: queues.clone(),
+        },
         AuditWriter {
-            rx,
+            queues,
+            spare: Vec::new(),
             store,
             backlog: VecDeque::new(),
             spool: Spool {
@@ -210,17 +247,22 @@ pub fn audit_log(
 }
 
 impl AuditWriter {
-    /// Moves everything queued so far into the backlog.
-    fn drain_channel(&mut self) {
-        while let Ok(record) = self.rx.try_recv() {
-            self.backlog.push_back(record.render());
+    /// Moves everything queued so far into the backlog, rendered. With `close`, the queues
+    /// take no more records.
+    fn drain_queues(&mut self, close: bool) {
+        for mut queue in self.queues.each() {
+            queue.closed |= close;
+            std::mem::swap(&mut queue.records, &mut self.spare);
+            drop(queue);
+            self.backlog
+                .extend(self.spare.drain(..).map(PendingAudit::render));
         }
     }
 
     /// One write attempt: spooled records first (oldest), then the backlog. Returns how many
     /// records were written.
     pub async fn flush(&mut self) -> usize {
-        self.drain_channel();
+        self.drain_queues(false);
         let mut written = 0;
         // Spooled records are older than anything in memory.
         while let Some((path, records)) = self.spool.oldest() {
@@ -267,9 +309,8 @@ impl AuditWriter {
 
     /// At shutdown: a last attempt, then whatever is left goes to the spool.
     pub async fn close(mut self) {
-        self.rx.close();
         self.flush().await;
-        self.drain_channel();
+        self.drain_queues(true);
         if !self.backlog.is_empty() {
             let left: Vec<AuditRecord> = self.backlog.drain(..).collect();
             match self.spool.write(&left) {
@@ -286,7 +327,7 @@ impl AuditWriter {
 
     /// Records queued by the request path or waiting in memory.
     pub fn queued(&self) -> usize {
-        self.rx.len() + self.backlog.len()
+        self.queues.each().map(|q| q.records.len()).sum::<usize>() + self.backlog.len()
     }
 
     /// Records waiting in memory.
@@ -365,4 +406,91 @@ fn is_spool_file(p: &Path) -> bool {
     p.file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| n.starts_with("audit-") && n.ends_with(".jsonl"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{KeyRecord, KeyStatus, Scopes};
+    use crate::store::MemoryStore;
+
+    fn key() -> Arc<CachedKey> {
+        let record = KeyRecord {
+            id: "key_1".into(),
+            workspace: "ws_1".into(),
+            name: String::new(),
+            environment: Environment::Live,
+            scopes: Scopes::default(),
+            monthly_budget: None,
+            status: KeyStatus::Active,
+            created_at: 0,
+            grace_until: None,
+            prefix: Environment::Live.key_prefix().into(),
+            last4: "Ab9z".into(),
+            hash: crate::keys::format::generate(Environment::Live).hash,
+            rotated_from: None,
+            rotated_to: None,
+            predecessors: Vec::new(),
+            scoped: None,
+        };
+        Arc::new(CachedKey::new(
+            &record,
+            "ws_1".into(),
+            Arc::new(Scopes::default()),
+        ))
+    }
+
+    fn pending(key: &Arc<CachedKey>, n: usize) -> PendingAudit {
+        PendingAudit {
+            time_ms: n as u64,
+            request_id: crate::ids::request_id(),
+            key: key.clone(),
+            project: None,
+            method: http::Method::POST,
+            path: "/v1/chat/completions".into(),
+            model: Some("m".into()),
+            status: 200,
+            credits: Credits::ZERO,
+            client_ip: None,
+            latency_ms: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn records_from_every_thread_are_written_once() {
+        let store = Arc::new(MemoryStore::new());
+        let spool = tempfile::tempdir().unwrap();
+        let (log, mut writer) = audit_log(store.clone(), spool.path().into(), 10_000);
+        let key = key();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let (log, key) = (log.clone(), key.clone());
+                std::thread::spawn(move || {
+                    for i in 0..250 {
+                        log.record(pending(&key, t * 1000 + i));
+                    }
+                })
+            })
+            .collect();
+        // Drains while the threads are still queueing, and after.
+        let mut written = writer.flush().await;
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(writer.queued(), 1000 - written);
+        written += writer.flush().await;
+        assert_eq!(written, 1000);
+        assert_eq!(writer.queued(), 0);
+
+        let query = AuditQuery {
+            workspace: "ws_1".into(),
+            limit: 2000,
+            ..AuditQuery::default()
+        };
+        let records = store.audit(&query).await.unwrap();
+        assert_eq!(records.len(), 1000);
+        let ids: std::collections::HashSet<_> = records.iter().map(|r| &r.request_id).collect();
+        assert_eq!(ids.len(), 1000);
+        assert!(records.iter().all(|r| r.key == "svc_live_…Ab9z"));
+    }
 }
