@@ -41,7 +41,7 @@ use crate::metering::{Credits, Meter};
 use crate::metrics;
 use crate::store::{KeyCache, Store};
 use auth::{Authenticated, Authenticator};
-use routes::{Handler, Route, RouteTable};
+use routes::{Handler, Route, RouteId, RouteTable};
 use upstream::{Target, Upstreams};
 
 // Header names read on every request, parsed once rather than on each lookup.
@@ -62,7 +62,7 @@ pub struct RequestCtx {
     /// The authenticated caller, once known.
     pub caller: Option<Authenticated>,
     /// The matched route, once known.
-    pub route: Option<Arc<Route>>,
+    pub route: Option<RouteId>,
     /// Where the request is answered.
     pub target: Target,
     /// Why authentication failed, for metrics.
@@ -181,7 +181,7 @@ impl Gateway {
                     session,
                     caller,
                     auth,
-                    &route,
+                    route,
                     store,
                     &ctx.request_id,
                 ))
@@ -189,7 +189,7 @@ impl Gateway {
                 Ok(Admission::Answer)
             }
             Handler::Forward if ctx.target == Target::Simulated => {
-                Box::pin(self.answer_simulated(session, ctx, &route)).await?;
+                Box::pin(self.answer_simulated(session, ctx, route)).await?;
                 Ok(Admission::Answer)
             }
             Handler::Forward => Ok(Admission::Forward),
@@ -198,11 +198,7 @@ impl Gateway {
 
     /// Who is calling, on which route, and whether policy lets them: auth (401) → route
     /// (404) → scope (403) → project (400) → rate limit (429) → budget (402).
-    async fn authorize(
-        &self,
-        session: &Session,
-        ctx: &mut RequestCtx,
-    ) -> Result<Arc<Route>, ApiError> {
+    async fn authorize(&self, session: &Session, ctx: &mut RequestCtx) -> Result<&Route, ApiError> {
         let req = session.req_header();
         let path = req.uri.path();
         let caller = self
@@ -215,11 +211,12 @@ impl Gateway {
             .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
         // Known before the route: an authenticated request is audited whatever its answer.
         let caller = ctx.caller.insert(caller);
-        let route = self.routes.find(&req.method, path).ok_or_else(|| {
+        let id = self.routes.find_id(&req.method, path).ok_or_else(|| {
             ApiError::not_found(format!("no route for {} {}", req.method, redact(path)))
         })?;
-        let route = ctx.route.insert(route.clone()).clone();
-        policy::check_scope(caller, &route)?;
+        ctx.route = Some(id);
+        let route = self.routes.get(id);
+        policy::check_scope(caller, route)?;
         let project = policy::check_project(req.headers.get_all(&SERVICE_PROJECT))?;
         ctx.project = project.map(str::to_owned);
         let billable = route.handler == Handler::Forward;
@@ -392,7 +389,7 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let (Some(sent), Some(route)) = (ctx.upstream_sent, &ctx.route) {
+        if let (Some(sent), Some(route)) = (ctx.upstream_sent, self.route(ctx)) {
             route.metrics.record_upstream(sent.elapsed());
         }
         let mut reported = upstream_response.headers.get_all(&SERVICE_CREDITS).iter();
@@ -518,7 +515,7 @@ impl ProxyHttp for Gateway {
         }
         let environment = ctx.caller.as_ref().map(|c| c.key.effective_environment());
         let elapsed = ctx.started.elapsed();
-        let route = match &ctx.route {
+        let route = match self.route(ctx) {
             Some(r) => {
                 r.metrics.record_request(status, environment, elapsed);
                 &*r.template
@@ -540,6 +537,11 @@ impl ProxyHttp for Gateway {
 }
 
 impl Gateway {
+    /// The request's route, once matched.
+    fn route(&self, ctx: &RequestCtx) -> Option<&Route> {
+        ctx.route.map(|id| self.routes.get(id))
+    }
+
     /// Charges an authenticated request and writes its audit record.
     fn account(&self, session: &Session, ctx: &mut RequestCtx, status: u16, elapsed: Duration) {
         let Some(caller) = ctx.caller.as_ref() else {
@@ -548,7 +550,7 @@ impl Gateway {
         let key = &caller.key;
         // The backend's figure if it gave one; else the route's price for a success; nothing
         // for what the gateway refused itself.
-        let cost = match (ctx.billable, ctx.reported_credits, &ctx.route) {
+        let cost = match (ctx.billable, ctx.reported_credits, self.route(ctx)) {
             (false, _, _) => Credits::ZERO,
             (true, Some(reported), _) => reported,
             (true, None, Some(route)) if (200..300).contains(&status) => route.price,

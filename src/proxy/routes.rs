@@ -1,7 +1,6 @@
 //! The route table: which `/v1` operations are served, and the scope and price of each.
 
 use http::Method;
-use std::sync::Arc;
 
 use crate::config::RouteConfig;
 use crate::metering::Credits;
@@ -98,10 +97,15 @@ pub struct Route {
     pub metrics: crate::metrics::RouteMetrics,
 }
 
+/// A route's place in its table. A request keeps this, not a counted reference to the route,
+/// which every request on the route would increment and decrement from every core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteId(usize);
+
 /// Method + path → [`Route`], with a radix tree per method.
 #[derive(Debug)]
 pub struct RouteTable {
-    routes: Vec<Arc<Route>>,
+    routes: Vec<Route>,
     by_method: Vec<(Method, matchit::Router<usize>)>,
 }
 
@@ -143,28 +147,39 @@ impl RouteTable {
             router
                 .insert(config.path.as_str(), index)
                 .map_err(|e| format!("{} {}: {e}", method, config.path))?;
-            table.routes.push(Arc::new(Route {
+            table.routes.push(Route {
                 method,
                 template: config.path.as_str().into(),
                 scope: config.scope.as_str().into(),
                 price: config.price,
                 handler,
                 metrics: crate::metrics::RouteMetrics::new(&config.path),
-            }));
+            });
         }
         Ok(table)
     }
 
     /// The route serving `method` on `path`, if any.
     #[inline]
-    pub fn find(&self, method: &Method, path: &str) -> Option<&Arc<Route>> {
+    pub fn find(&self, method: &Method, path: &str) -> Option<&Route> {
+        self.find_id(method, path).map(|id| self.get(id))
+    }
+
+    /// Where in this table the route serving `method` on `path` is, if there is one.
+    #[inline]
+    pub fn find_id(&self, method: &Method, path: &str) -> Option<RouteId> {
         let (_, router) = self.by_method.iter().find(|(m, _)| m == method)?;
         let matched = router.at(path).ok()?;
         // `{id}` must name something: `/v1/agents/runs//approve` is not a route.
         if matched.params.iter().any(|(_, value)| value.is_empty()) {
             return None;
         }
-        self.routes.get(*matched.value)
+        Some(RouteId(*matched.value))
+    }
+
+    /// The route `id`, found in this table.
+    pub fn get(&self, id: RouteId) -> &Route {
+        &self.routes[id.0]
     }
 }
 
