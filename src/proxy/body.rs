@@ -25,21 +25,33 @@ pub const SNIFF_LIMIT: usize = 16 * 1024;
 /// a longer one is scanned for the first `"model": "…"`.
 pub fn sniff_model(prefix: &[u8], complete: bool) -> Option<CompactString> {
     if complete {
+        // Most clients send `model` first: `{"model": "…"` is read directly, without a
+        // deserializer (which, stopped at `model`, also builds an error for the rest).
+        let first = trim_start(trim_start(prefix).strip_prefix(b"{")?);
+        if let Some(model) = first.strip_prefix(MODEL).and_then(plain_string_value) {
+            return Some(CompactString::from(model));
+        }
         return top_level_model(prefix).map(|model| truncate_chars(model, 256));
     }
-    let needle = b"\"model\"";
-    let start = prefix.windows(needle.len()).position(|w| w == needle)? + needle.len();
-    let rest = &prefix[start..];
+    let start = prefix.windows(MODEL.len()).position(|w| w == MODEL)? + MODEL.len();
+    plain_string_value(&prefix[start..]).map(CompactString::from)
+}
+
+const MODEL: &[u8] = b"\"model\"";
+
+/// The string after a member's name in `rest` (`: "…"`), if it is at most 256 bytes long and
+/// has no escapes or control characters: then its bytes are its value.
+fn plain_string_value(rest: &[u8]) -> Option<&str> {
     let rest = trim_start(rest);
     let rest = trim_start(rest.strip_prefix(b":")?);
     let rest = rest.strip_prefix(b"\"")?;
-    let end = rest.iter().position(|&b| b == b'"' || b == b'\\')?;
+    let end = rest
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
     if rest[end] != b'"' || end > 256 {
         return None;
     }
-    std::str::from_utf8(&rest[..end])
-        .ok()
-        .map(CompactString::from)
+    std::str::from_utf8(&rest[..end]).ok()
 }
 
 /// Reads a JSON object's members in order until the one named `model`. The values before it
@@ -101,8 +113,12 @@ fn truncate_chars(mut s: CompactString, max: usize) -> CompactString {
     s
 }
 
+/// `b` without its leading JSON whitespace.
 fn trim_start(b: &[u8]) -> &[u8] {
-    let n = b.iter().take_while(|c| c.is_ascii_whitespace()).count();
+    let n = b
+        .iter()
+        .take_while(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+        .count();
     &b[n..]
 }
 
@@ -130,6 +146,41 @@ mod tests {
         assert_eq!(sniff_model(br#"[1, 2]"#, true), None);
         assert_eq!(sniff_model(br#"{"model": "unterminated"#, false), None);
         assert_eq!(sniff_model(br#"{"model": "esc\"aped"}"#, false), None);
+    }
+
+    #[test]
+    fn a_model_sent_first_is_read_as_the_deserializer_reads_it() {
+        let long = format!(r#"{{"model":"{}"}}"#, "m".repeat(300));
+        let exactly = format!(r#"{{"model":"{}"}}"#, "m".repeat(256));
+        let bodies: [&[u8]; 14] = [
+            br#"{"model":"m-1","messages":[{"role":"user","content":"hi"}]}"#,
+            b" {\r\n\t\"model\" :\n \"m-1\" , \"n\": 1}",
+            br#"{"model":"first", "messages": [1, 2,"#,
+            br#"{"model":"caf\u00e9"}"#,
+            br#"{"model":"esc\"aped"}"#,
+            b"{\"model\":\"tab\there\"}",
+            b"{\x0c\"model\":\"form feed is not JSON whitespace\"}",
+            br#"{"model":5}"#,
+            br#"{"model":null}"#,
+            br#"{"model":"unterminated"#,
+            br#"{"models":"plural"}"#,
+            br#"["model","m"]"#,
+            long.as_bytes(),
+            exactly.as_bytes(),
+        ];
+        for body in bodies {
+            let by_deserializer =
+                super::top_level_model(body).map(|m| super::truncate_chars(m, 256));
+            assert_eq!(
+                sniff_model(body, true),
+                by_deserializer,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert_eq!(sniff_model(bodies[1], true).as_deref(), Some("m-1"));
+        assert_eq!(sniff_model(bodies[2], true).as_deref(), Some("first"));
+        assert_eq!(sniff_model(bodies[13], true).map(|m| m.len()), Some(256));
     }
 
     #[test]
