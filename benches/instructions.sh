@@ -104,8 +104,8 @@ g, p = inclusive("svcgate"), inclusive("passthrough")
 # their futures are inlined into Pingora's and each other's, so callgrind's inclusive figures for
 # them change from build to build).
 parts = [
-    ("header inserts: identity headers, request id, RateLimit-*",
-     ["pingora_http::insert_header_value", "svcgate::proxy::headers::insert_request_headers",
+    ("headers: Authorization out; identity, id, RateLimit-* in",
+     ["pingora_http::insert_header_value", "svcgate::proxy::headers::edit_request_headers",
       "svcgate::proxy::headers::insert_response_headers"]),
     ("Pingora timer-wheel registrations (timeouts of 5 s or less)",
      ["<pingora_timeout::fast_timeout::FastTimeout as pingora_timeout::ToTimeout>::timeout"]),

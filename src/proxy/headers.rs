@@ -19,12 +19,20 @@ use pingora::http::{RequestHeader, ResponseHeader};
 /// Headers to add to a message, each replacing any of the same name.
 pub type Added<'a> = &'a mut dyn Iterator<Item = (&'static HeaderName, HeaderValue)>;
 
-/// Adds `added` to `req`. The request loses its name map first, unless its target is one the
-/// URI does not reproduce byte for byte (absolute-form, or not UTF-8): Pingora keeps that
-/// target only next to the name map, so such a request gets the headers through Pingora.
-pub fn insert_request_headers(req: &mut RequestHeader, added: Added) -> pingora::Result<()> {
+/// Drops the `removed` headers from `req` and adds `added`. The request loses its name map
+/// first (so a removal is one map's, not two), unless its target is one the URI does not
+/// reproduce byte for byte (absolute-form, or not UTF-8): Pingora keeps that target only next
+/// to the name map, so such a request is edited through Pingora.
+pub fn edit_request_headers(
+    req: &mut RequestHeader,
+    removed: &[&HeaderName],
+    added: Added,
+) -> pingora::Result<()> {
     let from_uri = req.uri.path_and_query().map(|p| p.as_str().as_bytes());
     if from_uri != Some(req.raw_path()) || !req.raw_path_is_utf8() {
+        for name in removed {
+            req.remove_header(*name);
+        }
         for (name, value) in added {
             req.insert_header(name, value)?;
         }
@@ -33,6 +41,9 @@ pub fn insert_request_headers(req: &mut RequestHeader, added: Added) -> pingora:
     let send_end_stream = req.send_end_stream();
     let placeholder = RequestHeader::from(http::Request::new(()).into_parts().0);
     let mut parts = http::request::Parts::from(std::mem::replace(req, placeholder));
+    for name in removed {
+        parts.headers.remove(*name);
+    }
     insert(&mut parts.headers, added);
     *req = RequestHeader::from(parts);
     if let Some(end) = send_end_stream {
@@ -102,11 +113,13 @@ mod tests {
         req.append_header("X-Trace", "2").unwrap();
         req.append_header("Content-Type", "application/json")
             .unwrap();
+        req.append_header("Authorization", "Bearer secret").unwrap();
         let added = [
             (&WORKSPACE, HeaderValue::from_static("ws_1")),
             (&CUSTOM, HeaderValue::from_static("c")),
         ];
-        insert_request_headers(&mut req, &mut added.into_iter()).unwrap();
+        let removed = [&http::header::AUTHORIZATION, &WORKSPACE];
+        edit_request_headers(&mut req, &removed, &mut added.into_iter()).unwrap();
         assert!(!req.has_case());
         assert_eq!(req.method, http::Method::POST);
         assert_eq!(req.raw_path(), b"/v1/chat?stream=1");
@@ -121,8 +134,10 @@ mod tests {
         let mut req = RequestHeader::build("GET", b"http://backend/v1/models", None).unwrap();
         req.append_header("X-Custom", "a").unwrap();
         req.append_header("X-Custom", "b").unwrap();
+        req.append_header("Authorization", "Bearer secret").unwrap();
         let added = [(&WORKSPACE, HeaderValue::from_static("ws_1"))];
-        insert_request_headers(&mut req, &mut added.into_iter()).unwrap();
+        let removed = [&http::header::AUTHORIZATION];
+        edit_request_headers(&mut req, &removed, &mut added.into_iter()).unwrap();
         assert!(req.has_case());
         assert_eq!(req.raw_path(), b"http://backend/v1/models");
         assert_eq!(

@@ -4,12 +4,13 @@
 //! on every request and panic on failure). `svc_test_` keys can never be sent to the live
 //! backend: [`Upstreams::target`] has no path from `Test` to `Live`.
 
+use http::header::AUTHORIZATION;
 use http::{HeaderName, HeaderValue};
 use pingora::http::RequestHeader;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use std::time::Duration;
 
-use super::headers::{id_value, insert_request_headers};
+use super::headers::{edit_request_headers, id_value};
 use crate::config::{resolve, UpstreamConfig};
 use crate::keys::{CachedKey, Environment};
 
@@ -91,14 +92,10 @@ pub fn set_identity_headers(
     request_id: &str,
 ) -> pingora::Result<()> {
     let [workspace, key_id, environment, request, token] = &IDENTITY_HEADERS;
-    req.remove_header(&http::header::AUTHORIZATION);
     drop_lookalikes(req);
     let token_id = match &key.scoped {
         Some(_) => Some(id_value(&key.id)?),
-        None => {
-            req.remove_header(token);
-            None
-        }
+        None => None,
     };
     let identity = [
         (workspace, id_value(&key.workspace)?),
@@ -109,8 +106,13 @@ pub fn set_identity_headers(
         ),
         (request, id_value(request_id)?),
     ];
+    // A client's own `Service-Token-Id` goes; a token's is replaced by the insert.
+    let removed: &[&HeaderName] = match token_id {
+        Some(_) => &[&AUTHORIZATION],
+        None => &[&AUTHORIZATION, token],
+    };
     let token = token_id.map(|t| (token, t));
-    insert_request_headers(req, &mut identity.into_iter().chain(token))
+    edit_request_headers(req, removed, &mut identity.into_iter().chain(token))
 }
 
 /// Drops client headers that backends may read as the gateway's own: CGI, WSGI and Rack turn
