@@ -2,8 +2,9 @@
 # Instructions per proxied request, counted, not timed: `benches/instructions.sh`
 #
 # Wall-clock figures on a shared 2-core machine move by a quarter between minutes; instruction
-# counts do not. This runs bare Pingora (examples/passthrough.rs) and `svcgate serve` (Redis
-# store, full policy) in turn under callgrind, with the backend (examples/upstream.rs) outside
+# counts do not. This runs `svcgate serve` (Redis store, full policy) and bare Pingora
+# (examples/passthrough.rs) in turn under callgrind, each sent the same requests (svcgate's key
+# included, which bare Pingora passes on), with the backend (examples/upstream.rs) outside
 # it, sends WARMUP requests, zeroes the counters, sends REQUESTS more at RATE/s over 8
 # connections (examples/loadgen.rs), and prints user-space instructions per request: every
 # thread of the process, the background work included (svcgate's store thread writes the
@@ -55,11 +56,6 @@ count() {
   done
 }
 
-valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$work/cg.%p" \
-  "$rel"/examples/passthrough "$PROXY" "$UPSTREAM" >/dev/null 2>"$work/passthrough.log" & vg_pid=$!; pids+=($vg_pid)
-sleep 3
-count passthrough "http://$PROXY/v1/chat/completions" ""
-
 SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
 SVCGATE_SERVER_LISTEN="$PROXY" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
 SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
@@ -71,6 +67,12 @@ wait_http "http://$ADMIN/healthz"
 ws=$(bench_workspace "$ADMIN" "$TOKEN")
 key=$(bench_key "$ADMIN" "$TOKEN" "$ws")
 count svcgate "http://$PROXY/v1/chat/completions" "$key"
+
+valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$work/cg.%p" \
+  "$rel"/examples/passthrough "$PROXY" "$UPSTREAM" >/dev/null 2>"$work/passthrough.log" & vg_pid=$!; pids+=($vg_pid)
+sleep 3
+# The same request as svcgate gets, key and all (bare Pingora passes it on).
+count passthrough "http://$PROXY/v1/chat/completions" "$key"
 
 python3 - "$work" "$REQUESTS" <<'PY'
 import collections, glob, re, sys
