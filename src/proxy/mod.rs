@@ -544,10 +544,12 @@ impl Gateway {
 
     /// Charges an authenticated request and writes its audit record.
     fn account(&self, session: &Session, ctx: &mut RequestCtx, status: u16, elapsed: Duration) {
-        let Some(caller) = ctx.caller.as_ref() else {
+        // The last phase: the caller's key moves into the audit record instead of being
+        // cloned, one count change fewer on a key every core shares.
+        let Some(caller) = ctx.caller.take() else {
             return;
         };
-        let key = &caller.key;
+        let key = caller.key;
         // The backend's figure if it gave one; else the route's price for a success; nothing
         // for what the gateway refused itself.
         let cost = match (ctx.billable, ctx.reported_credits, self.route(ctx)) {
@@ -564,9 +566,8 @@ impl Gateway {
         // Only what the request already holds: the writer renders the stored record.
         self.meter.finish(PendingAudit {
             time_ms: ctx.arrived_ms,
-            // The last phase: the id is not needed after this.
             request_id: std::mem::take(&mut ctx.request_id),
-            key: key.clone(),
+            key,
             project: ctx.project.take(),
             method: req.method.clone(),
             path: redact(req.uri.path()).into(),
