@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use thread_local::ThreadLocal;
 
@@ -175,20 +176,15 @@ pub struct AuditLog {
 /// Records queued by the request path, per thread.
 #[derive(Default)]
 struct Queues {
-    per_thread: ThreadLocal<Mutex<Queue>>,
-}
-
-#[derive(Default)]
-struct Queue {
-    records: Vec<PendingAudit>,
-    /// Set by the writer's last drain: a record queued after it would never be written.
-    closed: bool,
+    per_thread: ThreadLocal<Mutex<Vec<PendingAudit>>>,
+    /// Set before the writer's last drain: a record queued after it would never be written.
+    closed: AtomicBool,
 }
 
 impl Queues {
     /// Each thread's queue, locked. A thread that panicked holding the lock left the queue
     /// whole (a push or a swap), so its records are still good.
-    fn each(&self) -> impl Iterator<Item = MutexGuard<'_, Queue>> {
+    fn each(&self) -> impl Iterator<Item = MutexGuard<'_, Vec<PendingAudit>>> {
         self.per_thread
             .iter()
             .map(|q| q.lock().unwrap_or_else(PoisonError::into_inner))
@@ -200,11 +196,13 @@ impl AuditLog {
     pub fn record(&self, record: PendingAudit) {
         let queue = self.queues.per_thread.get_or_default();
         let mut queue = queue.lock().unwrap_or_else(PoisonError::into_inner);
-        if queue.closed {
+        // Read under the queue's lock: a queue drained for the last time was drained after
+        // the flag was set, and this lock orders the two.
+        if self.queues.closed.load(Ordering::SeqCst) {
             tracing::error!("audit writer is gone; a record could not be queued");
             return;
         }
-        queue.records.push(record);
+        queue.push(record);
     }
 }
 
@@ -250,9 +248,11 @@ impl AuditWriter {
     /// Moves everything queued so far into the backlog, rendered. With `close`, the queues
     /// take no more records.
     fn drain_queues(&mut self, close: bool) {
+        if close {
+            self.queues.closed.store(true, Ordering::SeqCst);
+        }
         for mut queue in self.queues.each() {
-            queue.closed |= close;
-            std::mem::swap(&mut queue.records, &mut self.spare);
+            std::mem::swap(&mut *queue, &mut self.spare);
             drop(queue);
             self.backlog
                 .extend(self.spare.drain(..).map(PendingAudit::render));
@@ -327,7 +327,7 @@ impl AuditWriter {
 
     /// Records queued by the request path or waiting in memory.
     pub fn queued(&self) -> usize {
-        self.queues.each().map(|q| q.records.len()).sum::<usize>() + self.backlog.len()
+        self.queues.each().map(|q| q.len()).sum::<usize>() + self.backlog.len()
     }
 
     /// Records waiting in memory.
@@ -492,5 +492,30 @@ mod tests {
         let ids: std::collections::HashSet<_> = records.iter().map(|r| &r.request_id).collect();
         assert_eq!(ids.len(), 1000);
         assert!(records.iter().all(|r| r.key == "svc_live_…Ab9z"));
+    }
+
+    #[tokio::test]
+    async fn after_the_last_drain_no_record_is_queued_unseen() {
+        let store = Arc::new(MemoryStore::new());
+        let spool = tempfile::tempdir().unwrap();
+        let (log, writer) = audit_log(store.clone(), spool.path().into(), 10_000);
+        let key = key();
+        log.record(pending(&key, 1));
+        writer.close().await;
+        // From a thread that queued before and from one that never did: both refused (and
+        // logged), neither left in a queue nobody drains.
+        log.record(pending(&key, 2));
+        let (log2, key2) = (log.clone(), key.clone());
+        std::thread::spawn(move || log2.record(pending(&key2, 3)))
+            .join()
+            .unwrap();
+        assert_eq!(log.queues.each().map(|q| q.len()).sum::<usize>(), 0);
+        let query = AuditQuery {
+            workspace: "ws_1".into(),
+            limit: 10,
+            ..AuditQuery::default()
+        };
+        let written = store.audit(&query).await.unwrap();
+        assert_eq!(written.iter().map(|r| r.time_ms).collect::<Vec<_>>(), [1]);
     }
 }
