@@ -404,10 +404,11 @@ pub struct Workspace {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn record(status: KeyStatus, grace_until: Option<u64>) -> KeyRecord {
+    /// A live key `key_1` of workspace `ws_1`, for tests here and in other modules.
+    pub(crate) fn record(status: KeyStatus, grace_until: Option<u64>) -> KeyRecord {
         let key = format::generate(Environment::Live);
         KeyRecord {
             id: "key_1".into(),

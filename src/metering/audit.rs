@@ -411,28 +411,12 @@ fn is_spool_file(p: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::{KeyRecord, KeyStatus, Scopes};
+    use crate::keys::{KeyStatus, Scopes};
     use crate::store::MemoryStore;
 
     fn key() -> Arc<CachedKey> {
-        let record = KeyRecord {
-            id: "key_1".into(),
-            workspace: "ws_1".into(),
-            name: String::new(),
-            environment: Environment::Live,
-            scopes: Scopes::default(),
-            monthly_budget: None,
-            status: KeyStatus::Active,
-            created_at: 0,
-            grace_until: None,
-            prefix: Environment::Live.key_prefix().into(),
-            last4: "Ab9z".into(),
-            hash: crate::keys::format::generate(Environment::Live).hash,
-            rotated_from: None,
-            rotated_to: None,
-            predecessors: Vec::new(),
-            scoped: None,
-        };
+        let mut record = crate::keys::tests::record(KeyStatus::Active, None);
+        record.last4 = "Ab9z".into();
         Arc::new(CachedKey::new(
             &record,
             "ws_1".into(),
