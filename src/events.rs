@@ -120,7 +120,9 @@ impl Event {
     /// Backends may add entries straight to the log, so only `type`, `workspace` and `data` (a
     /// JSON object) are required. Without an `id`, one is derived from the position, so it is
     /// the same on every delivery; without `created`, the time of the position is used;
-    /// without `environment`, `live`.
+    /// without `environment`, `live`. A given `id` is `evt_` and up to 60 letters, digits, `_`
+    /// or `-`: it goes out in the `Service-Event-Id` header, so a byte a header cannot carry
+    /// would fail every attempt and pause the endpoint for the producer's mistake.
     pub fn from_log_entry<'a>(
         position: &str,
         field: impl Fn(&str) -> Option<&'a str>,
@@ -132,7 +134,7 @@ impl Event {
         let workspace = field("workspace")
             .filter(|w| !w.is_empty())
             .ok_or("no 'workspace' field")?;
-        let data: serde_json::Value = serde_json::from_str(field("data").unwrap_or("{}"))
+        let data: serde_json::Value = serde_json::from_str(field("data").ok_or("no 'data' field")?)
             .map_err(|e| format!("'data' is not JSON: {e}"))?;
         if !data.is_object() {
             return Err("'data' must be a JSON object".into());
@@ -154,8 +156,12 @@ impl Event {
             None => position_ms.map_or_else(unix_now, |ms| ms / 1000),
         };
         let id = match field("id") {
-            Some(id) if id.starts_with("evt_") && id.len() <= 64 => id.to_string(),
-            Some(id) => return Err(format!("'{id}' is not an evt_… id")),
+            Some(id) if is_event_id(id) => id.to_string(),
+            Some(id) => {
+                return Err(format!(
+                    "'id' {id:?} is not evt_ and 1 to 60 letters, digits, _ or -"
+                ))
+            }
             None => format!("evt_{}", position.replace('-', "x")),
         };
         Ok(Self {
@@ -167,6 +173,16 @@ impl Event {
             data,
         })
     }
+}
+
+/// `evt_` and 1 to 60 letters, digits, `_` or `-`.
+fn is_event_id(id: &str) -> bool {
+    id.strip_prefix("evt_").is_some_and(|rest| {
+        (1..=60).contains(&rest.len())
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    })
 }
 
 #[cfg(test)]
@@ -212,40 +228,58 @@ mod tests {
 
     #[test]
     fn malformed_log_entries_are_refused() {
-        for fields in [
-            vec![("workspace", "ws_1"), ("data", "{}")],
-            vec![("type", "nope"), ("workspace", "ws_1")],
-            vec![("type", "agent.run.failed")],
-            vec![
-                ("type", "agent.run.failed"),
-                ("workspace", "ws_1"),
-                ("data", "[1]"),
-            ],
-            vec![
-                ("type", "agent.run.failed"),
-                ("workspace", "ws_1"),
-                ("data", "{"),
-            ],
-            vec![
-                ("type", "agent.run.failed"),
-                ("workspace", "ws_1"),
-                ("id", "x"),
-            ],
-            vec![
-                ("type", "agent.run.failed"),
-                ("workspace", "ws_1"),
-                ("environment", "prod"),
-            ],
-            vec![
-                ("type", "agent.run.failed"),
-                ("workspace", "ws_1"),
-                ("created", "soon"),
-            ],
-        ] {
-            assert!(
-                Event::from_log_entry("1-0", entry(&fields)).is_err(),
-                "{fields:?}"
-            );
+        let base = [
+            ("type", "agent.run.failed"),
+            ("workspace", "ws_1"),
+            ("data", "{}"),
+        ];
+        assert!(Event::from_log_entry("1-0", entry(&base)).is_ok());
+        let long_id = format!("evt_{}", "a".repeat(61));
+        // Each case changes one field of `base` (`None`: leaves it out); the error names it.
+        let cases: [(&str, Option<&str>); 16] = [
+            ("type", None),
+            ("type", Some("nope")),
+            ("workspace", None),
+            ("workspace", Some("")),
+            ("data", None),
+            ("data", Some("[1]")),
+            ("data", Some("{")),
+            ("id", Some("x")),
+            ("id", Some("evt_")),
+            ("id", Some("evt_a\nb")),
+            ("id", Some("evt_a b")),
+            ("id", Some("evt_caf\u{e9}")),
+            ("id", Some(&long_id)),
+            ("environment", Some("prod")),
+            ("created", Some("soon")),
+            ("created", Some("-1")),
+        ];
+        for (name, value) in cases {
+            let mut fields: Vec<(&str, &str)> =
+                base.iter().filter(|(k, _)| *k != name).copied().collect();
+            fields.extend(value.map(|v| (name, v)));
+            let err = Event::from_log_entry("1-0", entry(&fields)).unwrap_err();
+            let shown = if name == "type" && value.is_some() {
+                "event type"
+            } else {
+                name
+            };
+            assert!(err.contains(shown), "{name}={value:?}: {err}");
         }
+    }
+
+    #[test]
+    fn a_given_event_id_is_kept_when_it_can_go_in_a_header() {
+        let id = format!("evt_Ab-9_{}", "z".repeat(54));
+        let fields = [
+            ("id", id.as_str()),
+            ("type", "agent.run.failed"),
+            ("workspace", "ws_1"),
+            ("data", "{}"),
+        ];
+        let event = Event::from_log_entry("1-0", entry(&fields)).unwrap();
+        assert_eq!(event.id, id);
+        assert!(http::HeaderValue::from_str(&event.id).is_ok());
+        assert!(http::HeaderValue::from_str(&new_id("evt")).is_ok() && is_event_id(&new_id("evt")));
     }
 }
