@@ -104,7 +104,7 @@ fn main() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_millis() as u64;
-            meter.admit(&caller.key, caller.monthly_budget(), Some("bench"), true, now_ms).1.unwrap();
+            meter.admit(&caller.key, caller.monthly_budget(), Some("bench"), true, now_ms).await.1.unwrap();
             meter.finish(PendingAudit {
                 time_ms: now_ms,
                 request_id: svcgate::ids::request_id(),

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use svcgate::config::default_routes;
 use svcgate::keys::{self, format, Environment, KeyHash, KeyParams, Scopes};
-use svcgate::metering::usage::{KeyBudget, Usage};
+use svcgate::metering::usage::{KeyBudget, Usage, UsageSnapshot, Verdict, WorkspaceTotals};
 use svcgate::metering::Credits;
 use svcgate::proxy::auth::Authenticator;
 use svcgate::proxy::routes::RouteTable;
@@ -88,11 +88,27 @@ fn bench(c: &mut Criterion) {
     budgets.insert(("ws_bench".to_string(), "proj_a".to_string()), i64::MAX / 2);
     let usage = Usage::new(budgets);
     let cost = Credits::from_micros(12_500);
+    // The steady state: one flush has read the totals the check watches.
+    let _ = usage.check(&key, KeyBudget::of(&key), Some("proj_a"));
+    let (_, batch) = usage.begin_flush("2026-11");
+    let mut snapshot = UsageSnapshot::default();
+    for w in batch {
+        let totals = WorkspaceTotals {
+            keys: w.watch_keys.into_iter().map(|k| (k, 0)).collect(),
+            projects: w.watch_projects.into_iter().map(|p| (p, 0)).collect(),
+            ..Default::default()
+        };
+        snapshot.workspaces.insert(w.workspace, totals);
+    }
+    usage.finish_flush(&snapshot);
+    assert_eq!(
+        usage.check(&key, KeyBudget::of(&key), Some("proj_a")),
+        Verdict::Within
+    );
     c.bench_function("budget_check_and_charge", |b| {
         b.iter(|| {
-            let ok = usage
-                .check(black_box(&key), KeyBudget::of(&key), Some("proj_a"))
-                .is_ok();
+            let ok = usage.check(black_box(&key), KeyBudget::of(&key), Some("proj_a"))
+                == Verdict::Within;
             usage.charge(&key, Some("proj_a"), cost);
             ok
         })

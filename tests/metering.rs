@@ -232,6 +232,40 @@ async fn two_replicas_keep_a_budget_exactly_when_requests_are_paced() {
 }
 
 #[tokio::test]
+async fn a_replica_new_to_a_spent_key_refuses_its_first_request() {
+    let ns = TestNamespace::new();
+    let a = on_redis(&ns).await;
+    let ws = a.create_workspace().await;
+    let (id, key) = a
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    set_key_budget(&a, &id, 2.0).await;
+    for _ in 0..2 {
+        assert_eq!(a.chat(&key).await.status(), 200);
+    }
+    eventually(Duration::from_secs(5), || async {
+        usage(&a, &ws).await["keys"][&id] == 2.0
+    })
+    .await
+    .expect("replica A's spend reaches the store");
+    // Replica B starts after (as after a restart, or a key forgotten after two idle minutes)
+    // and, with a minute between scheduled flushes, learns the key's total only by reading it
+    // for the request: unknown is not zero.
+    let b = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .metering("flush_interval_ms = 60000")
+        .start()
+        .await;
+    assert_error(b.chat(&key).await, 402, "budget_exceeded").await;
+    // And a key with budget left goes through, its total read the same way.
+    let (other_id, other) = a
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    set_key_budget(&a, &other_id, 2.0).await;
+    assert_eq!(b.chat(&other).await.status(), 200);
+}
+
+#[tokio::test]
 async fn a_workspace_new_to_a_replica_is_held_to_its_credits_from_its_first_request() {
     let ns = TestNamespace::new();
     // Scheduled flushes 2 s apart: only the first request's own flush can stop the fourth.

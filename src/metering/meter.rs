@@ -14,7 +14,7 @@ use std::time::Duration;
 use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit};
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
-use super::usage::{BudgetScope, KeyBudget, PendingSpend, RateFlush, Usage, UsageFlush};
+use super::usage::{BudgetScope, KeyBudget, PendingSpend, RateFlush, Usage, UsageFlush, Verdict};
 use crate::error::ApiError;
 use crate::keys::{CachedKey, Environment};
 use crate::store::Store;
@@ -123,8 +123,10 @@ impl Meter {
 
     /// Rate limit (429), then — for a `billable` request, one a backend answers — budgets
     /// (402). The rate decision comes back either way: its `RateLimit-*` headers go on every
-    /// answer. `budget` is the billed key's monthly budget: a scoped token's parent's.
-    pub fn admit(
+    /// answer. `budget` is the billed key's monthly budget: a scoped token's parent's. A
+    /// request whose totals this replica has not read yet waits for the flush that reads them
+    /// (the first request of a workspace, key or project here, or after two idle minutes).
+    pub async fn admit(
         &self,
         key: &CachedKey,
         budget: Option<KeyBudget<'_>>,
@@ -154,16 +156,29 @@ impl Meter {
         if !billable || key.effective_environment() == Environment::Test {
             return (decision, Ok(()));
         }
-        let verdict = self.usage.check(key, budget, project).map_err(|scope| {
-            crate::metrics::record_policy_rejection(match scope {
-                BudgetScope::Key => "budget_key",
-                BudgetScope::Project => "budget_project",
-                BudgetScope::Workspace => "budget_workspace",
-            });
-            ApiError::BudgetExceeded(
-                format!("the {} monthly budget is spent", scope.as_str()).into(),
-            )
-        });
+        let verdict = match self.usage.check(key, budget, project) {
+            Verdict::Unknown { flush } => {
+                // New to this replica, or forgotten: read the totals first (boxed, so the
+                // request path's future does not carry the wait's state).
+                Box::pin(self.usage.read_back(flush)).await;
+                self.usage.check(key, budget, project)
+            }
+            verdict => verdict,
+        };
+        let verdict = match verdict {
+            // Still unknown: the store is slow or down, and requests go on meanwhile.
+            Verdict::Within | Verdict::Unknown { .. } => Ok(()),
+            Verdict::Spent(scope) => {
+                crate::metrics::record_policy_rejection(match scope {
+                    BudgetScope::Key => "budget_key",
+                    BudgetScope::Project => "budget_project",
+                    BudgetScope::Workspace => "budget_workspace",
+                });
+                Err(ApiError::BudgetExceeded(
+                    format!("the {} monthly budget is spent", scope.as_str()).into(),
+                ))
+            }
+        };
         (decision, verdict)
     }
 
@@ -229,6 +244,7 @@ impl Meter {
             Err(e) => {
                 // The batch stays as it is and goes again, under the same id, next time.
                 tracing::debug!(error = %e, "usage flush failed; it will be retried");
+                self.usage.flush_failed();
                 false
             }
         }
@@ -254,8 +270,8 @@ impl Meter {
         let mut usage_ok = true;
         let mut failing = false;
         loop {
-            // A workspace new to this replica is flushed for at once: until then its credits
-            // and project budgets are unknown here, and nothing it spends is refused.
+            // A request that found totals unknown here (a workspace, key or project new to this
+            // replica, or forgotten) waits for them: it is flushed for at once.
             let wanted = tokio::select! {
                 _ = ticker.tick() => false,
                 _ = self.usage.flush_wanted() => !failing,

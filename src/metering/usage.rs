@@ -5,7 +5,8 @@
 //! adds them atomically, fires `billing.credits.low` once per crossing, and answers with the
 //! month's totals of every workspace, key and project this replica watches (its own spend and
 //! every other replica's). Budget checks compare a budget with those totals plus what this
-//! replica has spent since.
+//! replica has spent since; a total not read yet is unknown, and the request waits for the flush
+//! that reads it ([`Verdict::Unknown`]).
 //!
 //! Across replicas a budget can be overshot by at most what the other replicas admitted during
 //! one flush interval, plus the requests in flight when it ran out (their cost is only known
@@ -14,6 +15,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::Credits;
 use crate::keys::CachedKey;
@@ -38,6 +40,37 @@ impl BudgetScope {
             Self::Workspace => "workspace",
         }
     }
+}
+
+/// What a budget check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every budget that applies has room.
+    Within,
+    /// This budget is spent.
+    Spent(BudgetScope),
+    /// A total the check needs has not been read from the store yet: the workspace, key or
+    /// project is new to this replica, or went unused long enough to be forgotten, or the month
+    /// just began. Flush number `flush` is the first to read it, and has been asked for
+    /// ([`Usage::read_back`] waits for it). Nothing known so far spends a budget.
+    Unknown {
+        /// The flush that reads the missing totals.
+        flush: u64,
+    },
+}
+
+/// How long a request whose totals are unknown waits for the flush that reads them. Past it
+/// (a slow or unreachable store), the request is admitted, as every request is while the store
+/// is down: spend is still counted, and charged when the store is back.
+pub const READ_BACK_WAIT: Duration = Duration::from_secs(2);
+
+/// The flushes as [`Usage::read_back`] waits on them.
+#[derive(Debug, Clone, Copy, Default)]
+struct FlushState {
+    /// The number of the last flush the store took.
+    done: u64,
+    /// Whether the last attempt failed (no use waiting for the next one).
+    failing: bool,
 }
 
 /// One flush: what to add, and what to read back. Amounts are micro-credits.
@@ -162,6 +195,8 @@ struct Ledger {
     watched: FastMap<String, Watched>,
     /// Flushes begun so far: the clock of [`Watched`].
     flushes: u64,
+    /// The number of the batch in flight (retries keep it).
+    batch_flush: u64,
     /// The month the totals are for.
     month: String,
 }
@@ -245,9 +280,10 @@ pub struct Usage {
     /// Budgets per workspace and project from the configuration; the store's win. Nested, so
     /// a lookup borrows the names instead of building a `(String, String)` key per request.
     configured_project_budgets: FastMap<String, FastMap<String, i64>>,
-    /// Signalled when a request checks a workspace this replica has no totals for: until a
-    /// flush brings them, it knows neither the workspace's credits nor its projects' budgets.
+    /// Signalled when a request checks totals this replica has not read ([`Verdict::Unknown`]).
     flush_wanted: tokio::sync::Notify,
+    /// Where flushes stand, for requests waiting on totals ([`Usage::read_back`]).
+    flushed: tokio::sync::watch::Sender<FlushState>,
 }
 
 impl Usage {
@@ -261,10 +297,11 @@ impl Usage {
             ledger: Mutex::new(Ledger::default()),
             configured_project_budgets: nested,
             flush_wanted: tokio::sync::Notify::new(),
+            flushed: tokio::sync::watch::Sender::new(FlushState::default()),
         }
     }
 
-    /// Completes when a request found a workspace whose budgets are not known yet.
+    /// Completes when a request found totals not known yet.
     pub async fn flush_wanted(&self) {
         self.flush_wanted.notified().await
     }
@@ -273,13 +310,18 @@ impl Usage {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Refuses a request whose key, project or workspace has spent its monthly budget.
+    /// Whether the request's key, project and workspace have budget left, by the month totals
+    /// of the last flush and what this replica has spent since.
+    ///
+    /// A total not read yet counts as unknown, not as zero: a key idle long enough to be
+    /// forgotten, or first seen after a restart, would otherwise be admitted whatever it has
+    /// spent, once per idle spell. The check then asks for a flush that reads it.
     pub fn check(
         &self,
         key: &CachedKey,
         budget: Option<KeyBudget<'_>>,
         project: Option<&str>,
-    ) -> Result<(), BudgetScope> {
+    ) -> Verdict {
         let mut ledger = self.ledger();
         let ws = &*key.workspace;
         let billed = key.billed_key_id();
@@ -300,25 +342,29 @@ impl Usage {
             touch(&mut watched.projects, p, now);
         }
         let totals = ledger.totals.get(ws);
-        if totals.is_none() {
-            self.flush_wanted.notify_one();
-        }
+        let mut known = totals.is_some();
         let pending = ledger.pending.get(ws);
         let in_flight = ledger.in_flight.get(ws);
         let spent = |pick: &dyn Fn(&PendingSpend) -> i64, base: i64| {
             base + pending.map_or(0, pick) + in_flight.map_or(0, pick)
         };
+        let mut verdict = Verdict::Within;
         if let Some(budget) = budget {
-            let spent_by = |id: &str| {
-                let base = totals.and_then(|t| t.keys.get(id)).copied().unwrap_or(0);
-                spent(&|p| p.keys.get(id).copied().unwrap_or(0), base)
+            let mut spent_by = |id: &str| {
+                let base = totals.and_then(|t| t.keys.get(id).copied());
+                known &= base.is_some();
+                spent(&|p| p.keys.get(id).copied().unwrap_or(0), base.unwrap_or(0))
             };
             let used = spent_by(billed) + budget.peers.iter().map(|p| spent_by(p)).sum::<i64>();
             if used >= budget.limit.micros() {
-                return Err(BudgetScope::Key);
+                verdict = Verdict::Spent(BudgetScope::Key);
             }
         }
-        if let Some(p) = project {
+        if let (Some(p), Verdict::Within) = (project, verdict) {
+            // A project's budget, like its total, is read with it (a configured one applies
+            // until then).
+            let base = totals.and_then(|t| t.projects.get(p).copied());
+            known &= base.is_some();
             let budget = totals
                 .and_then(|t| t.project_budgets.get(p))
                 .copied()
@@ -329,20 +375,44 @@ impl Usage {
                         .copied()
                 });
             if let Some(budget) = budget {
-                let base = totals.and_then(|t| t.projects.get(p)).copied().unwrap_or(0);
-                let used = spent(&|s| s.projects.get(p).copied().unwrap_or(0), base);
+                let used = spent(
+                    &|s| s.projects.get(p).copied().unwrap_or(0),
+                    base.unwrap_or(0),
+                );
                 if used >= budget {
-                    return Err(BudgetScope::Project);
+                    verdict = Verdict::Spent(BudgetScope::Project);
                 }
             }
         }
-        if let Some(credits) = totals.and_then(|t| t.monthly_credits) {
+        if let (Some(credits), Verdict::Within) = (totals.and_then(|t| t.monthly_credits), verdict)
+        {
             let base = totals.map_or(0, |t| t.total);
             if spent(&|p| p.total, base) >= credits {
-                return Err(BudgetScope::Workspace);
+                verdict = Verdict::Spent(BudgetScope::Workspace);
             }
         }
-        Ok(())
+        if verdict == Verdict::Within && !known {
+            // The next batch begun reads what this check added to the watch lists; a batch
+            // under way or being retried does not.
+            let flush = ledger.flushes + 1;
+            drop(ledger);
+            self.flush_wanted.notify_one();
+            return Verdict::Unknown { flush };
+        }
+        verdict
+    }
+
+    /// Waits (at most [`READ_BACK_WAIT`]) until flush number `flush` has landed, or a flush
+    /// has failed: a [`Verdict::Unknown`] is then checked again.
+    pub async fn read_back(&self, flush: u64) {
+        let mut state = self.flushed.subscribe();
+        let landed = state.wait_for(|s| s.done >= flush || s.failing);
+        let _ = tokio::time::timeout(READ_BACK_WAIT, landed).await;
+    }
+
+    /// The store did not take a flush: requests stop waiting for totals until one lands.
+    pub fn flush_failed(&self) {
+        self.flushed.send_modify(|s| s.failing = true);
     }
 
     /// Charges `cost` to the key, the project and the workspace.
@@ -409,6 +479,7 @@ impl Usage {
             });
         }
         let batch = (crate::ids::new_id("flush"), out);
+        ledger.batch_flush = ledger.flushes;
         if !batch.1.is_empty() {
             ledger.in_flight_batch = Some(batch.clone());
         }
@@ -423,6 +494,12 @@ impl Usage {
         for (ws, totals) in &snapshot.workspaces {
             ledger.totals.insert(ws.clone(), totals.into());
         }
+        let done = ledger.batch_flush;
+        drop(ledger);
+        self.flushed.send_replace(FlushState {
+            done,
+            failing: false,
+        });
     }
 
     /// Unflushed spend (also what a flush under way took), for the spool at shutdown.
@@ -501,7 +578,11 @@ mod tests {
     fn a_key_budget_counts_flushed_and_unflushed_spend() {
         let usage = Usage::new(HashMap::new());
         let k = key(Some(3_000_000));
-        assert_eq!(usage.check(&k, KeyBudget::of(&k), None), Ok(()));
+        // Nothing read yet: unknown, and the next flush (the first) reads it.
+        assert_eq!(
+            usage.check(&k, KeyBudget::of(&k), None),
+            Verdict::Unknown { flush: 1 }
+        );
         usage.charge(&k, None, Credits::from_micros(1_000_000));
         let (_, flush) = usage.begin_flush("2026-11");
         assert_eq!(flush[0].total, 1_000_000);
@@ -515,11 +596,11 @@ mod tests {
         let mut snapshot = UsageSnapshot::default();
         snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
-        assert_eq!(usage.check(&k, KeyBudget::of(&k), None), Ok(()));
+        assert_eq!(usage.check(&k, KeyBudget::of(&k), None), Verdict::Within);
         usage.charge(&k, None, Credits::from_micros(500_000));
         assert_eq!(
             usage.check(&k, KeyBudget::of(&k), None),
-            Err(BudgetScope::Key)
+            Verdict::Spent(BudgetScope::Key)
         );
     }
 
@@ -550,29 +631,52 @@ mod tests {
         let usage = Usage::new(configured);
         let k = key(None);
         usage.charge(&k, Some("p"), Credits::from_micros(5));
+        // What this replica spent is enough to refuse, before any total is read.
         assert_eq!(
             usage.check(&k, KeyBudget::of(&k), Some("p")),
-            Err(BudgetScope::Project)
+            Verdict::Spent(BudgetScope::Project)
         );
-        assert_eq!(usage.check(&k, KeyBudget::of(&k), Some("q")), Ok(()));
-        usage.begin_flush("2026-11");
+        assert!(matches!(
+            usage.check(&k, KeyBudget::of(&k), Some("q")),
+            Verdict::Unknown { .. }
+        ));
+        let (_, batch) = usage.begin_flush("2026-11");
+        assert_eq!(batch[0].watch_projects.len(), 2);
+        let mut totals = WorkspaceTotals {
+            total: 99,
+            monthly_credits: Some(100),
+            ..Default::default()
+        };
+        totals.projects.insert("p".into(), 5);
+        totals.projects.insert("q".into(), 0);
         let mut snapshot = UsageSnapshot::default();
-        snapshot.workspaces.insert(
-            "ws_1".into(),
-            WorkspaceTotals {
-                total: 100,
-                monthly_credits: Some(100),
-                ..Default::default()
-            },
-        );
+        snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
         assert_eq!(
             usage.check(&k, KeyBudget::of(&k), Some("q")),
-            Err(BudgetScope::Workspace)
+            Verdict::Within
         );
-        // A new month starts from zero.
+        // A project no flush has read yet is unknown, its budget included.
+        assert!(matches!(
+            usage.check(&k, KeyBudget::of(&k), Some("r")),
+            Verdict::Unknown { .. }
+        ));
+        usage.charge(&k, Some("q"), Credits::from_micros(1));
+        assert_eq!(
+            usage.check(&k, KeyBudget::of(&k), Some("q")),
+            Verdict::Spent(BudgetScope::Workspace)
+        );
+        // A spent workspace refuses whatever is unknown about the project.
+        assert_eq!(
+            usage.check(&k, KeyBudget::of(&k), Some("s")),
+            Verdict::Spent(BudgetScope::Workspace)
+        );
+        // A new month: last month's totals no longer apply, and this month's are read first.
         usage.begin_flush("2026-12");
-        assert_eq!(usage.check(&k, KeyBudget::of(&k), Some("q")), Ok(()));
+        assert!(matches!(
+            usage.check(&k, KeyBudget::of(&k), Some("q")),
+            Verdict::Unknown { .. }
+        ));
     }
 
     #[test]
@@ -588,26 +692,24 @@ mod tests {
         let capped = key(Some(10));
         let mut free = key(None);
         free.id = "key_2".into();
-        usage.check(&free, KeyBudget::of(&free), Some("p")).unwrap();
-        usage.check(&capped, KeyBudget::of(&capped), None).unwrap();
+        let unknown = |v| matches!(v, Verdict::Unknown { .. });
+        assert!(unknown(usage.check(&free, KeyBudget::of(&free), Some("p"))));
+        assert!(unknown(usage.check(&capped, KeyBudget::of(&capped), None)));
         let (_, batch) = usage.begin_flush("2026-11");
         assert_eq!(batch.len(), 1);
         assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
         assert_eq!(batch[0].watch_projects, vec!["p".to_string()]);
         let mut totals = WorkspaceTotals::default();
         totals.keys.insert("key_1".into(), 10);
+        totals.projects.insert("p".into(), 0);
         let mut snapshot = UsageSnapshot::default();
         snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
-        assert_eq!(
-            usage.check(&capped, KeyBudget::of(&capped), None),
-            Err(BudgetScope::Key)
-        );
+        let spent = Verdict::Spent(BudgetScope::Key);
+        assert_eq!(usage.check(&capped, KeyBudget::of(&capped), None), spent);
         // The budgeted key stays in use; the project is not named again.
         for _ in 0..WATCH_IDLE_FLUSHES {
-            usage
-                .check(&capped, KeyBudget::of(&capped), None)
-                .unwrap_err();
+            assert_eq!(usage.check(&capped, KeyBudget::of(&capped), None), spent);
             let (_, batch) = usage.begin_flush("2026-11");
             usage.finish_flush(&snapshot);
             assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
@@ -615,19 +717,67 @@ mod tests {
         let (_, batch) = usage.begin_flush("2026-11");
         usage.finish_flush(&UsageSnapshot::default());
         assert!(batch[0].watch_projects.is_empty(), "idle project dropped");
-        // Nothing used the workspace for as long: it and its totals go too.
+        // Nothing used the workspace for as long: it and its totals go too. Forgotten is not
+        // zero: the next request waits for its spent total to be read again, and is refused.
         for _ in 0..=WATCH_IDLE_FLUSHES {
             let (_, batch) = usage.begin_flush("2026-11");
             if batch.is_empty() {
-                assert_eq!(
-                    usage.check(&capped, KeyBudget::of(&capped), None),
-                    Ok(()),
-                    "stale totals dropped"
-                );
+                let Verdict::Unknown { flush } = usage.check(&capped, KeyBudget::of(&capped), None)
+                else {
+                    panic!("a forgotten total taken as known");
+                };
+                let (_, batch) = usage.begin_flush("2026-11");
+                assert_eq!(usage.ledger().flushes, flush, "the flush asked for");
+                assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
+                usage.finish_flush(&snapshot);
+                assert_eq!(usage.check(&capped, KeyBudget::of(&capped), None), spent);
                 return;
             }
             usage.finish_flush(&snapshot);
         }
         panic!("an idle workspace is never forgotten");
+    }
+
+    #[tokio::test]
+    async fn a_request_waits_for_the_flush_that_reads_its_totals_and_no_longer() {
+        let usage = Arc::new(Usage::new(HashMap::new()));
+        let k = key(Some(10));
+        let Verdict::Unknown { flush } = usage.check(&k, KeyBudget::of(&k), None) else {
+            panic!("nothing read yet");
+        };
+        let waiting = tokio::spawn({
+            let usage = usage.clone();
+            async move { usage.read_back(flush).await }
+        });
+        // A retried batch begun before the check does not read the key; it does not end the
+        // wait.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished());
+        let (_, batch) = usage.begin_flush("2026-11");
+        assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
+        let mut totals = WorkspaceTotals::default();
+        totals.keys.insert("key_1".into(), 10);
+        let mut snapshot = UsageSnapshot::default();
+        snapshot.workspaces.insert("ws_1".into(), totals);
+        usage.finish_flush(&snapshot);
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("the wait ends when the flush lands")
+            .unwrap();
+        assert_eq!(
+            usage.check(&k, KeyBudget::of(&k), None),
+            Verdict::Spent(BudgetScope::Key)
+        );
+
+        // With the store down, nobody waits for a flush that will not come.
+        let mut other = key(Some(10));
+        other.workspace = "ws_2".into();
+        let Verdict::Unknown { flush } = usage.check(&other, KeyBudget::of(&other), None) else {
+            panic!("ws_2 not read yet");
+        };
+        usage.flush_failed();
+        tokio::time::timeout(Duration::from_millis(500), usage.read_back(flush))
+            .await
+            .expect("a failed flush ends the wait");
     }
 }

@@ -220,13 +220,16 @@ impl Gateway {
         let project = policy::check_project(req.headers.get_all(&SERVICE_PROJECT))?;
         ctx.project = project.map(str::to_owned);
         let billable = route.handler == Handler::Forward;
-        let (decision, verdict) = self.meter.admit(
-            &caller.key,
-            caller.monthly_budget(),
-            project,
-            billable,
-            ctx.arrived_ms,
-        );
+        let (decision, verdict) = self
+            .meter
+            .admit(
+                &caller.key,
+                caller.monthly_budget(),
+                project,
+                billable,
+                ctx.arrived_ms,
+            )
+            .await;
         ctx.rate = Some(decision);
         verdict?;
         ctx.target = self.upstreams.target(caller.key.effective_environment());
