@@ -5,6 +5,8 @@
 
 use std::borrow::Cow;
 
+use crate::keys::format::{last4, redact};
+
 /// Message text: static on the hot path, owned where it names the input.
 pub type Message = Cow<'static, str>;
 
@@ -91,12 +93,15 @@ impl ApiError {
         }
     }
 
-    /// The JSON body for this error.
+    /// The JSON body for this error. The message is cut wherever it repeats what may be a
+    /// secret: a parser's message quotes the value it could not take, and a caller may have put
+    /// a key or a webhook secret there.
     pub fn body(&self, request_id: &str) -> Vec<u8> {
+        let message = self.to_string();
         let body = serde_json::json!({
             "error": {
                 "code": self.code(),
-                "message": self.to_string(),
+                "message": without_secrets(&message),
                 "request_id": request_id,
             }
         });
@@ -112,6 +117,32 @@ impl ApiError {
     pub fn not_found(message: impl Into<Message>) -> Self {
         Self::NotFound(message.into())
     }
+}
+
+/// `text` with every key or token (see [`redact`]) and every webhook signing secret (`whsec_`)
+/// in it cut to its prefix and last four characters.
+fn without_secrets(text: &str) -> Cow<'_, str> {
+    const SECRET: &str = "whsec_";
+    let text = redact(text);
+    if !text.contains(SECRET) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = &*text;
+    while let Some(at) = rest.find(SECRET) {
+        out.push_str(&rest[..at]);
+        let from = &rest[at..];
+        let len = from
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
+            .count();
+        out.push_str(SECRET);
+        out.push('…');
+        out.push_str(last4(&from[SECRET.len()..len]));
+        rest = &from[len..];
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
 }
 
 impl From<crate::store::StoreError> for ApiError {
@@ -173,5 +204,22 @@ mod tests {
         assert_eq!(v["error"]["code"], "invalid_request_error");
         assert_eq!(v["error"]["message"], "bad \"project\"");
         assert_eq!(v["error"]["request_id"], "req_1");
+    }
+
+    #[test]
+    fn a_secret_quoted_in_a_message_is_cut_to_its_last_four() {
+        let key = "svc_live_EaMgQ0w2n4Zc9XkLr7TdVb1Hs3yyYSv";
+        let secret = "whsec_4fJk29dLqPz8XcVb7NmA1sD3gH5jK6lQ";
+        let err = ApiError::invalid(format!(
+            "invalid token request: invalid type: string \"{key}\", expected a sequence; \
+             also \"{secret}\" and whsec_"
+        ));
+        let v: serde_json::Value = serde_json::from_slice(&err.body("req_1")).unwrap();
+        let message = v["error"]["message"].as_str().unwrap();
+        assert_eq!(
+            message,
+            "invalid token request: invalid type: string \"svc_live_…yYSv\", expected a \
+             sequence; also \"whsec_…K6lQ\" and whsec_…"
+        );
     }
 }

@@ -195,3 +195,34 @@ async fn a_leaked_token_is_revoked_alone_and_still_expires_on_redis() {
         .unwrap();
     assert!((1..=600).contains(&ttl), "ttl {ttl}");
 }
+
+#[tokio::test]
+async fn a_secret_sent_where_it_does_not_belong_is_not_repeated_in_the_error() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw
+        .create_key("live", &["tokens:create", "webhooks:write"])
+        .await;
+    // A parser's message quotes the value it could not take: here, the caller's own key.
+    let resp = gw
+        .request(Method::POST, "/v1/tokens")
+        .bearer_auth(&key)
+        .json(&json!({"scopes": key}))
+        .send()
+        .await
+        .unwrap();
+    let body = assert_error(resp, 400, "invalid_request_error").await;
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(!message.contains(&key[9..]), "{message}");
+    assert!(message.contains(&key[key.len() - 4..]), "{message}");
+    let secret = "whsec_4fJk29dLqPz8XcVb7NmA1sD3gH5jK6lQ";
+    let resp = gw
+        .request(Method::POST, "/v1/webhooks")
+        .bearer_auth(&key)
+        .json(&json!({"url": secret, "events": secret}))
+        .send()
+        .await
+        .unwrap();
+    let body = assert_error(resp, 400, "invalid_request_error").await;
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(!message.contains(&secret[6..]), "{message}");
+}

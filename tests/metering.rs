@@ -518,6 +518,10 @@ async fn the_audit_log_records_who_did_what_and_never_a_secret() {
         "workspace=ws_demo&limit=0",
         "workspace=ws_demo&limit=x",
         "workspace=ws_demo&nope=1",
+        "workspace=ws_demo&since=-1",
+        // Seconds that overflow as milliseconds (a panic in a debug build, wrap-around in a
+        // release one).
+        "workspace=ws_demo&since=18446744073709552",
     ] {
         let resp = gw
             .admin_request(Method::GET, &format!("/admin/v1/audit?{q}"))

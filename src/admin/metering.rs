@@ -42,6 +42,10 @@ pub(super) async fn audit(
     if limit == 0 || limit > MAX_LIMIT {
         return Err(ApiError::invalid(format!("limit must be 1-{MAX_LIMIT}")));
     }
+    // Unix seconds: a figure the stores cannot turn into milliseconds is no time at all.
+    if params.since.is_some_and(|s| s.checked_mul(1000).is_none()) {
+        return Err(ApiError::invalid("since must be a unix time in seconds"));
+    }
     state.require_workspace(&workspace).await?;
     let query = AuditQuery {
         workspace,

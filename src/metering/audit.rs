@@ -90,7 +90,9 @@ impl AuditQuery {
                 .project
                 .as_ref()
                 .is_none_or(|p| record.project.as_ref() == Some(p))
-            && self.since.is_none_or(|s| record.time_ms >= s * 1000)
+            && self
+                .since
+                .is_none_or(|s| record.time_ms >= s.saturating_mul(1000))
     }
 }
 

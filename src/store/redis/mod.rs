@@ -906,7 +906,7 @@ impl Store for RedisStore {
         let key = self.layout.audit(&query.workspace);
         let mut out = Vec::new();
         let mut end = "+".to_string();
-        let since_ms = query.since.map(|s| s * 1000);
+        let since_ms = query.since.map(|s| s.saturating_mul(1000));
         let mut seen = std::collections::HashSet::new();
         'pages: loop {
             let page = self.stream_range("XREVRANGE", &key, &end, "-", 100).await?;
