@@ -5,7 +5,8 @@
 //! (32 of them at the defaults) and hold up deliveries to every other endpoint until their
 //! attempts time out. So an endpoint whose last attempt failed gets one slot at a time, and the
 //! endpoints whose last attempt failed or was slow (over half the timeout) share at most half
-//! of the slots: the other half stays free for endpoints that answer. An endpoint new to the
+//! of the slots (the one slot of a worker that has only one): the other half stays free for
+//! endpoints that answer. An endpoint new to the
 //! worker counts as answering until an attempt says otherwise.
 
 use std::collections::HashMap;
@@ -70,8 +71,9 @@ impl Slots {
             .filter(|l| l.struggling())
             .map(|l| l.in_flight)
             .sum();
-        // Handed out endpoint by endpoint, so one claim cannot overshoot it.
-        let mut share_left = (self.total / 2).saturating_sub(struggling);
+        // Handed out endpoint by endpoint, so one claim cannot overshoot it. A worker with a
+        // single slot has no half to keep free: its one slot must still retry.
+        let mut share_left = (self.total / 2).max(1).saturating_sub(struggling);
         let counted = self
             .loads
             .iter()
@@ -133,6 +135,17 @@ mod tests {
             .iter()
             .find(|(e, _)| *e == endpoint)
             .map_or(0, |(_, n)| *n)
+    }
+
+    #[test]
+    fn a_worker_with_one_slot_still_retries_a_failing_endpoint() {
+        let mut slots = Slots::new(1, 1);
+        slots.take("a");
+        slots.free("a", Outcome::Failed);
+        assert_eq!(counted(&slots, "a"), 0, "its slot is free for the retry");
+        slots.take("a");
+        assert_eq!(counted(&slots, "a"), 1);
+        assert_eq!(slots.claim_limits().0, 0);
     }
 
     #[test]
