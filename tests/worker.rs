@@ -341,10 +341,28 @@ async fn replay_and_deliveries_refuse_bad_input() {
     )
     .await;
     assert_error(resp, 404, "not_found").await;
-    // An event of another workspace is not found either.
+    // An event of another workspace is not found either, once it is surely known: its own
+    // workspace can replay it.
     let other = s.gw.create_workspace().await;
+    let (_, other_key) = s.gw.create_key_in(&other, "live", SCOPES).await;
+    let (other_id, _) = endpoint(
+        &s.gw,
+        &other_key,
+        "http://127.0.0.1:9/hook",
+        &["agent.run.*"],
+    )
+    .await;
     let foreign = publish(&s.gw, &other, "agent.run.completed", "live").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let own_replay = format!("/v1/webhooks/{other_id}/replay");
+    eventually(Duration::from_secs(10), || async {
+        let body = json!({"event_id": foreign});
+        call(&s.gw, &other_key, Method::POST, &own_replay, Some(body))
+            .await
+            .status()
+            == 202
+    })
+    .await
+    .expect("the event is known to its own workspace");
     let resp = call(
         &s.gw,
         &s.key,

@@ -177,7 +177,9 @@ pub async fn handle(
             let events = input
                 .events
                 .ok_or_else(|| ApiError::invalid("events is required"))?;
-            let url = check_url(&url, allow_insecure).map_err(ApiError::invalid)?;
+            let url = check_url(&url, allow_insecure)
+                .await
+                .map_err(ApiError::invalid)?;
             check_events(&events)?;
             let endpoint = Endpoint {
                 id: new_id("we"),
@@ -201,11 +203,15 @@ pub async fn handle(
         WebhookOp::Update | WebhookOp::Resume => {
             let input = if op == WebhookOp::Update {
                 let input = read_input(session).await?;
-                let url = input
-                    .url
-                    .map(|u| check_url(&u, allow_insecure).map(|u| u.to_string()))
-                    .transpose()
-                    .map_err(ApiError::invalid)?;
+                let url = match &input.url {
+                    Some(u) => Some(
+                        check_url(u, allow_insecure)
+                            .await
+                            .map_err(ApiError::invalid)?
+                            .to_string(),
+                    ),
+                    None => None,
+                };
                 if let Some(events) = &input.events {
                     check_events(events)?;
                 }

@@ -79,11 +79,18 @@ pub fn new_secret() -> String {
     s
 }
 
+/// How long [`check_url`] waits for a host name to resolve.
+pub const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Checks an endpoint URL. Without `allow_insecure`, it must be `https://` and must not name a
 /// private, loopback, link-local or otherwise internal address — as an IP literal or through
 /// what its host name resolves to now. (The worker checks the address it actually dials too,
 /// so a name that later resolves elsewhere does not get through.)
-pub fn check_url(raw: &str, allow_insecure: bool) -> Result<url::Url, String> {
+///
+/// The name is resolved off the calling thread (a gateway worker thread serves every request)
+/// and for at most [`RESOLVE_TIMEOUT`]: a name server that does not answer gets the caller a
+/// 400, and holds up nobody else.
+pub async fn check_url(raw: &str, allow_insecure: bool) -> Result<url::Url, String> {
     let url = url::Url::parse(raw).map_err(|e| format!("not a URL: {e}"))?;
     if raw.len() > 2048 {
         return Err("a URL is at most 2048 characters".into());
@@ -112,12 +119,12 @@ pub fn check_url(raw: &str, allow_insecure: bool) -> Result<url::Url, String> {
         url::Host::Ipv4(ip) => vec![IpAddr::V4(ip)],
         url::Host::Ipv6(ip) => vec![IpAddr::V6(ip)],
         url::Host::Domain(name) => {
-            use std::net::ToSocketAddrs;
-            (name, port)
-                .to_socket_addrs()
-                .map_err(|_| format!("the host '{name}' does not resolve"))?
-                .map(|a| a.ip())
-                .collect()
+            match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name, port))).await
+            {
+                Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
+                Ok(Err(_)) => return Err(format!("the host '{name}' does not resolve")),
+                Err(_) => return Err(format!("the host '{name}' did not resolve in time")),
+            }
         }
     };
     if let Some(ip) = addrs.iter().find(|ip| is_internal(ip)) {
@@ -193,8 +200,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn internal_addresses_are_refused() {
+    #[tokio::test]
+    async fn internal_addresses_are_refused() {
         for url in [
             "https://127.0.0.1/hook",
             "https://10.1.2.3/hook",
@@ -211,25 +218,25 @@ mod tests {
             "not a url",
             "https://user:pass@example.com/",
         ] {
-            assert!(check_url(url, false).is_err(), "{url}");
+            assert!(check_url(url, false).await.is_err(), "{url}");
         }
-        assert!(check_url("https://93.184.216.34/hook", false).is_ok());
-        assert!(check_url("http://127.0.0.1:9999/hook", true).is_ok());
+        assert!(check_url("https://93.184.216.34/hook", false).await.is_ok());
+        assert!(check_url("http://127.0.0.1:9999/hook", true).await.is_ok());
     }
 
-    #[test]
-    fn port_zero_is_refused_even_when_insecure_targets_are_allowed() {
+    #[tokio::test]
+    async fn port_zero_is_refused_even_when_insecure_targets_are_allowed() {
         for (url, allow_insecure) in [
             ("https://8.8.8.8:0/x", false),
             ("https://example.com:0/x", false),
             ("https://[2001:4860:4860::8888]:0/", false),
             ("http://127.0.0.1:0/hook", true),
         ] {
-            let err = check_url(url, allow_insecure).unwrap_err();
+            let err = check_url(url, allow_insecure).await.unwrap_err();
             assert!(err.contains("port"), "{url}: {err}");
         }
-        assert!(check_url("https://8.8.8.8:8443/x", false).is_ok());
-        assert!(check_url("http://127.0.0.1:1/hook", true).is_ok());
+        assert!(check_url("https://8.8.8.8:8443/x", false).await.is_ok());
+        assert!(check_url("http://127.0.0.1:1/hook", true).await.is_ok());
     }
 
     #[test]
