@@ -9,6 +9,7 @@ use svcgate::events::Event;
 use svcgate::ids::{new_id, unix_now};
 use svcgate::keys::KeyHash;
 use svcgate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes, Workspace};
+use svcgate::metering::audit::{AuditQuery, AuditRecord};
 use svcgate::store::{ClaimRequest, ClaimedDelivery, MemoryStore, RedisStore, Store, StoreError};
 use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus};
 use svcgate::webhooks::endpoint::{Endpoint, EndpointStatus};
@@ -515,6 +516,54 @@ fn attempt(at_ms: u64, status_code: Option<u16>) -> Attempt {
     }
 }
 
+/// An audit record of `workspace` that arrived at `time_ms`.
+fn audit_record(workspace: &str, time_ms: u64) -> AuditRecord {
+    AuditRecord {
+        time_ms,
+        request_id: new_id("req").into(),
+        workspace: workspace.into(),
+        key_id: "key_1".into(),
+        key: "svc_live_…abcd".into(),
+        environment: Environment::Live,
+        project: None,
+        method: "POST".into(),
+        path: "/v1/chat/completions".into(),
+        model: None,
+        status: 200,
+        credits: 1.0,
+        client_ip: None,
+        latency_ms: 1,
+        token_id: None,
+        metadata: None,
+    }
+}
+
+async fn audit_reads_the_newest_records_whichever_batch_holds_them(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let now = unix_now() * 1000;
+    // One replica writes the newest records first; another then writes a batch of older ones
+    // (a longer backlog, or a spool written back).
+    let newest: Vec<AuditRecord> = (0..5).map(|i| audit_record(&ws, now - 100 + i)).collect();
+    let older: Vec<AuditRecord> = (0..5)
+        .map(|i| audit_record(&ws, now - 60_000 + i))
+        .collect();
+    store.append_audit(&newest).await.unwrap();
+    store.append_audit(&older).await.unwrap();
+    let query = |limit| AuditQuery {
+        workspace: ws.clone(),
+        key_id: None,
+        project: None,
+        since: None,
+        limit,
+    };
+    let times = |records: Vec<AuditRecord>| records.iter().map(|r| r.time_ms).collect::<Vec<_>>();
+    let got = times(store.audit(&query(5)).await.unwrap());
+    assert_eq!(got, (0..5).rev().map(|i| now - 100 + i).collect::<Vec<_>>());
+    let all = times(store.audit(&query(10)).await.unwrap());
+    assert_eq!(all.len(), 10);
+    assert_eq!(&all[..3], &got[..3]);
+}
+
 macro_rules! store_suite {
     ($($name:ident),*) => {
         mod memory {
@@ -553,7 +602,8 @@ store_suite!(
     the_event_log_is_consumed_once_and_reclaimed_from_dead_consumers,
     a_tail_sees_only_events_logged_after_it_started,
     events_since_filter_by_workspace_environment_and_time,
-    claims_respect_due_times_leases_and_per_endpoint_caps
+    claims_respect_due_times_leases_and_per_endpoint_caps,
+    audit_reads_the_newest_records_whichever_batch_holds_them
 );
 
 /// Entries written past the store (by scripts or backends) are trimmed to the 30 days too.

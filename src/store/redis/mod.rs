@@ -908,6 +908,11 @@ impl Store for RedisStore {
         let mut end = "+".to_string();
         let since_ms = query.since.map(|s| s.saturating_mul(1000));
         let mut seen = std::collections::HashSet::new();
+        // Entries come newest-written first, but replicas write their batches at different
+        // times: an entry written earlier can hold newer records. A batch is written after
+        // every record in it arrived, so once `limit` records are held, an entry written before
+        // the oldest of them holds none that belongs in the answer.
+        let mut cutoff_ms: Option<u64> = None;
         'pages: loop {
             let page = self.stream_range("XREVRANGE", &key, &end, "-", 100).await?;
             if page.ids.is_empty() {
@@ -921,7 +926,9 @@ impl Store for RedisStore {
                     .and_then(|ms| ms.parse().ok())
                     .unwrap_or(u64::MAX);
                 // A batch is written after every record in it arrived.
-                if since_ms.is_some_and(|s| written_ms < s) {
+                if since_ms.is_some_and(|s| written_ms < s)
+                    || cutoff_ms.is_some_and(|c| written_ms < c)
+                {
                     break 'pages;
                 }
                 let json: String = entry.get("records").unwrap_or_default();
@@ -934,7 +941,9 @@ impl Store for RedisStore {
                         .filter(|r| query.matches(r) && seen.insert(r.request_id.clone())),
                 );
                 if out.len() >= query.limit {
-                    break 'pages;
+                    out.sort_by_key(|r| std::cmp::Reverse(r.time_ms));
+                    out.truncate(query.limit);
+                    cutoff_ms = out.last().map(|r| r.time_ms);
                 }
                 end = format!("({}", entry.id);
             }
