@@ -90,7 +90,8 @@ fn bench(c: &mut Criterion) {
     let cost = Credits::from_micros(12_500);
     // The steady state: one flush has read the totals the check watches.
     let _ = usage.check(&key, KeyBudget::of(&key), Some("proj_a"));
-    let (_, batch) = usage.begin_flush("2026-11");
+    let now_ms = svcgate::ids::unix_millis();
+    let (_, batch) = usage.begin_flush(&svcgate::metering::month::month_of(now_ms / 1000));
     let mut snapshot = UsageSnapshot::default();
     for w in batch {
         let totals = WorkspaceTotals {
@@ -109,7 +110,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let ok = usage.check(black_box(&key), KeyBudget::of(&key), Some("proj_a"))
                 == Verdict::Within;
-            usage.charge(&key, Some("proj_a"), cost);
+            usage.charge(&key, Some("proj_a"), cost, now_ms);
             ok
         })
     });

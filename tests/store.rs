@@ -259,6 +259,26 @@ async fn a_usage_batch_is_added_once_however_often_it_is_sent(store: Arc<dyn Sto
         500
     );
     assert_eq!(store.usage_report(&ws, "2026-11").await.unwrap().total, 500);
+
+    // Spend of requests that arrived in October, flushed in November, is October's; a part of
+    // another month reads nothing back.
+    let late = UsageFlush {
+        id: new_id("flush"),
+        workspaces: vec![WorkspaceFlush {
+            workspace: ws.clone(),
+            month: Some("2026-10".into()),
+            total: 40,
+            keys: [("key_1".to_string(), 40)].into(),
+            event_id: new_id("evt"),
+            ..Default::default()
+        }],
+        ..flush.clone()
+    };
+    let snapshot = store.flush_usage(&late).await.unwrap();
+    assert!(!snapshot.workspaces.contains_key(&ws), "{snapshot:?}");
+    let october = store.usage_report(&ws, "2026-10").await.unwrap();
+    assert_eq!((october.total, october.keys["key_1"]), (40, 40));
+    assert_eq!(store.usage_report(&ws, "2026-11").await.unwrap().total, 500);
 }
 
 fn endpoint(workspace: &str, events: &[&str]) -> Endpoint {

@@ -14,7 +14,9 @@ use std::time::Duration;
 use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit};
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
-use super::usage::{BudgetScope, KeyBudget, PendingSpend, RateFlush, Usage, UsageFlush, Verdict};
+use super::usage::{
+    BudgetScope, KeyBudget, PendingSpend, RateFlush, SpendByMonth, Usage, UsageFlush, Verdict,
+};
 use crate::error::ApiError;
 use crate::keys::{CachedKey, Environment};
 use crate::store::Store;
@@ -186,8 +188,12 @@ impl Meter {
     pub fn finish(&self, record: PendingAudit) {
         let key = &record.key;
         if key.effective_environment() != Environment::Test {
-            self.usage
-                .charge(key, record.project.as_deref(), record.credits);
+            self.usage.charge(
+                key,
+                record.project.as_deref(),
+                record.credits,
+                record.time_ms,
+            );
         }
         self.audit.record(record);
     }
@@ -339,7 +345,21 @@ impl Meter {
         let Ok(bytes) = std::fs::read(&path) else {
             return;
         };
-        match serde_json::from_slice::<HashMap<String, PendingSpend>>(&bytes) {
+        // Spooled by month since session 9; a spool of an earlier version holds one month's
+        // spend by workspace, the month it was written in.
+        let spooled = serde_json::from_slice::<SpendByMonth>(&bytes).or_else(|e| {
+            serde_json::from_slice::<HashMap<String, PendingSpend>>(&bytes)
+                .map(|spend| {
+                    let written = std::fs::metadata(&path)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map_or_else(crate::ids::unix_now, |d| d.as_secs());
+                    SpendByMonth::from([(month_of(written), spend)])
+                })
+                .map_err(|_| e)
+        });
+        match spooled {
             Ok(spend) => {
                 self.usage.restore(spend);
                 tracing::info!(path = %path.display(), "spooled spend restored");
@@ -392,5 +412,50 @@ mod idle_refresh_tests {
             10,
             "fewer idle keys than the bound: all of them, once"
         );
+    }
+}
+
+#[cfg(test)]
+mod spool_tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn meter(spool_dir: &std::path::Path) -> Arc<Meter> {
+        let limit = Limit {
+            requests_per_minute: 60,
+            burst: 10,
+        };
+        let config = MeterConfig {
+            flush_interval: Duration::from_millis(200),
+            live_limit: limit,
+            test_limit: limit,
+            spool_dir: spool_dir.to_path_buf(),
+            audit_backlog: 10,
+            project_budgets: HashMap::new(),
+        };
+        Meter::new(Arc::new(MemoryStore::new()), config).0
+    }
+
+    #[test]
+    fn spend_spooled_by_an_earlier_version_is_restored_to_the_month_it_was_written_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = dir.path().join("spend.json");
+        // One month's spend by workspace, as spooled before months were kept.
+        std::fs::write(
+            &spool,
+            r#"{"ws_1": {"total": 5, "keys": {"key_1": 5}, "projects": {}}}"#,
+        )
+        .unwrap();
+        let meter = meter(dir.path());
+        let month = month_of(crate::ids::unix_now());
+        let spend: PendingSpend =
+            serde_json::from_str(r#"{"total": 5, "keys": {"key_1": 5}, "projects": {}}"#).unwrap();
+        assert_eq!(meter.usage.unflushed()[&month]["ws_1"], spend);
+        assert!(!spool.exists(), "a restored spool is removed");
+        // And what this version spools comes back by month.
+        meter.spool_spend();
+        assert!(std::fs::read_to_string(&spool).unwrap().contains(&month));
+        let again = self::meter(dir.path());
+        assert_eq!(again.usage.unflushed()[&month]["ws_1"], spend);
     }
 }

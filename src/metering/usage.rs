@@ -17,6 +17,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::month::{bounds_of_month, month_bounds_ms, month_of};
 use super::Credits;
 use crate::keys::CachedKey;
 
@@ -94,6 +95,11 @@ pub struct UsageFlush {
 pub struct WorkspaceFlush {
     /// `ws_…`
     pub workspace: String,
+    /// The month (`YYYY-MM`) this spend is charged to, when it is not the flush's: spend of
+    /// requests that arrived in an earlier month (flushed after it ended, or kept through an
+    /// outage or a restart). Such a part only adds spend; it reads nothing back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub month: Option<String>,
     /// Spend to add to the workspace total.
     pub total: i64,
     /// Spend to add per key id.
@@ -161,6 +167,9 @@ pub struct RateTotals {
     pub current: u64,
 }
 
+/// Unflushed spend by month (`YYYY-MM`) and workspace: what a shutdown spools.
+pub type SpendByMonth = HashMap<String, HashMap<String, PendingSpend>>;
+
 /// Spend of one workspace not yet flushed.
 #[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingSpend {
@@ -183,9 +192,14 @@ impl PendingSpend {
 
 #[derive(Debug, Default)]
 struct Ledger {
-    /// Spend since the last flush, per workspace.
+    /// Spend since the last flush of requests that arrived in `month`, per workspace.
     pending: FastMap<String, PendingSpend>,
-    /// Spend taken by a flush still under way or failed (retried as the same batch).
+    /// Spend since the last flush of requests that arrived in another month, by month and
+    /// workspace: a request that arrived before midnight at a month's end and finished after
+    /// the month turned here, or spend kept through an outage or restored from a spool.
+    pending_other: FastMap<(String, String), PendingSpend>,
+    /// The part of `month` in the flush still under way or failed (retried as the same batch):
+    /// what budget checks count besides `pending`.
     in_flight: FastMap<String, PendingSpend>,
     /// That batch, with its id, until the store confirms it.
     in_flight_batch: Option<(String, Vec<WorkspaceFlush>)>,
@@ -197,8 +211,36 @@ struct Ledger {
     flushes: u64,
     /// The number of the batch in flight (retries keep it).
     batch_flush: u64,
-    /// The month the totals are for.
+    /// The month of the totals and of `pending`.
     month: String,
+    /// Its unix milliseconds: a request that arrived in them is charged to `pending`.
+    month_ms: std::ops::Range<u64>,
+}
+
+impl Ledger {
+    /// Makes `month` the month of the totals and of `pending`: spend pending for the month it
+    /// replaces is flushed as that month's, and last month's totals no longer apply.
+    fn turn_to(&mut self, month: &str, bounds_ms: std::ops::Range<u64>) {
+        let old = std::mem::replace(&mut self.month, month.to_string());
+        for (ws, spend) in std::mem::take(&mut self.pending) {
+            self.pending_other
+                .entry((old.clone(), ws))
+                .or_default()
+                .add(&spend);
+        }
+        let mut kept: FastMap<(String, String), PendingSpend> = FastMap::default();
+        for ((m, ws), spend) in std::mem::take(&mut self.pending_other) {
+            match m == month {
+                true => self.pending.entry(ws).or_default().add(&spend),
+                false => kept.entry((m, ws)).or_default().add(&spend),
+            }
+        }
+        self.pending_other = kept;
+        self.month_ms = bounds_ms;
+        self.totals.clear();
+        // What is in flight was spent in the month that ended: not this month's spend.
+        self.in_flight.clear();
+    }
 }
 
 /// [`WorkspaceTotals`] as the ledger keeps them, in [`FastMap`]s.
@@ -294,7 +336,14 @@ impl Usage {
             nested.entry(ws).or_default().insert(project, budget);
         }
         Self {
-            ledger: Mutex::new(Ledger::default()),
+            ledger: Mutex::new({
+                let now = crate::ids::unix_now();
+                Ledger {
+                    month: month_of(now),
+                    month_ms: month_bounds_ms(now),
+                    ..Ledger::default()
+                }
+            }),
             configured_project_budgets: nested,
             flush_wanted: tokio::sync::Notify::new(),
             flushed: tokio::sync::watch::Sender::new(FlushState::default()),
@@ -415,15 +464,27 @@ impl Usage {
         self.flushed.send_modify(|s| s.failing = true);
     }
 
-    /// Charges `cost` to the key, the project and the workspace.
-    pub fn charge(&self, key: &CachedKey, project: Option<&str>, cost: Credits) {
+    /// Charges `cost` to the key, the project and the workspace, in the month of `arrived_ms`
+    /// (unix milliseconds).
+    pub fn charge(&self, key: &CachedKey, project: Option<&str>, cost: Credits, arrived_ms: u64) {
         if cost.micros() <= 0 {
             return;
         }
         let mut ledger = self.ledger();
-        let pending = match ledger.pending.get_mut(&*key.workspace) {
-            Some(p) => p,
-            None => ledger.pending.entry(key.workspace.to_string()).or_default(),
+        let ledger = &mut *ledger;
+        let ws = &*key.workspace;
+        // To the month the request arrived in (UTC), whenever it is flushed.
+        let pending = if ledger.month_ms.contains(&arrived_ms) {
+            match ledger.pending.get_mut(ws) {
+                Some(p) => p,
+                None => ledger.pending.entry(ws.to_string()).or_default(),
+            }
+        } else {
+            let month = month_of(arrived_ms / 1000);
+            ledger
+                .pending_other
+                .entry((month, ws.to_string()))
+                .or_default()
         };
         pending.total += cost.micros();
         add(&mut pending.keys, key.billed_key_id(), cost.micros());
@@ -437,9 +498,7 @@ impl Usage {
     pub fn begin_flush(&self, month: &str) -> (String, Vec<WorkspaceFlush>) {
         let mut ledger = self.ledger();
         if ledger.month != month {
-            // A new month: last month's totals no longer apply.
-            ledger.month = month.to_string();
-            ledger.totals.clear();
+            ledger.turn_to(month, bounds_of_month(month));
         }
         if let Some(batch) = &ledger.in_flight_batch {
             return batch.clone();
@@ -456,6 +515,7 @@ impl Usage {
         } = &mut *ledger;
         totals.retain(|ws, _| watched.contains_key(ws));
         let pending = std::mem::take(&mut ledger.pending);
+        let earlier = std::mem::take(&mut ledger.pending_other);
         let mut workspaces: HashSet<String> = pending.keys().cloned().collect();
         workspaces.extend(ledger.watched.keys().cloned());
         let mut out = Vec::with_capacity(workspaces.len());
@@ -471,11 +531,24 @@ impl Usage {
             out.push(WorkspaceFlush {
                 watch_keys,
                 watch_projects,
+                month: Some(ledger.month.clone()),
                 total: spend.total,
                 keys: spend.keys.into_iter().collect(),
                 projects: spend.projects.into_iter().collect(),
                 event_id: crate::ids::new_id("evt"),
                 workspace: ws,
+            });
+        }
+        // Spend of other months goes to those months, and reads nothing back.
+        for ((month, ws), spend) in earlier {
+            out.push(WorkspaceFlush {
+                month: Some(month),
+                total: spend.total,
+                keys: spend.keys.into_iter().collect(),
+                projects: spend.projects.into_iter().collect(),
+                event_id: crate::ids::new_id("evt"),
+                workspace: ws,
+                ..WorkspaceFlush::default()
             });
         }
         let batch = (crate::ids::new_id("flush"), out);
@@ -503,20 +576,49 @@ impl Usage {
     }
 
     /// Unflushed spend (also what a flush under way took), for the spool at shutdown.
-    pub fn unflushed(&self) -> HashMap<String, PendingSpend> {
+    pub fn unflushed(&self) -> SpendByMonth {
         let ledger = self.ledger();
-        let mut all = ledger.pending.clone();
-        for (ws, spend) in &ledger.in_flight {
-            all.entry(ws.clone()).or_default().add(spend);
+        let mut all = SpendByMonth::new();
+        let mut put = |month: &str, ws: &str, spend: &PendingSpend| {
+            let months = all.entry(month.to_string()).or_default();
+            months.entry(ws.to_string()).or_default().add(spend);
+        };
+        for (ws, spend) in &ledger.pending {
+            put(&ledger.month, ws, spend);
         }
-        all.into_iter().collect()
+        for ((month, ws), spend) in &ledger.pending_other {
+            put(month, ws, spend);
+        }
+        for w in ledger.in_flight_batch.iter().flat_map(|(_, batch)| batch) {
+            let spend = PendingSpend {
+                total: w.total,
+                keys: w.keys.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                projects: w.projects.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            };
+            put(
+                w.month.as_deref().unwrap_or(&ledger.month),
+                &w.workspace,
+                &spend,
+            );
+        }
+        all.retain(|_, months| {
+            months.retain(|_, s| s.total != 0 || !s.keys.is_empty() || !s.projects.is_empty());
+            !months.is_empty()
+        });
+        all
     }
 
-    /// Adds spend recovered from the spool.
-    pub fn restore(&self, spend: HashMap<String, PendingSpend>) {
+    /// Adds spend recovered from the spool, each to its month.
+    pub fn restore(&self, spend: SpendByMonth) {
         let mut ledger = self.ledger();
-        for (ws, s) in spend {
-            ledger.pending.entry(ws).or_default().add(&s);
+        for (month, workspaces) in spend {
+            for (ws, s) in workspaces {
+                let to = match month == ledger.month {
+                    true => ledger.pending.entry(ws).or_default(),
+                    false => ledger.pending_other.entry((month.clone(), ws)).or_default(),
+                };
+                to.add(&s);
+            }
         }
     }
 }
@@ -559,6 +661,21 @@ mod tests {
     use super::*;
     use crate::keys::{Environment, KeyStatus, Scopes};
 
+    /// Now, in unix milliseconds.
+    fn now_ms() -> u64 {
+        crate::ids::unix_millis()
+    }
+
+    /// The month of now.
+    fn this_month() -> String {
+        month_of(now_ms() / 1000)
+    }
+
+    /// The month after it.
+    fn next_month() -> String {
+        month_of(bounds_of_month(&this_month()).end / 1000)
+    }
+
     fn key(budget: Option<i64>) -> CachedKey {
         CachedKey {
             id: "key_1".into(),
@@ -583,8 +700,8 @@ mod tests {
             usage.check(&k, KeyBudget::of(&k), None),
             Verdict::Unknown { flush: 1 }
         );
-        usage.charge(&k, None, Credits::from_micros(1_000_000));
-        let (_, flush) = usage.begin_flush("2026-11");
+        usage.charge(&k, None, Credits::from_micros(1_000_000), now_ms());
+        let (_, flush) = usage.begin_flush(&this_month());
         assert_eq!(flush[0].total, 1_000_000);
         assert_eq!(flush[0].watch_keys, vec!["key_1".to_string()]);
         // Another replica spent 1.5 meanwhile; the store reports 2.5 in all.
@@ -597,7 +714,7 @@ mod tests {
         snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
         assert_eq!(usage.check(&k, KeyBudget::of(&k), None), Verdict::Within);
-        usage.charge(&k, None, Credits::from_micros(500_000));
+        usage.charge(&k, None, Credits::from_micros(500_000), now_ms());
         assert_eq!(
             usage.check(&k, KeyBudget::of(&k), None),
             Verdict::Spent(BudgetScope::Key)
@@ -608,17 +725,17 @@ mod tests {
     fn a_failed_flush_is_retried_as_the_same_batch() {
         let usage = Usage::new(HashMap::new());
         let k = key(None);
-        usage.charge(&k, Some("p"), Credits::from_micros(7));
-        let (id, first) = usage.begin_flush("2026-11");
+        usage.charge(&k, Some("p"), Credits::from_micros(7), now_ms());
+        let (id, first) = usage.begin_flush(&this_month());
         assert_eq!(first[0].total, 7);
-        usage.charge(&k, Some("p"), Credits::from_micros(3));
+        usage.charge(&k, Some("p"), Credits::from_micros(3), now_ms());
         // No answer from the store: the same batch goes again, the new spend waits.
-        let (retry_id, retry) = usage.begin_flush("2026-11");
+        let (retry_id, retry) = usage.begin_flush(&this_month());
         assert_eq!((retry_id.as_str(), retry[0].total), (id.as_str(), 7));
         assert_eq!(retry[0].event_id, first[0].event_id);
-        assert_eq!(usage.unflushed()["ws_1"].total, 10);
+        assert_eq!(usage.unflushed()[&this_month()]["ws_1"].total, 10);
         usage.finish_flush(&UsageSnapshot::default());
-        let (next_id, next) = usage.begin_flush("2026-11");
+        let (next_id, next) = usage.begin_flush(&this_month());
         assert_ne!(next_id, id);
         assert_eq!(next[0].total, 3);
         assert_eq!(next[0].projects["p"], 3);
@@ -630,7 +747,7 @@ mod tests {
         configured.insert(("ws_1".to_string(), "p".to_string()), 5);
         let usage = Usage::new(configured);
         let k = key(None);
-        usage.charge(&k, Some("p"), Credits::from_micros(5));
+        usage.charge(&k, Some("p"), Credits::from_micros(5), now_ms());
         // What this replica spent is enough to refuse, before any total is read.
         assert_eq!(
             usage.check(&k, KeyBudget::of(&k), Some("p")),
@@ -640,7 +757,7 @@ mod tests {
             usage.check(&k, KeyBudget::of(&k), Some("q")),
             Verdict::Unknown { .. }
         ));
-        let (_, batch) = usage.begin_flush("2026-11");
+        let (_, batch) = usage.begin_flush(&this_month());
         assert_eq!(batch[0].watch_projects.len(), 2);
         let mut totals = WorkspaceTotals {
             total: 99,
@@ -661,7 +778,7 @@ mod tests {
             usage.check(&k, KeyBudget::of(&k), Some("r")),
             Verdict::Unknown { .. }
         ));
-        usage.charge(&k, Some("q"), Credits::from_micros(1));
+        usage.charge(&k, Some("q"), Credits::from_micros(1), now_ms());
         assert_eq!(
             usage.check(&k, KeyBudget::of(&k), Some("q")),
             Verdict::Spent(BudgetScope::Workspace)
@@ -672,7 +789,7 @@ mod tests {
             Verdict::Spent(BudgetScope::Workspace)
         );
         // A new month: last month's totals no longer apply, and this month's are read first.
-        usage.begin_flush("2026-12");
+        usage.begin_flush(&next_month());
         assert!(matches!(
             usage.check(&k, KeyBudget::of(&k), Some("q")),
             Verdict::Unknown { .. }
@@ -680,9 +797,62 @@ mod tests {
     }
 
     #[test]
+    fn spend_is_charged_to_the_month_the_request_arrived_in() {
+        let usage = Usage::new(HashMap::new());
+        let k = key(Some(100));
+        let (month, next) = (this_month(), next_month());
+        let start = bounds_of_month(&month).start;
+        let last = month_of((start - 1) / 1000);
+        // A request from the last second of last month, finished now: last month's spend,
+        // which this month's budget does not count.
+        usage.charge(&k, Some("p"), Credits::from_micros(100), start - 1);
+        usage.charge(&k, Some("p"), Credits::from_micros(7), start);
+        let (_, batch) = usage.begin_flush(&month);
+        let part = |batch: &[WorkspaceFlush], m: &str| {
+            batch
+                .iter()
+                .find(|w| w.month.as_deref() == Some(m))
+                .cloned()
+                .unwrap_or_else(|| panic!("no part for {m}: {batch:?}"))
+        };
+        let earlier = part(&batch, &last);
+        assert_eq!(
+            (earlier.total, earlier.keys["key_1"], earlier.projects["p"]),
+            (100, 100, 100)
+        );
+        assert!(earlier.watch_keys.is_empty() && earlier.watch_projects.is_empty());
+        assert_eq!(part(&batch, &month).total, 7);
+        let mut totals = WorkspaceTotals::default();
+        totals.keys.insert("key_1".into(), 7);
+        totals.projects.insert("p".into(), 7);
+        let mut snapshot = UsageSnapshot::default();
+        snapshot.workspaces.insert("ws_1".into(), totals);
+        usage.finish_flush(&snapshot);
+        assert_eq!(
+            usage.check(&k, KeyBudget::of(&k), Some("p")),
+            Verdict::Within
+        );
+
+        // The month turns between a request and its flush: the spend stays this month's, and
+        // goes out so even in a batch retried after the turn.
+        usage.charge(&k, None, Credits::from_micros(5), now_ms());
+        let (id, before) = usage.begin_flush(&next);
+        assert_eq!(part(&before, &month).total, 5);
+        let (retry_id, retried) = usage.begin_flush(&next);
+        assert_eq!((retry_id, retried), (id, before));
+        // Spooled at shutdown and restored, spend keeps its month.
+        let spooled = usage.unflushed();
+        assert_eq!(spooled[&month]["ws_1"].total, 5);
+        let restored = Usage::new(HashMap::new());
+        restored.restore(spooled);
+        let (_, batch) = restored.begin_flush(&next);
+        assert_eq!(part(&batch, &month).total, 5);
+    }
+
+    #[test]
     fn nothing_is_charged_for_free_requests() {
         let usage = Usage::new(HashMap::new());
-        usage.charge(&key(None), None, Credits::ZERO);
+        usage.charge(&key(None), None, Credits::ZERO, now_ms());
         assert!(usage.unflushed().is_empty());
     }
 
@@ -695,7 +865,7 @@ mod tests {
         let unknown = |v| matches!(v, Verdict::Unknown { .. });
         assert!(unknown(usage.check(&free, KeyBudget::of(&free), Some("p"))));
         assert!(unknown(usage.check(&capped, KeyBudget::of(&capped), None)));
-        let (_, batch) = usage.begin_flush("2026-11");
+        let (_, batch) = usage.begin_flush(&this_month());
         assert_eq!(batch.len(), 1);
         assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
         assert_eq!(batch[0].watch_projects, vec!["p".to_string()]);
@@ -710,23 +880,23 @@ mod tests {
         // The budgeted key stays in use; the project is not named again.
         for _ in 0..WATCH_IDLE_FLUSHES {
             assert_eq!(usage.check(&capped, KeyBudget::of(&capped), None), spent);
-            let (_, batch) = usage.begin_flush("2026-11");
+            let (_, batch) = usage.begin_flush(&this_month());
             usage.finish_flush(&snapshot);
             assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
         }
-        let (_, batch) = usage.begin_flush("2026-11");
+        let (_, batch) = usage.begin_flush(&this_month());
         usage.finish_flush(&UsageSnapshot::default());
         assert!(batch[0].watch_projects.is_empty(), "idle project dropped");
         // Nothing used the workspace for as long: it and its totals go too. Forgotten is not
         // zero: the next request waits for its spent total to be read again, and is refused.
         for _ in 0..=WATCH_IDLE_FLUSHES {
-            let (_, batch) = usage.begin_flush("2026-11");
+            let (_, batch) = usage.begin_flush(&this_month());
             if batch.is_empty() {
                 let Verdict::Unknown { flush } = usage.check(&capped, KeyBudget::of(&capped), None)
                 else {
                     panic!("a forgotten total taken as known");
                 };
-                let (_, batch) = usage.begin_flush("2026-11");
+                let (_, batch) = usage.begin_flush(&this_month());
                 assert_eq!(usage.ledger().flushes, flush, "the flush asked for");
                 assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
                 usage.finish_flush(&snapshot);
@@ -753,7 +923,7 @@ mod tests {
         // wait.
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished());
-        let (_, batch) = usage.begin_flush("2026-11");
+        let (_, batch) = usage.begin_flush(&this_month());
         assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
         let mut totals = WorkspaceTotals::default();
         totals.keys.insert("key_1".into(), 10);

@@ -346,9 +346,10 @@ impl Store for MemoryStore {
                     ..w.clone()
                 }
             };
+            let month = w.month.as_ref().unwrap_or(&flush.month);
             let row = inner
                 .spend
-                .entry((w.workspace.clone(), flush.month.clone()))
+                .entry((w.workspace.clone(), month.clone()))
                 .or_default();
             row.total += w.total;
             for (k, v) in &w.keys {
@@ -356,6 +357,10 @@ impl Store for MemoryStore {
             }
             for (p, v) in &w.projects {
                 *row.projects.entry(p.clone()).or_default() += v;
+            }
+            // Spend of an earlier month is added to that month; only this month's is read.
+            if *month != flush.month {
+                continue;
             }
             let budgets = inner.budgets.get(&w.workspace);
             let mut totals = WorkspaceTotals {

@@ -199,7 +199,9 @@ local function int(n) return string.format('%d', n) end
 local fresh = redis.call('SET', p .. ':flush:' .. b.id, '1', 'NX', 'EX', 86400)
 local out = {workspaces = {}, rate = {}}
 for _, w in ipairs(b.workspaces) do
-  local h = p .. ':spend:' .. w.workspace .. ':' .. b.month
+  -- Spend of an earlier month goes to that month, and reads nothing back.
+  local month = w.month or b.month
+  local h = p .. ':spend:' .. w.workspace .. ':' .. month
   if not fresh then w.total = 0; w.keys = {}; w.projects = {} end
   local total
   if w.total ~= 0 then
@@ -210,6 +212,7 @@ for _, w in ipairs(b.workspaces) do
   end
   for id, inc in pairs(w.keys) do redis.call('HINCRBY', h, 'key:' .. id, int(inc)) end
   for name, inc in pairs(w.projects) do redis.call('HINCRBY', h, 'project:' .. name, int(inc)) end
+  if month == b.month then
   local res = {total = int(total), keys = {}, projects = {}, project_budgets = {}}
   for _, id in ipairs(w.watch_keys) do res.keys[id] = redis.call('HGET', h, 'key:' .. id) or '0' end
   for _, name in ipairs(w.watch_projects) do
@@ -240,6 +243,7 @@ for _, w in ipairs(b.workspaces) do
     end
   end
   out.workspaces[w.workspace] = res
+  end
 end
 for _, r in ipairs(b.rate) do
   local k = p .. ':rl:' .. r.key .. ':'
