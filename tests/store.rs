@@ -536,6 +536,42 @@ fn attempt(at_ms: u64, status_code: Option<u16>) -> Attempt {
     }
 }
 
+async fn a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let e = event(&ws, "agent.run.completed");
+    let now = 1_000_000u64;
+    // 1,200 endpoints whose deliveries are overdue and which this worker has no room for (the
+    // first page of due endpoints is 1,000), then one with room, due last.
+    let mut stuck = Vec::new();
+    let mut queued = Vec::new();
+    for i in 0..1_200u64 {
+        let ep = endpoint(&ws, &["agent.run.*"]);
+        store.create_endpoint(&ep).await.unwrap();
+        queued.push(Delivery::new(&e, &ws, &ep.id, now - 10_000 + i, false));
+        stuck.push(ep.id);
+    }
+    let free = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&free).await.unwrap();
+    queued.push(Delivery::new(&e, &ws, &free.id, now, false));
+    store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    let busy: Vec<(&str, usize)> = stuck.iter().map(|id| (id.as_str(), 1)).collect();
+    let claimed = store
+        .claim_deliveries(&ClaimRequest {
+            now_ms: now,
+            lease: Duration::from_secs(5),
+            max: 4,
+            per_endpoint: 1,
+            busy: &busy,
+        })
+        .await
+        .unwrap();
+    let ids: Vec<&str> = claimed
+        .iter()
+        .map(|c| c.delivery.endpoint.as_str())
+        .collect();
+    assert_eq!(ids, [free.id.as_str()]);
+}
+
 /// An audit record of `workspace` that arrived at `time_ms`.
 fn audit_record(workspace: &str, time_ms: u64) -> AuditRecord {
     AuditRecord {
@@ -623,7 +659,8 @@ store_suite!(
     a_tail_sees_only_events_logged_after_it_started,
     events_since_filter_by_workspace_environment_and_time,
     claims_respect_due_times_leases_and_per_endpoint_caps,
-    audit_reads_the_newest_records_whichever_batch_holds_them
+    audit_reads_the_newest_records_whichever_batch_holds_them,
+    a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has
 );
 
 /// Entries written past the store (by scripts or backends) are trimmed to the 30 days too.

@@ -114,13 +114,25 @@ local p, now, lease_end = ARGV[1], ARGV[2], ARGV[3]
 local max, per = tonumber(ARGV[4]), tonumber(ARGV[5])
 local busy = cjson.decode(ARGV[6])
 local out, taken = {{}}, 0
-local ready = redis.call('ZRANGEBYSCORE', p .. ':wh:ready', '-inf', now, 'LIMIT', 0, 1000)
-for _, member in ipairs(ready) do
+-- Due endpoints, oldest first, a page at a time: endpoints with no room (busy, or failing with
+-- their share of slots used up) are passed over without a call, and the pages go on past them,
+-- so a thousand dead endpoints cannot keep a healthy one's deliveries waiting. An endpoint
+-- claimed from is rescored (its queue's next due time, or its lease) and may come round again
+-- in a later page: it is visited once. At most {scan} members are looked at per claim.
+local visited, passed, scanned = {{}}, 0, 0
+while taken < max and scanned < {scan} do
+ local ready = redis.call('ZRANGEBYSCORE', p .. ':wh:ready', '-inf', now, 'LIMIT', passed, {page})
+ if #ready == 0 then break end
+ for _, member in ipairs(ready) do
   if taken >= max then break end
+  scanned = scanned + 1
   local sp = string.find(member, ' ', 1, true)
   local ws, we = string.sub(member, 1, sp - 1), string.sub(member, sp + 1)
   local room = math.min(per - (busy[we] or 0), max - taken)
-  if room > 0 then
+  if visited[member] or room <= 0 then
+    passed = passed + 1
+  else
+    visited[member] = true
     local queue = p .. ':wh:due:' .. we
     local ids = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'LIMIT', 0, room)
     local endpoint = ''
@@ -139,11 +151,20 @@ for _, member in ipairs(ready) do
     end
     rescore(p, member, queue)
   end
+ end
 end
 return out
-"
+",
+        page = CLAIM_PAGE,
+        scan = CLAIM_SCAN
     ))
 });
+
+/// Due endpoints the claim script reads at a time.
+const CLAIM_PAGE: usize = 1_000;
+/// Due endpoints one claim looks at, at most: a bound on the script's run time (Redis runs
+/// nothing else meanwhile) with tens of thousands of endpoints due.
+const CLAIM_SCAN: usize = 20_000;
 
 /// Saves a delivery after an attempt. ARGV: prefix, workspace, endpoint, delivery id, json,
 /// next due ms (-1: final), pause (1/0), ttl. Returns 1 if it paused the endpoint.
