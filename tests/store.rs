@@ -281,6 +281,33 @@ async fn a_usage_batch_is_added_once_however_often_it_is_sent(store: Arc<dyn Sto
     assert_eq!(store.usage_report(&ws, "2026-11").await.unwrap().total, 500);
 }
 
+async fn absurd_spend_saturates_and_never_jams_the_flushes(store: Arc<dyn Store>) {
+    use svcgate::metering::usage::{UsageFlush, WorkspaceFlush};
+    let ws = new_id("ws");
+    let flush = |total: i64| UsageFlush {
+        id: new_id("flush"),
+        month: "2026-11".into(),
+        now: 0,
+        workspaces: vec![WorkspaceFlush {
+            workspace: ws.clone(),
+            total,
+            keys: [("key_1".to_string(), total)].into(),
+            watch_keys: vec!["key_1".into()],
+            event_id: new_id("evt"),
+            ..Default::default()
+        }],
+        rate: Vec::new(),
+    };
+    // A backend reported a trillion credits a request for a while: the sums pass i64.
+    for _ in 0..3 {
+        let snapshot = store.flush_usage(&flush(i64::MAX / 2)).await.unwrap();
+        assert!(snapshot.workspaces[&ws].total > 0);
+    }
+    let snapshot = store.flush_usage(&flush(1)).await.unwrap();
+    assert_eq!(snapshot.workspaces[&ws].total, i64::MAX);
+    assert_eq!(snapshot.workspaces[&ws].keys["key_1"], i64::MAX);
+}
+
 fn endpoint(workspace: &str, events: &[&str]) -> Endpoint {
     Endpoint {
         id: new_id("we"),
@@ -660,7 +687,8 @@ store_suite!(
     events_since_filter_by_workspace_environment_and_time,
     claims_respect_due_times_leases_and_per_endpoint_caps,
     audit_reads_the_newest_records_whichever_batch_holds_them,
-    a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has
+    a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has,
+    absurd_spend_saturates_and_never_jams_the_flushes
 );
 
 /// Entries written past the store (by scripts or backends) are trimmed to the 30 days too.

@@ -180,12 +180,15 @@ pub struct PendingSpend {
 
 impl PendingSpend {
     fn add(&mut self, other: &PendingSpend) {
-        self.total += other.total;
+        // Sums saturate: a backend reporting absurd costs must not overflow them.
+        self.total = self.total.saturating_add(other.total);
         for (k, v) in &other.keys {
-            *self.keys.entry(k.clone()).or_default() += v;
+            let sum = self.keys.entry(k.clone()).or_default();
+            *sum = sum.saturating_add(*v);
         }
         for (k, v) in &other.projects {
-            *self.projects.entry(k.clone()).or_default() += v;
+            let sum = self.projects.entry(k.clone()).or_default();
+            *sum = sum.saturating_add(*v);
         }
     }
 }
@@ -395,7 +398,8 @@ impl Usage {
         let pending = ledger.pending.get(ws);
         let in_flight = ledger.in_flight.get(ws);
         let spent = |pick: &dyn Fn(&PendingSpend) -> i64, base: i64| {
-            base + pending.map_or(0, pick) + in_flight.map_or(0, pick)
+            base.saturating_add(pending.map_or(0, pick))
+                .saturating_add(in_flight.map_or(0, pick))
         };
         let mut verdict = Verdict::Within;
         if let Some(budget) = budget {
@@ -404,7 +408,10 @@ impl Usage {
                 known &= base.is_some();
                 spent(&|p| p.keys.get(id).copied().unwrap_or(0), base.unwrap_or(0))
             };
-            let used = spent_by(billed) + budget.peers.iter().map(|p| spent_by(p)).sum::<i64>();
+            let used = budget
+                .peers
+                .iter()
+                .fold(spent_by(billed), |sum, p| sum.saturating_add(spent_by(p)));
             if used >= budget.limit.micros() {
                 verdict = Verdict::Spent(BudgetScope::Key);
             }
@@ -486,7 +493,7 @@ impl Usage {
                 .entry((month, ws.to_string()))
                 .or_default()
         };
-        pending.total += cost.micros();
+        pending.total = pending.total.saturating_add(cost.micros());
         add(&mut pending.keys, key.billed_key_id(), cost.micros());
         if let Some(p) = project {
             add(&mut pending.projects, p, cost.micros());
@@ -626,7 +633,7 @@ impl Usage {
 /// Adds `amount` to `map[name]`, allocating the name only the first time.
 fn add(map: &mut FastMap<String, i64>, name: &str, amount: i64) {
     match map.get_mut(name) {
-        Some(v) => *v += amount,
+        Some(v) => *v = v.saturating_add(amount),
         None => {
             map.insert(name.to_string(), amount);
         }
@@ -847,6 +854,20 @@ mod tests {
         restored.restore(spooled);
         let (_, batch) = restored.begin_flush(&next);
         assert_eq!(part(&batch, &month).total, 5);
+    }
+
+    #[test]
+    fn absurd_costs_saturate_instead_of_overflowing() {
+        let usage = Usage::new(HashMap::new());
+        let k = key(Some(10));
+        for _ in 0..3 {
+            usage.charge(&k, Some("p"), Credits::from_micros(i64::MAX / 2), now_ms());
+        }
+        assert_eq!(
+            usage.check(&k, KeyBudget::of(&k), Some("p")),
+            Verdict::Spent(BudgetScope::Key)
+        );
+        assert_eq!(usage.unflushed()[&this_month()]["ws_1"].total, i64::MAX);
     }
 
     #[test]

@@ -351,12 +351,15 @@ impl Store for MemoryStore {
                 .spend
                 .entry((w.workspace.clone(), month.clone()))
                 .or_default();
-            row.total += w.total;
+            // Saturating, as Redis's script clamps: absurd reported costs must not overflow.
+            row.total = row.total.saturating_add(w.total);
             for (k, v) in &w.keys {
-                *row.keys.entry(k.clone()).or_default() += v;
+                let sum = row.keys.entry(k.clone()).or_default();
+                *sum = sum.saturating_add(*v);
             }
             for (p, v) in &w.projects {
-                *row.projects.entry(p.clone()).or_default() += v;
+                let sum = row.projects.entry(p.clone()).or_default();
+                *sum = sum.saturating_add(*v);
             }
             // Spend of an earlier month is added to that month; only this month's is read.
             if *month != flush.month {

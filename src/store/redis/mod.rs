@@ -194,7 +194,20 @@ static FLUSH_USAGE: LazyLock<Script> = LazyLock::new(|| {
         r"
 local p = ARGV[1]
 local b = cjson.decode(ARGV[2])
-local function int(n) return string.format('%d', n) end
+local function int(n)
+  if n >= 9223372036854775807 then return '9223372036854775807' end
+  return string.format('%d', n)
+end
+-- HINCRBY, clamped at the largest 64-bit integer instead of failing the whole batch (which
+-- would then be retried for ever): a backend reporting absurd costs must not jam spend.
+local function incr(h, field, n)
+  local r = redis.pcall('HINCRBY', h, field, n)
+  if type(r) == 'table' then
+    redis.call('HSET', h, field, '9223372036854775807')
+    return tonumber('9223372036854775807')
+  end
+  return r
+end
 -- A batch is added once: a retry after a lost answer only reads the totals.
 local fresh = redis.call('SET', p .. ':flush:' .. b.id, '1', 'NX', 'EX', 86400)
 local out = {workspaces = {}, rate = {}}
@@ -205,13 +218,13 @@ for _, w in ipairs(b.workspaces) do
   if not fresh then w.total = 0; w.keys = {}; w.projects = {} end
   local total
   if w.total ~= 0 then
-    total = redis.call('HINCRBY', h, 'total', int(w.total))
+    total = incr(h, 'total', int(w.total))
     redis.call('EXPIRE', h, 34560000)
   else
     total = tonumber(redis.call('HGET', h, 'total') or '0')
   end
-  for id, inc in pairs(w.keys) do redis.call('HINCRBY', h, 'key:' .. id, int(inc)) end
-  for name, inc in pairs(w.projects) do redis.call('HINCRBY', h, 'project:' .. name, int(inc)) end
+  for id, inc in pairs(w.keys) do incr(h, 'key:' .. id, int(inc)) end
+  for name, inc in pairs(w.projects) do incr(h, 'project:' .. name, int(inc)) end
   if month == b.month then
   local res = {total = int(total), keys = {}, projects = {}, project_budgets = {}}
   for _, id in ipairs(w.watch_keys) do res.keys[id] = redis.call('HGET', h, 'key:' .. id) or '0' end
