@@ -92,6 +92,10 @@ struct KeyState {
     /// Requests admitted here since the last flush, for `window`.
     local_window: u64,
     local: u64,
+    /// Requests admitted here in the minute before `local_window`, since the last flush: the
+    /// minute turned between a flush and the next.
+    carried_window: u64,
+    carried: u64,
 }
 
 /// A rate decision with what the `RateLimit-*` headers report.
@@ -143,8 +147,15 @@ impl RateLimiter {
             None => self.keys.entry(shared()).or_default(),
         };
         if state.local_window != window {
-            // A new minute: local counts so far belong to the old window (already flushed
-            // or about to be); start this one from zero.
+            // A new minute: what was admitted here in the old one since the last flush still
+            // goes to the store for it, and counts here as that minute's.
+            if state.local > 0 {
+                if state.global.window == state.local_window {
+                    state.global.current += state.local;
+                }
+                state.carried += state.local;
+                state.carried_window = state.local_window;
+            }
             state.local_window = window;
             state.local = 0;
         }
@@ -189,6 +200,10 @@ impl RateLimiter {
     pub fn take_counts(&self) -> Vec<(Arc<str>, u64, u64)> {
         let mut out = Vec::new();
         for mut entry in self.keys.iter_mut() {
+            if entry.carried > 0 {
+                out.push((entry.key().clone(), entry.carried_window, entry.carried));
+                entry.carried = 0;
+            }
             if entry.local > 0 {
                 out.push((entry.key().clone(), entry.local_window, entry.local));
                 // What was taken now counts as global once the flush lands.
@@ -220,7 +235,7 @@ impl RateLimiter {
     /// Drops keys idle since before `window - 1`.
     pub fn forget_idle(&self, window: u64) {
         self.keys
-            .retain(|_, s| s.local_window + 1 >= window || s.local > 0);
+            .retain(|_, s| s.local_window + 1 >= window || s.local > 0 || s.carried > 0);
     }
 }
 
@@ -350,5 +365,39 @@ mod tests {
         assert!(!limiter.check("k", limit, t + 2).allowed);
         // Two minutes later nothing of it remains.
         assert!(limiter.check("k", limit, t + 120_000).allowed);
+    }
+
+    #[test]
+    fn what_a_minute_admitted_before_it_turned_is_still_flushed_and_counted() {
+        let limiter = RateLimiter::new();
+        let key: Arc<str> = "k".into();
+        let limit = Limit {
+            requests_per_minute: 4,
+            burst: 10,
+        };
+        let minute = 1000;
+        let t = minute * 60_000;
+        limiter.check("k", limit, t - 60_000);
+        limiter.take_counts();
+        limiter.set_global(
+            "k",
+            WindowCounts {
+                window: minute - 1,
+                previous: 0,
+                current: 1,
+            },
+        );
+        // Three more in the last moments of the minute, then it turns before the next flush.
+        for _ in 0..3 {
+            assert!(limiter.check("k", limit, t - 1).allowed);
+        }
+        // At the start of the next minute the previous one weighs all four: no room.
+        assert!(!limiter.check("k", limit, t).allowed);
+        assert!(limiter.check("k", limit, t + 15_000).allowed);
+        assert_eq!(
+            limiter.take_counts(),
+            vec![(key.clone(), minute - 1, 3), (key.clone(), minute, 1)]
+        );
+        assert!(limiter.take_counts().is_empty());
     }
 }
