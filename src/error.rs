@@ -93,6 +93,14 @@ impl ApiError {
         }
     }
 
+    /// The `WWW-Authenticate` challenge a 401 carries (RFC 9110 §11.6.1, RFC 6750 §3).
+    pub fn challenge(&self) -> Option<&'static str> {
+        match self {
+            Self::Authentication(_) => Some(r#"Bearer realm="svcgate""#),
+            _ => None,
+        }
+    }
+
     /// The JSON body for this error. The message is cut wherever it repeats what may be a
     /// secret: a parser's message quotes the value it could not take, and a caller may have put
     /// a key or a webhook secret there.

@@ -131,6 +131,13 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         gateway,
         "svcgate gateway",
     );
+    // CONNECT reaches the gateway (Pingora otherwise answers it with a bare 405 of its own),
+    // which refuses it with the SPEC's error body.
+    if let Some(app) = proxy.app_logic_mut() {
+        let mut options = pingora::apps::HttpServerOptions::default();
+        options.allow_connect_method_proxying = true;
+        app.server_options = Some(options);
+    }
     proxy.add_tcp(&server_cfg.listen);
 
     let admin_router = admin::router(AdminState::new(

@@ -225,9 +225,8 @@ async fn bad_authorization_values_get_401_and_the_gateway_keeps_serving() {
     let mut values: Vec<Vec<u8>> = vec![
         b"".to_vec(),
         b"Basic dXNlcjpwYXNz".to_vec(),
-        format!("bearer {valid}").into_bytes(),
-        format!("BEARER {valid}").into_bytes(),
-        format!("Bearer  {valid}").into_bytes(),
+        format!("Bearer\t{valid}").into_bytes(),
+        format!("Bearer{valid}").into_bytes(),
         b"Bearer".to_vec(),
         b"Bearer ".to_vec(),
         [b"Bearer svc_live_".as_slice(), "ключ".as_bytes()].concat(),
@@ -260,6 +259,21 @@ async fn bad_authorization_values_get_401_and_the_gateway_keeps_serving() {
     assert!(live.requests().is_empty());
     assert_eq!(gw.chat(&valid).await.status(), 200);
     assert_eq!(live.requests().len(), 1);
+    // The scheme in any case, and more than one space (RFC 9110 §11.1, RFC 6750 §2.1).
+    for value in [
+        format!("bearer {valid}"),
+        format!("BEARER {valid}"),
+        format!("Bearer  {valid}"),
+    ] {
+        let resp = gw
+            .request(Method::POST, "/v1/chat/completions")
+            .header("authorization", &value)
+            .json(&json!({"model": "m"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{}", &value[..9]);
+    }
 }
 
 #[tokio::test]
@@ -492,4 +506,137 @@ async fn metrics_count_requests_and_auth_failures() {
     .expect("both requests are counted");
     let text = scrape().await;
     assert!(!text.contains(&key));
+}
+
+/// Sends `request` as it is on a new connection and reads the answer until the gateway closes
+/// it (requests here say `Connection: close` or are refused with a close).
+async fn raw(gw: &Gateway, request: String) -> String {
+    let addr = gw.base.trim_start_matches("http://").to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        conn.write_all(request.as_bytes()).unwrap();
+        let mut answer = Vec::new();
+        let _ = conn.read_to_end(&mut answer);
+        String::from_utf8_lossy(&answer).into_owned()
+    })
+    .await
+    .unwrap()
+}
+
+/// The JSON body of a raw answer.
+fn raw_body(answer: &str) -> Value {
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
+}
+
+#[tokio::test]
+async fn a_route_parameter_that_is_a_dot_segment_or_hides_a_slash_is_404_and_never_forwarded() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder().live(live.addr).start().await;
+    let (_, key) = gw.create_key("live", &["agents:run"]).await;
+    // A backend that normalizes these serves /v1/agents/approve (or further), not the route
+    // whose scope was checked. (Sent raw: an HTTP client would normalize them first.)
+    for path in [
+        "/v1/agents/runs/../approve",
+        "/v1/agents/runs/%2e%2e/approve",
+        "/v1/agents/runs/..%2F..%2Fmodels/approve",
+    ] {
+        let answer = raw(
+            &gw,
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+                 Content-Length: 0\r\nConnection: close\r\n\r\n"
+            ),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+        assert_eq!(raw_body(&answer)["error"]["code"], "not_found", "{path}");
+    }
+    assert!(live.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_401_carries_a_bearer_challenge_and_two_authorization_headers_are_refused() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder().live(live.addr).start().await;
+    let (_, valid) = gw.create_key("live", &["chat.completions:create"]).await;
+    let resp = gw.request(Method::GET, "/v1/models").send().await.unwrap();
+    assert_eq!(
+        resp.headers()["www-authenticate"],
+        r#"Bearer realm="svcgate""#
+    );
+    assert_error(resp, 401, "authentication_error").await;
+    // Whichever comes first: a proxy in front that reads the other would authorize another key.
+    let other = format!("Bearer svc_live_{}", "x".repeat(40));
+    for pair in [
+        [format!("Bearer {valid}"), other.clone()],
+        [other.clone(), format!("Bearer {valid}")],
+    ] {
+        let resp = gw
+            .request(Method::POST, "/v1/chat/completions")
+            .header("authorization", &pair[0])
+            .header("authorization", &pair[1])
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        let body = assert_error(resp, 401, "authentication_error").await;
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("one Authorization header"));
+    }
+    assert!(live.requests().is_empty());
+    // The admin API challenges the same way.
+    let resp = reqwest::Client::new()
+        .get(format!("{}/admin/v1/keys?workspace=ws_demo", gw.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert!(resp.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .starts_with("Bearer"));
+    // An admin token of any length, sent with the scheme in any case.
+    let token = "t".repeat(96);
+    let gw = Gateway::builder()
+        .server(&format!("admin_token = \"{token}\""))
+        .start()
+        .await;
+    let resp = reqwest::Client::new()
+        .get(format!("{}/admin/v1/keys?workspace=ws_demo", gw.admin))
+        .header("authorization", format!("bearer {token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn connect_gets_the_spec_error_and_a_closed_connection() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder().live(live.addr).start().await;
+    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    let authority = gw.base.trim_start_matches("http://").to_string();
+    let answer = raw(
+        &gw,
+        format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\nAuthorization: Bearer {key}\r\n\r\n"),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
+    let body = raw_body(&answer);
+    assert_eq!(body["error"]["code"], "invalid_request_error");
+    let id = body["error"]["request_id"].as_str().unwrap();
+    let header = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("service-request-id: "))
+        .unwrap_or_else(|| panic!("no request id header: {answer}"));
+    assert_eq!(header, id);
+    assert!(answer.contains("Connection: close"), "{answer}");
+    assert!(live.requests().is_empty());
+    // And the gateway goes on serving.
+    assert_eq!(gw.chat(&key).await.status(), 200);
 }

@@ -151,10 +151,11 @@ async fn readyz(State(state): State<AdminState>) -> Result<Json<serde_json::Valu
 }
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
-    let presented = req
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    // Parsed as the gateway parses API keys: one header, `Bearer` in any case.
+    let presented = crate::proxy::auth::authorization(req.headers())
+        .ok()
+        .flatten()
+        .and_then(|v| crate::proxy::auth::bearer_credential(Some(v)).ok());
     match presented {
         Some(token) if state.token_matches(token) => next.run(req).await,
         _ => ApiError::Authentication("a valid admin token is required".into()).into_response(),
@@ -185,6 +186,12 @@ fn render(err: &ApiError, request_id: &str) -> Response {
     if let Some(secs) = err.retry_after() {
         resp.headers_mut()
             .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if let Some(challenge) = err.challenge() {
+        resp.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static(challenge),
+        );
     }
     resp
 }

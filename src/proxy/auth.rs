@@ -17,6 +17,8 @@ use crate::store::KeyCache;
 pub enum AuthFailure {
     /// No `Authorization` header.
     Missing,
+    /// More than one `Authorization` header: which one counts would depend on who reads it.
+    Ambiguous,
     /// The header is not `Bearer <token>`.
     Scheme,
     /// The token is not a well-formed key.
@@ -34,6 +36,7 @@ impl AuthFailure {
     pub fn reason(self) -> &'static str {
         match self {
             Self::Missing => "missing",
+            Self::Ambiguous => "ambiguous",
             Self::Scheme => "bad_scheme",
             Self::Format(e) => e.reason(),
             Self::Unknown => "unknown_key",
@@ -49,6 +52,7 @@ impl From<AuthFailure> for ApiError {
             AuthFailure::Missing => {
                 "missing Authorization header; send 'Authorization: Bearer <API key>'"
             }
+            AuthFailure::Ambiguous => "send one Authorization header, not several",
             AuthFailure::Scheme => "the Authorization header must be 'Bearer <API key>'",
             AuthFailure::Format(_) => "malformed API key",
             AuthFailure::Unknown => "invalid API key",
@@ -70,10 +74,35 @@ impl From<AuthFailure> for ApiError {
     }
 }
 
-/// Extracts the token of a `Bearer` header. The scheme is matched exactly, as issued.
-pub fn bearer_token(header: Option<&HeaderValue>) -> Result<&str, AuthFailure> {
+/// The request's one `Authorization` header, if it has one. Two are refused whatever they hold:
+/// a proxy in front that reads the last one would authorize a different key than this gateway.
+pub fn authorization(headers: &http::HeaderMap) -> Result<Option<&HeaderValue>, AuthFailure> {
+    let mut all = headers.get_all(http::header::AUTHORIZATION).iter();
+    match (all.next(), all.next()) {
+        (first, None) => Ok(first),
+        _ => Err(AuthFailure::Ambiguous),
+    }
+}
+
+/// The credential of a `Bearer` header: `Bearer`, in any case (an auth scheme is
+/// case-insensitive, RFC 9110 §11.1), one or more spaces (RFC 6750 §2.1), the credential.
+pub fn bearer_credential(header: Option<&HeaderValue>) -> Result<&[u8], AuthFailure> {
     let value = header.ok_or(AuthFailure::Missing)?.as_bytes();
-    let token = value.strip_prefix(b"Bearer ").ok_or(AuthFailure::Scheme)?;
+    match value.split_at_checked(7) {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case(b"bearer ") => {
+            let credential = rest.trim_ascii_start();
+            match credential.is_empty() {
+                true => Err(AuthFailure::Scheme),
+                false => Ok(credential),
+            }
+        }
+        _ => Err(AuthFailure::Scheme),
+    }
+}
+
+/// The API key or token of a `Bearer` header ([`bearer_credential`]), if it can be one.
+pub fn bearer_token(header: Option<&HeaderValue>) -> Result<&str, AuthFailure> {
+    let token = bearer_credential(header)?;
     if token.len() > MAX_KEY_LEN {
         return Err(AuthFailure::Format(KeyFormatError::Length));
     }
@@ -172,18 +201,34 @@ mod tests {
     }
 
     #[test]
-    fn bearer_parsing_is_strict() {
+    fn bearer_parsing_follows_the_rfcs() {
         assert_eq!(bearer_token(None), Err(AuthFailure::Missing));
-        assert_eq!(bearer_token(Some(&hv(b""))), Err(AuthFailure::Scheme));
-        assert_eq!(
-            bearer_token(Some(&hv(b"bearer abc"))),
-            Err(AuthFailure::Scheme)
-        );
-        assert_eq!(
-            bearer_token(Some(&hv(b"Basic abc"))),
-            Err(AuthFailure::Scheme)
-        );
-        assert_eq!(bearer_token(Some(&hv(b"Bearer abc"))), Ok("abc"));
+        for bad in [
+            b"".as_slice(),
+            b"Bearer",
+            b"Bearer ",
+            b"Bearer   ",
+            b"Bearerabc",
+            b"Bearer\tabc",
+            b"Basic abc",
+            b"Bearer-abc",
+        ] {
+            let shown = String::from_utf8_lossy(bad).into_owned();
+            assert_eq!(
+                bearer_token(Some(&hv(bad))),
+                Err(AuthFailure::Scheme),
+                "{shown}"
+            );
+        }
+        for good in [
+            b"Bearer abc".as_slice(),
+            b"bearer abc",
+            b"BEARER abc",
+            b"Bearer  abc",
+        ] {
+            let shown = String::from_utf8_lossy(good).into_owned();
+            assert_eq!(bearer_token(Some(&hv(good))), Ok("abc"), "{shown}");
+        }
         assert_eq!(
             bearer_token(Some(&hv(
                 &[b"Bearer svc_live_".as_slice(), &[0xE9]].concat()

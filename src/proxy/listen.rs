@@ -9,7 +9,7 @@
 //! error body when the store fails, the key stops being valid or the gateway shuts down.
 
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, TRANSFER_ENCODING};
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, TRANSFER_ENCODING};
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use serde::Serialize;
@@ -147,7 +147,7 @@ async fn still_allowed(
     auth: &Authenticator,
     route: &Route,
 ) -> Result<(), ApiError> {
-    let header = session.req_header().headers.get(AUTHORIZATION);
+    let header = super::auth::authorization(&session.req_header().headers)?;
     let caller = auth.authenticate(header, unix_now()).await?;
     check_scope(&caller, route)
 }

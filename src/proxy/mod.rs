@@ -149,6 +149,14 @@ impl Gateway {
         // Every request's future is allocated and moved whole by `async_trait`, so the
         // handlers the gateway answers itself, whose futures are large, are boxed where they
         // are taken: a forwarded request does not carry their state.
+        if session.req_header().method == http::Method::CONNECT {
+            // Pingora hands CONNECT over only so that it gets the SPEC's answer; it is never
+            // forwarded, and the connection closes after (its framing is not HTTP's).
+            session.set_keepalive(None);
+            return Err(ApiError::MethodNotAllowed(
+                "CONNECT is not served here".into(),
+            ));
+        }
         if !session.req_header().uri.path().starts_with("/v1/") {
             return Box::pin(self.answer_unversioned(session, ctx)).await;
         }
@@ -201,12 +209,11 @@ impl Gateway {
     async fn authorize(&self, session: &Session, ctx: &mut RequestCtx) -> Result<&Route, ApiError> {
         let req = session.req_header();
         let path = req.uri.path();
+        let header = auth::authorization(&req.headers)
+            .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
         let caller = self
             .auth
-            .authenticate(
-                req.headers.get(http::header::AUTHORIZATION),
-                ctx.arrived_ms / 1000,
-            )
+            .authenticate(header, ctx.arrived_ms / 1000)
             .await
             .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
         // Known before the route: an authenticated request is audited whatever its answer.

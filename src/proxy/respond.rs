@@ -58,6 +58,9 @@ pub async fn error(
     if let Some(secs) = err.retry_after() {
         headers.push(("Retry-After", secs.to_string()));
     }
+    if let Some(challenge) = err.challenge() {
+        headers.push(("WWW-Authenticate", challenge.to_string()));
+    }
     json(
         session,
         err.status(),

@@ -170,8 +170,15 @@ impl RouteTable {
     pub fn find_id(&self, method: &Method, path: &str) -> Option<RouteId> {
         let (_, router) = self.by_method.iter().find(|(m, _)| m == method)?;
         let matched = router.at(path).ok()?;
-        // `{id}` must name something: `/v1/agents/runs//approve` is not a route.
-        if matched.params.iter().any(|(_, value)| value.is_empty()) {
+        // `{id}` must name something: `/v1/agents/runs//approve` is not a route. Nor is a
+        // dot-segment, or a parameter with an encoded dot, slash or backslash: a backend that
+        // normalizes `/v1/agents/runs/../approve` serves `/v1/agents/approve`, which is not the
+        // route whose scope was checked.
+        if matched
+            .params
+            .iter()
+            .any(|(_, value)| !is_plain_segment(value))
+        {
             return None;
         }
         Some(RouteId(*matched.value))
@@ -181,6 +188,21 @@ impl RouteTable {
     pub fn get(&self, id: RouteId) -> &Route {
         &self.routes[id.0]
     }
+}
+
+/// Whether a path parameter names something, the same way for the gateway and any backend: not
+/// empty, not `.` or `..`, and no `%2e`, `%2f` or `%5c` (an encoded dot, slash or backslash).
+fn is_plain_segment(value: &str) -> bool {
+    if value.is_empty() || value == "." || value == ".." {
+        return false;
+    }
+    !value.as_bytes().windows(3).any(|w| {
+        w[0] == b'%'
+            && matches!(
+                (w[1], w[2].to_ascii_lowercase()),
+                (b'2', b'e' | b'f') | (b'5', b'c')
+            )
+    })
 }
 
 #[cfg(test)]
@@ -229,6 +251,20 @@ mod tests {
         assert!(t.find(&Method::POST, "/v1/chat/completions/x").is_none());
         assert!(t.find(&Method::GET, "/v1/models/").is_none());
         assert!(t.find(&Method::POST, "/v1/agents/runs//approve").is_none());
+        for path in [
+            "/v1/agents/runs/../approve",
+            "/v1/agents/runs/./approve",
+            "/v1/agents/runs/%2e%2e/approve",
+            "/v1/agents/runs/%2E./approve",
+            "/v1/agents/runs/..%2F..%2Fmodels/approve",
+            "/v1/agents/runs/a%5cb/approve",
+        ] {
+            assert!(t.find(&Method::POST, path).is_none(), "{path}");
+        }
+        for id in ["run_1", "run.1", "run..1", "run%20one", "%41"] {
+            let path = format!("/v1/agents/runs/{id}/approve");
+            assert!(t.find(&Method::POST, &path).is_some(), "{path}");
+        }
         assert!(t.find(&Method::DELETE, "/v1/models").is_none());
         assert!(t.find(&Method::GET, "").is_none());
     }
