@@ -278,7 +278,22 @@ fn run_server(
     path: Option<PathBuf>,
     run: impl FnOnce(Config) -> Result<(), server::StartError>,
 ) -> ExitCode {
-    let config = match Config::load(path.as_deref(), std::env::vars()) {
+    // Only `SVCGATE_*` variables are settings; another that is not UTF-8 is none of ours (with
+    // `env::vars` it was a panic). One of ours that is not UTF-8 is refused by name.
+    let mut env = Vec::new();
+    for (name, value) in std::env::vars_os() {
+        let Some(name) = name.to_str().filter(|n| n.starts_with("SVCGATE_")) else {
+            continue;
+        };
+        match value.into_string() {
+            Ok(value) => env.push((name.to_string(), value)),
+            Err(_) => {
+                eprintln!("svcgate: invalid configuration: {name}: not UTF-8");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let config = match Config::load(path.as_deref(), env) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("svcgate: {e}");

@@ -711,6 +711,11 @@ fn apply_env(
         if CLI_VARIABLES.contains(&rest) {
             continue;
         }
+        // Kubernetes gives every pod created after a Service named `svcgate` its address as
+        // `SVCGATE_PORT`, `SVCGATE_PORT_80_TCP_ADDR`, `SVCGATE_SERVICE_HOST`…: not settings.
+        if rest == "PORT" || rest.starts_with("PORT_") || rest.starts_with("SERVICE_") {
+            continue;
+        }
         let rest = rest.to_ascii_lowercase();
         let Some((section, key)) = rest.split_once('_') else {
             return Err(Problem::new(name, "expected SVCGATE_<SECTION>_<KEY>"));
@@ -847,6 +852,21 @@ mod tests {
         let f = file("[server\n");
         let err = Config::load(Some(f.path()), env(&[])).unwrap_err();
         assert!(matches!(err, ConfigError::Syntax { .. }));
+    }
+
+    #[test]
+    fn kubernetes_service_link_variables_are_not_settings() {
+        let vars = env(&[
+            ("SVCGATE_PORT", "tcp://10.0.0.1:80"),
+            ("SVCGATE_PORT_80_TCP_ADDR", "10.0.0.1"),
+            ("SVCGATE_SERVICE_HOST", "10.0.0.1"),
+            ("SVCGATE_SERVICE_PORT_HTTP", "80"),
+            ("SVCGATE_SERVER_THREADS", "3"),
+        ]);
+        let c = Config::load(None, vars).unwrap();
+        assert_eq!(c.server.threads, 3);
+        // A misspelt section is still an error.
+        assert!(Config::load(None, env(&[("SVCGATE_SERVR_THREADS", "3")])).is_err());
     }
 
     #[test]
