@@ -460,10 +460,20 @@ impl Config {
                     path: shown.clone(),
                     source,
                 })?;
+                // Where and what, without the line itself: it may hold a secret.
                 text.parse::<toml::Table>()
                     .map_err(|e| ConfigError::Syntax {
+                        message: match e.span() {
+                            Some(span) => {
+                                let before = &text[..span.start.min(text.len())];
+                                let line = before.matches('\n').count() + 1;
+                                let column =
+                                    before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                                format!("line {line}, column {column}: {}", e.message())
+                            }
+                            None => e.message().to_string(),
+                        },
                         path: shown,
-                        message: e.to_string(),
                     })?
             }
             None => toml::Table::new(),
@@ -472,7 +482,8 @@ impl Config {
         let config: Config =
             serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
                 let key = e.path().to_string();
-                ConfigError::Invalid(vec![Problem::new(key, e.into_inner().to_string())])
+                let message = without_quoted_values(&e.into_inner().to_string());
+                ConfigError::Invalid(vec![Problem::new(key, message)])
             })?;
         config.validate()?;
         Ok(config)
@@ -694,6 +705,16 @@ const CLI_VARIABLES: [&str; 4] = ["CONFIG", "ADMIN_URL", "GATEWAY_URL", "API_KEY
 ///
 /// A value becomes a string when the setting is a string (so `SVCGATE_SERVER_ADMIN_TOKEN=1234`
 /// stays a token), and is read as a TOML value otherwise (`8`, `true`, `[60, 300]`).
+/// A deserializer's message with the values it quotes (between backticks) left out: the value
+/// of a mistyped setting may be a secret (`admin_token = 1234…`).
+fn without_quoted_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for (i, part) in message.split('`').enumerate() {
+        out.push_str(if i % 2 == 1 { "…" } else { part });
+    }
+    out
+}
+
 fn apply_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
@@ -852,6 +873,29 @@ mod tests {
         let f = file("[server\n");
         let err = Config::load(Some(f.path()), env(&[])).unwrap_err();
         assert!(matches!(err, ConfigError::Syntax { .. }));
+    }
+
+    #[test]
+    fn config_errors_do_not_quote_what_may_be_a_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        for text in [
+            "[server]\nadmin_token = \"SuperSecretTok\n",
+            "[server]\nadmin_token = 987654321012\n",
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let err = Config::load(Some(&path), Vec::new())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                !err.contains("SuperSecretTok") && !err.contains("987654321012"),
+                "{err}"
+            );
+            assert!(
+                err.contains("line 2") || err.contains("admin_token"),
+                "{err}"
+            );
+        }
     }
 
     #[test]
