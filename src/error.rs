@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use crate::keys::format::{last4, redact};
+use crate::keys::format::{last4, redact, rewrite_words};
 
 /// Message text: static on the hot path, owned where it names the input.
 pub type Message = Cow<'static, str>;
@@ -131,26 +131,15 @@ impl ApiError {
 /// in it cut to its prefix and last four characters.
 fn without_secrets(text: &str) -> Cow<'_, str> {
     const SECRET: &str = "whsec_";
-    let text = redact(text);
-    if !text.contains(SECRET) {
-        return text;
-    }
-    let mut out = String::with_capacity(text.len());
-    let mut rest = &*text;
-    while let Some(at) = rest.find(SECRET) {
-        out.push_str(&rest[..at]);
-        let from = &rest[at..];
-        let len = from
-            .bytes()
-            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
-            .count();
+    let keys_cut = redact(text);
+    match rewrite_words(&keys_cut, SECRET, |word, out| {
         out.push_str(SECRET);
         out.push('…');
-        out.push_str(last4(&from[SECRET.len()..len]));
-        rest = &from[len..];
+        out.push_str(last4(&word[SECRET.len()..]));
+    }) {
+        Cow::Borrowed(_) => keys_cut,
+        Cow::Owned(cut) => Cow::Owned(cut),
     }
-    out.push_str(rest);
-    Cow::Owned(out)
 }
 
 impl From<crate::store::StoreError> for ApiError {

@@ -145,19 +145,7 @@ pub fn last4(token: &str) -> &str {
 pub fn redact(text: &str) -> Cow<'_, str> {
     // Longer than this after its prefix may be (part of) a secret; shorter cannot be guessed from.
     const VISIBLE_UP_TO: usize = 8;
-    if !text.contains("svc_") {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find("svc_") {
-        out.push_str(&rest[..at]);
-        let from = &rest[at..];
-        let len = from
-            .bytes()
-            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
-            .count();
-        let word = &from[..len];
+    rewrite_words(text, "svc_", |word, out| {
         let prefix = Environment::ALL
             .iter()
             .map(|env| env.key_prefix())
@@ -170,6 +158,29 @@ pub fn redact(text: &str) -> Cow<'_, str> {
             }
             _ => out.push_str(word),
         }
+    })
+}
+
+/// `text` with every word (a run of letters, digits and `_`) that starts with `marker`
+/// written by `write` instead; borrowed when there is none.
+pub fn rewrite_words<'a>(
+    text: &'a str,
+    marker: &str,
+    write: impl Fn(&str, &mut String),
+) -> Cow<'a, str> {
+    if !text.contains(marker) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(marker) {
+        out.push_str(&rest[..at]);
+        let from = &rest[at..];
+        let len = from
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
+            .count();
+        write(&from[..len], &mut out);
         rest = &from[len..];
     }
     out.push_str(rest);
