@@ -57,9 +57,10 @@ pub struct ServerConfig {
     pub admin_token: String,
     /// Worker threads of the gateway; 0 means one per CPU.
     pub threads: usize,
-    /// After SIGTERM, how long listeners stay open for requests still arriving (seconds).
+    /// After SIGTERM, how long the gateway drains (seconds): it keeps accepting and serving
+    /// while `/readyz` answers 503 and each response closes its connection.
     pub shutdown_grace_seconds: u64,
-    /// Then, how long in-flight requests get to finish before the process exits (seconds).
+    /// Then, with the listeners closed, how long in-flight requests get to finish (seconds).
     pub shutdown_timeout_seconds: u64,
     /// Socket used to hand listeners over during a graceful upgrade (`serve -u`).
     pub upgrade_sock: String,

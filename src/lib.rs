@@ -6,7 +6,7 @@
 //! - [`store`]: shared state behind one trait (memory; Redis);
 //! - [`metering`]: credits (budgets, spend and audit build on it);
 //! - [`admin`]: the operators' API; [`cli`]: the command line;
-//! - [`config`], [`metrics`], [`logging`], [`server`]: the process around them.
+//! - [`config`], [`metrics`], [`logging`], [`server`], [`shutdown`]: the process around them.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -22,5 +22,6 @@ pub mod metering;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+pub mod shutdown;
 pub mod store;
 pub mod webhooks;

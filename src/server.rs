@@ -14,6 +14,7 @@ use crate::metrics;
 use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
+use crate::shutdown::{Draining, DrainingSignalWatch};
 use crate::store::{KeyCache, MemoryStore, RedisStore, Store};
 use crate::webhooks::mail::Mailer;
 use crate::webhooks::{Worker, WorkerSettings};
@@ -100,8 +101,11 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     };
     let conf = ServerConf {
         threads,
-        grace_period_seconds: Some(server_cfg.shutdown_grace_seconds),
-        graceful_shutdown_timeout_seconds: Some(server_cfg.shutdown_timeout_seconds),
+        // SIGTERM first drains for `shutdown_grace_seconds` (`DrainingSignalWatch`); Pingora's
+        // grace period starts after that, with the listeners closed: in-flight requests get
+        // `shutdown_timeout_seconds`, then the runtimes stop.
+        grace_period_seconds: Some(server_cfg.shutdown_timeout_seconds),
+        graceful_shutdown_timeout_seconds: Some(1),
         upgrade_sock: server_cfg.upgrade_sock.clone(),
         // Timeouts over 5 s (the backend read timeout and the client keep-alive, 60 s by
         // default, each armed once per request and nearly always cancelled) go to tokio's
@@ -118,6 +122,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
+    let draining = Draining::default();
     let gateway = Gateway::new(
         keys.clone(),
         routes,
@@ -125,6 +130,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         meter,
         config.webhooks.allow_insecure_targets,
         server_cfg.keepalive_timeout_seconds,
+        draining.clone(),
     );
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
@@ -140,11 +146,14 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     }
     proxy.add_tcp(&server_cfg.listen);
 
-    let admin_router = admin::router(AdminState::new(
-        keys,
-        &server_cfg.admin_token,
-        config.keys.rotation_grace_seconds,
-    ));
+    let admin_router = admin::router(
+        AdminState::new(
+            keys,
+            &server_cfg.admin_token,
+            config.keys.rotation_grace_seconds,
+        )
+        .with_draining(draining.clone()),
+    );
     let admin = background_service("admin API", AdminService::new(admin_listener, admin_router));
 
     let mut prometheus = pingora_prometheus::prometheus_http_service();
@@ -166,7 +175,12 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         sandbox_upstream = config.upstream.sandbox.as_deref().unwrap_or("simulated"),
         "svcgate serving"
     );
-    server.run(RunArgs::default());
+    server.run(RunArgs {
+        shutdown_signal: Box::new(DrainingSignalWatch::new(
+            draining,
+            std::time::Duration::from_secs(server_cfg.shutdown_grace_seconds),
+        )),
+    });
     // Attempts in flight get to finish; anything unfinished is taken over after its lease.
     let _ = stop_worker.send(true);
     if let Some(worker) = worker {

@@ -5,8 +5,8 @@ mod common;
 
 use common::*;
 use reqwest::Method;
-use serde_json::json;
-use std::time::Duration;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
 
 fn sample(metrics: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     metrics
@@ -254,45 +254,71 @@ async fn no_secret_reaches_the_log_even_at_debug_level() {
 }
 
 #[tokio::test]
-async fn sigterm_lets_in_flight_requests_finish() {
+async fn sigterm_drains_then_closes_the_listeners_and_lets_requests_in_flight_finish() {
     let live = RecordingUpstream::start("live").await;
     let mut gw = Gateway::builder()
         .live(live.addr)
-        .server("shutdown_grace_seconds = 3\nshutdown_timeout_seconds = 2")
+        .server("shutdown_grace_seconds = 2\nshutdown_timeout_seconds = 3")
         .start()
         .await;
     let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
-    let slow = {
-        let req = gw
-            .request(Method::POST, "/v1/chat/completions")
-            .bearer_auth(&key)
-            .header("x-test-delay-ms", "1500")
-            .json(&json!({"model": "m"}));
-        tokio::spawn(async move { req.send().await })
+    // Each request on a connection of its own, as a client arriving after SIGTERM.
+    let fresh = || {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
     };
+    let chat = |delay_ms: u64| {
+        fresh()
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .bearer_auth(&key)
+            .header("x-test-delay-ms", delay_ms.to_string())
+            .json(&json!({"model": "m"}))
+    };
+    let ready = |base: &str| fresh().get(format!("{base}/readyz")).send();
+    assert_eq!(ready(&gw.base).await.unwrap().status(), 200);
+    let in_flight_at_sigterm = tokio::spawn(chat(1500).send());
     tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let signalled = Instant::now();
     std::process::Command::new("kill")
         .args(["-TERM", &gw.pid().to_string()])
         .status()
         .unwrap();
-    let resp = slow
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Draining: not ready on either port, but still accepting and serving, and each
+    // response closes its connection.
+    assert_error(ready(&gw.base).await.unwrap(), 503, "service_unavailable").await;
+    assert_error(ready(&gw.admin).await.unwrap(), 503, "service_unavailable").await;
+    let resp = chat(0).send().await.expect("accepted while draining");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["connection"], "close");
+    // Started during the drain, finishing after the listeners have closed.
+    let in_flight_at_close = tokio::spawn(chat(2500).send());
+
+    tokio::time::sleep(Duration::from_millis(2600).saturating_sub(signalled.elapsed())).await;
+    let refused = chat(0).send().await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.is_connect()),
+        "the listener is closed after the drain: {refused:?}"
+    );
+    for request in [in_flight_at_sigterm, in_flight_at_close] {
+        let resp = request
+            .await
+            .unwrap()
+            .expect("the request in flight is answered");
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.json::<Value>().await.unwrap()["upstream"], "live");
+    }
+    let (status, _) = tokio::task::spawn_blocking(move || gw.wait_exit(Duration::from_secs(15)))
         .await
         .unwrap()
-        .expect("the in-flight request is answered");
-    assert_eq!(resp.status(), 200);
-    assert_eq!(
-        resp.json::<serde_json::Value>().await.unwrap()["upstream"],
-        "live"
-    );
-    let (status, took) = tokio::task::spawn_blocking(move || {
-        let r = gw.wait_exit(Duration::from_secs(15));
-        (r, gw)
-    })
-    .await
-    .map(|(r, _gw)| r.expect("the gateway exits"))
-    .unwrap();
+        .expect("the gateway exits");
     assert!(status.success(), "{status:?}");
-    assert!(took < Duration::from_secs(10));
+    // Drain, then the in-flight window, then the last flush: not the 15 s limit.
+    assert!(signalled.elapsed() < Duration::from_secs(10));
 }
 
 #[tokio::test]

@@ -25,6 +25,7 @@ use crate::error::ApiError;
 use crate::ids::request_id;
 use crate::keys::format::redact;
 use crate::proxy::respond::REQUEST_ID;
+use crate::shutdown::Draining;
 use crate::store::{KeyCache, Store};
 pub use service::AdminService;
 
@@ -39,6 +40,8 @@ pub struct AdminState {
     rotation_grace_seconds: u64,
     /// SHA-256 of the admin token, compared in constant time.
     token_digest: [u8; 32],
+    /// Set on SIGTERM: `/readyz` answers 503.
+    draining: Draining,
 }
 
 impl AdminState {
@@ -49,7 +52,14 @@ impl AdminState {
             keys,
             rotation_grace_seconds,
             token_digest: Sha256::digest(admin_token.as_bytes()).into(),
+            draining: Draining::default(),
         }
+    }
+
+    /// Shares the process's drain state, so `/readyz` fails once SIGTERM has arrived.
+    pub fn with_draining(mut self, draining: Draining) -> Self {
+        self.draining = draining;
+        self
     }
 
     /// Brings this replica's cache up to date, so a change made here applies to the very next
@@ -146,6 +156,9 @@ async fn healthz() -> Json<serde_json::Value> {
 }
 
 async fn readyz(State(state): State<AdminState>) -> Result<Json<serde_json::Value>, ApiError> {
+    if state.draining.is_draining() {
+        return Err(ApiError::ServiceUnavailable("shutting down".into()));
+    }
     state.store.ping().await?;
     Ok(Json(serde_json::json!({"status": "ready"})))
 }

@@ -39,6 +39,7 @@ use crate::metering::audit::PendingAudit;
 use crate::metering::ratelimit::Decision;
 use crate::metering::{Credits, Meter};
 use crate::metrics;
+use crate::shutdown::Draining;
 use crate::store::{KeyCache, Store};
 use auth::{Authenticated, Authenticator};
 use routes::{Handler, Route, RouteId, RouteTable};
@@ -110,6 +111,8 @@ pub struct Gateway {
     allow_insecure_targets: bool,
     /// How long an idle client connection stays open between requests.
     keepalive_secs: u64,
+    /// Set on SIGTERM: not ready, and every connection closes after its response.
+    draining: Draining,
 }
 
 /// What `request_filter` decided.
@@ -129,6 +132,7 @@ impl Gateway {
         meter: Arc<Meter>,
         allow_insecure_targets: bool,
         keepalive_secs: u64,
+        draining: Draining,
     ) -> Self {
         Self {
             store: keys.store().clone(),
@@ -138,6 +142,7 @@ impl Gateway {
             meter,
             allow_insecure_targets,
             keepalive_secs,
+            draining,
         }
     }
 
@@ -283,6 +288,9 @@ impl Gateway {
         let path = session.req_header().uri.path();
         let (status, body) = match path {
             "/healthz" => (200, br#"{"status":"ok"}"#.to_vec()),
+            "/readyz" if self.draining.is_draining() => {
+                return Err(ApiError::ServiceUnavailable("shutting down".into()))
+            }
             "/readyz" => match self.store.ping().await {
                 Ok(()) => (200, br#"{"status":"ready"}"#.to_vec()),
                 Err(_) => return Err(ApiError::ServiceUnavailable("store unreachable".into())),
@@ -322,7 +330,10 @@ impl ProxyHttp for Gateway {
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         // Pingora keeps an idle client connection open for good (`Some(0)`), each holding a
         // socket; it gets the configured idle timeout instead.
-        if session.get_keepalive() == Some(0) {
+        if self.draining.is_draining() {
+            // Clients reconnect, to a replica that is not going away.
+            session.set_keepalive(None);
+        } else if session.get_keepalive() == Some(0) {
             session.set_keepalive(Some(self.keepalive_secs));
         }
         match self.admit(session, ctx).await {
