@@ -112,6 +112,14 @@ pub struct StoreConfig {
     pub negative_cache_entries: usize,
     /// How often the key cache checks the change log when no notification arrives (ms).
     pub sync_interval_ms: u64,
+    /// For a `rediss://` URL: a PEM file of the CA certificates to trust instead of the
+    /// system's (a managed Redis with a private CA).
+    pub tls_ca_file: Option<String>,
+    /// For a `rediss://` URL to a Redis that asks for a client certificate (mutual TLS): the
+    /// PEM certificate chain; `tls_key_file` holds its key.
+    pub tls_cert_file: Option<String>,
+    /// The PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<String>,
 }
 
 impl StoreConfig {
@@ -123,6 +131,45 @@ impl StoreConfig {
             negative_capacity: self.negative_cache_entries,
             poll_interval: std::time::Duration::from_millis(self.sync_interval_ms),
         }
+    }
+
+    /// The TLS files read into what the Redis client takes; `None` when none is set (a
+    /// `rediss://` URL then verifies the server against the system's roots).
+    pub fn tls(&self) -> Result<Option<redis::TlsCertificates>, Problem> {
+        let read = |key: &str, path: &str| {
+            std::fs::read(path).map_err(|e| Problem::new(key, format!("cannot read {path}: {e}")))
+        };
+        let root_cert = match &self.tls_ca_file {
+            Some(path) => Some(read("store.tls_ca_file", path)?),
+            None => None,
+        };
+        let client_tls = match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("store.tls_cert_file", cert)?,
+                client_key: read("store.tls_key_file", key)?,
+            }),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(Problem::new("store.tls_key_file", "tls_cert_file needs it"))
+            }
+            (None, Some(_)) => {
+                return Err(Problem::new("store.tls_cert_file", "tls_key_file needs it"))
+            }
+        };
+        if root_cert.is_none() && client_tls.is_none() {
+            return Ok(None);
+        }
+        if !self.url.starts_with("rediss://") {
+            let key = match root_cert {
+                Some(_) => "store.tls_ca_file",
+                None => "store.tls_cert_file",
+            };
+            return Err(Problem::new(key, "needs a rediss:// store.url"));
+        }
+        Ok(Some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
     }
 }
 
@@ -136,6 +183,9 @@ impl Default for StoreConfig {
             negative_cache_seconds: 30,
             negative_cache_entries: 100_000,
             sync_interval_ms: 1_000,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -290,7 +340,6 @@ impl Default for WebhooksConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct SmtpConfig {
     /// SMTP relay host; absent: write e-mails to the outbox directory.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
     /// SMTP port (plain SMTP, as to a local relay or sidecar).
     pub port: u16,
@@ -582,6 +631,9 @@ impl Config {
             if let Err(e) = redis::Client::open(self.store.url.as_str()) {
                 problems.push(Problem::new("store.url", format!("not a Redis URL: {e}")));
             }
+            if let Err(problem) = self.store.tls() {
+                problems.push(problem);
+            }
         }
         if self.store.sync_interval_ms == 0 {
             problems.push(Problem::new(
@@ -780,7 +832,12 @@ fn apply_env(
 fn is_optional_string(section: &str, key: &str) -> bool {
     matches!(
         (section, key),
-        ("upstream", "live") | ("upstream", "sandbox") | ("smtp", "host")
+        ("upstream", "live")
+            | ("upstream", "sandbox")
+            | ("smtp", "host")
+            | ("store", "tls_ca_file")
+            | ("store", "tls_cert_file")
+            | ("store", "tls_key_file")
     )
 }
 

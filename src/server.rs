@@ -221,11 +221,17 @@ fn writable_dir(key: &str, dir: &str) -> Result<(), StartError> {
 fn connect_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
     Ok(match config.store.kind {
         StoreKind::Memory => Arc::new(MemoryStore::with_demo_workspace()),
-        StoreKind::Redis => Arc::new(
-            RedisStore::connect(&config.store.url, &config.store.namespace)
-                .map_err(|e| StartError::Config(format!("store.url: {e}")))?
-                .with_audit_retention_days(config.metering.audit_retention_days),
-        ),
+        StoreKind::Redis => {
+            let tls = config
+                .store
+                .tls()
+                .map_err(|p| StartError::Config(format!("{}: {}", p.key, p.reason)))?;
+            Arc::new(
+                RedisStore::connect_with_tls(&config.store.url, &config.store.namespace, tls)
+                    .map_err(|e| StartError::Config(format!("store.url: {e}")))?
+                    .with_audit_retention_days(config.metering.audit_retention_days),
+            )
+        }
     })
 }
 

@@ -389,8 +389,21 @@ impl RedisStore {
     /// starts the change listener. Must run inside the Tokio runtime that will drive the
     /// connection for the life of the process.
     pub fn connect(url: &str, namespace: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| StoreError::Unavailable(format!("bad Redis URL: {e}")))?;
+        Self::connect_with_tls(url, namespace, None)
+    }
+
+    /// [`connect`](Self::connect) to a `rediss://` URL with a CA of its own to trust or a
+    /// client certificate (`None`: the system's roots, no client certificate).
+    pub fn connect_with_tls(
+        url: &str,
+        namespace: &str,
+        tls: Option<redis::TlsCertificates>,
+    ) -> Result<Self, StoreError> {
+        let client = match tls {
+            Some(certificates) => redis::Client::build_with_tls(url, certificates),
+            None => redis::Client::open(url),
+        }
+        .map_err(|e| StoreError::Unavailable(format!("bad Redis URL or TLS files: {e}")))?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_millis(500)))
             .set_response_timeout(Some(Duration::from_millis(500)))
