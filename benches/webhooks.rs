@@ -138,7 +138,7 @@ fn main() {
             allow_insecure_targets: true,
             ..WebhooksConfig::default()
         };
-        let mailer = Mailer::new(&SmtpConfig::default(), &config);
+        let mailer = Mailer::new(&SmtpConfig::default(), &config).expect("outbox mailer");
         let worker = Worker::new(store.clone(), WorkerSettings::from_config(&config), mailer)
             .expect("worker");
         let (stop, stopped) = tokio::sync::watch::channel(false);

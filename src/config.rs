@@ -341,10 +341,30 @@ impl Default for WebhooksConfig {
 pub struct SmtpConfig {
     /// SMTP relay host; absent: write e-mails to the outbox directory.
     pub host: Option<String>,
-    /// SMTP port (plain SMTP, as to a local relay or sidecar).
+    /// SMTP port: 25 for a local relay, 587 with `starttls`, 465 with `tls`.
     pub port: u16,
     /// Sender address.
     pub from: String,
+    /// How the connection is protected.
+    pub tls: SmtpTls,
+    /// User name for SMTP AUTH (with `password`; needs `tls`).
+    pub username: Option<String>,
+    /// Password for SMTP AUTH; best set as `SVCGATE_SMTP_PASSWORD` from a secret.
+    pub password: Option<String>,
+    /// A PEM file of CA certificates to trust besides the system's (a relay with a private CA).
+    pub tls_ca_file: Option<String>,
+}
+
+/// `smtp.tls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpTls {
+    /// Plain SMTP, as to a relay on the node or in the pod.
+    None,
+    /// Upgrade with STARTTLS, which the server must offer (port 587).
+    Starttls,
+    /// TLS from the first byte (port 465).
+    Tls,
 }
 
 impl Default for SmtpConfig {
@@ -353,6 +373,10 @@ impl Default for SmtpConfig {
             host: None,
             port: 25,
             from: "svcgate@example.com".to_string(),
+            tls: SmtpTls::None,
+            username: None,
+            password: None,
+            tls_ca_file: None,
         }
     }
 }
@@ -627,6 +651,7 @@ impl Config {
         if self.smtp.from.parse::<lettre::message::Mailbox>().is_err() {
             problems.push(Problem::new("smtp.from", "not an e-mail address"));
         }
+        problems.extend(validate_smtp(&self.smtp));
         if self.store.kind == StoreKind::Redis {
             if let Err(e) = redis::Client::open(self.store.url.as_str()) {
                 problems.push(Problem::new("store.url", format!("not a Redis URL: {e}")));
@@ -725,6 +750,50 @@ pub fn resolve(addr: &str) -> Result<SocketAddr, String> {
     addrs
         .next()
         .ok_or_else(|| format!("'{addr}' resolves to no address"))
+}
+
+fn validate_smtp(smtp: &SmtpConfig) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if let Some(host) = &smtp.host {
+        // A name or an address, as a relay is written; no scheme, port or path.
+        let is_host = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b));
+        if !is_host {
+            problems.push(Problem::new(
+                "smtp.host",
+                "not a host name or address (the port goes in smtp.port)",
+            ));
+        }
+    }
+    if smtp.port == 0 {
+        problems.push(Problem::new("smtp.port", "must be 1 to 65535"));
+    }
+    match (&smtp.username, &smtp.password) {
+        (Some(_), None) => problems.push(Problem::new("smtp.password", "smtp.username needs it")),
+        (None, Some(_)) => problems.push(Problem::new("smtp.username", "smtp.password needs it")),
+        (Some(_), Some(_)) if smtp.tls == SmtpTls::None => problems.push(Problem::new(
+            "smtp.tls",
+            "a password is sent only over TLS: set \"starttls\" or \"tls\"",
+        )),
+        _ => {}
+    }
+    if let Some(path) = &smtp.tls_ca_file {
+        if smtp.tls == SmtpTls::None {
+            problems.push(Problem::new(
+                "smtp.tls_ca_file",
+                "needs smtp.tls = \"starttls\" or \"tls\"",
+            ));
+        } else if let Err(e) = std::fs::read(path) {
+            problems.push(Problem::new(
+                "smtp.tls_ca_file",
+                format!("cannot read {path}: {e}"),
+            ));
+        }
+    }
+    problems
 }
 
 fn validate_routes(routes: &[RouteConfig]) -> Vec<Problem> {
@@ -835,6 +904,9 @@ fn is_optional_string(section: &str, key: &str) -> bool {
         ("upstream", "live")
             | ("upstream", "sandbox")
             | ("smtp", "host")
+            | ("smtp", "username")
+            | ("smtp", "password")
+            | ("smtp", "tls_ca_file")
             | ("store", "tls_ca_file")
             | ("store", "tls_cert_file")
             | ("store", "tls_key_file")
@@ -1007,6 +1079,60 @@ scope = "Chat"
         ] {
             assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
         }
+    }
+
+    #[test]
+    fn smtp_settings_that_cannot_work_are_refused() {
+        let smtp_problems = |vars: &[(&str, &str)]| -> Vec<(String, String)> {
+            match Config::load(None, env(vars)) {
+                Ok(_) => Vec::new(),
+                Err(e) => problems(e)
+                    .into_iter()
+                    .map(|p| (p.key, p.reason))
+                    .filter(|(k, _)| k.starts_with("smtp."))
+                    .collect(),
+            }
+        };
+        let keys = |vars: &[(&str, &str)]| -> Vec<String> {
+            smtp_problems(vars).into_iter().map(|(k, _)| k).collect()
+        };
+        assert_eq!(
+            keys(&[("SVCGATE_SMTP_HOST", "smtp://relay:25")]),
+            ["smtp.host"]
+        );
+        assert_eq!(
+            keys(&[("SVCGATE_SMTP_HOST", "relay.example.com:25")]),
+            Vec::<String>::new()
+        );
+        assert_eq!(keys(&[("SVCGATE_SMTP_HOST", "")]), ["smtp.host"]);
+        assert_eq!(keys(&[("SVCGATE_SMTP_PORT", "0")]), ["smtp.port"]);
+        assert_eq!(keys(&[("SVCGATE_SMTP_USERNAME", "u")]), ["smtp.password"]);
+        // A password is never sent in the clear.
+        let cleartext = smtp_problems(&[
+            ("SVCGATE_SMTP_USERNAME", "u"),
+            ("SVCGATE_SMTP_PASSWORD", "hunter2"),
+        ]);
+        assert_eq!(cleartext.len(), 1);
+        assert_eq!(cleartext[0].0, "smtp.tls");
+        assert!(!cleartext[0].1.contains("hunter2"));
+        let over_tls = keys(&[
+            ("SVCGATE_SMTP_USERNAME", "u"),
+            ("SVCGATE_SMTP_PASSWORD", "hunter2"),
+            ("SVCGATE_SMTP_TLS", "starttls"),
+        ]);
+        assert_eq!(over_tls, Vec::<String>::new());
+        assert_eq!(
+            keys(&[("SVCGATE_SMTP_TLS_CA_FILE", "/etc/hostname")]),
+            ["smtp.tls_ca_file"]
+        );
+        assert_eq!(
+            keys(&[
+                ("SVCGATE_SMTP_TLS", "tls"),
+                ("SVCGATE_SMTP_TLS_CA_FILE", "/nonexistent/ca.pem")
+            ]),
+            ["smtp.tls_ca_file"]
+        );
+        assert!(Config::load(None, env(&[("SVCGATE_SMTP_TLS", "ssl")])).is_err());
     }
 
     #[test]

@@ -203,7 +203,7 @@ fn webhook_worker(config: &Config, store: Arc<dyn Store>) -> Result<Arc<Worker>,
     if config.smtp.host.is_none() {
         writable_dir("webhooks.outbox_dir", &config.webhooks.outbox_dir)?;
     }
-    let mailer = Mailer::new(&config.smtp, &config.webhooks);
+    let mailer = Mailer::new(&config.smtp, &config.webhooks).map_err(StartError::Config)?;
     Worker::new(store, WorkerSettings::from_config(&config.webhooks), mailer)
         .map_err(StartError::Config)
 }

@@ -677,6 +677,23 @@ async fn webhook_metrics_report_outcomes_and_the_queue() {
     }
 }
 
+/// Gives a new workspace an endpoint that always fails, publishes an event for it and waits
+/// until the mail that it was paused reaches `smtp`; returns the endpoint's id.
+async fn pause_an_endpoint_and_await_the_mail(gw: &Gateway, smtp: &SmtpSink) -> (String, Receiver) {
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", SCOPES).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/down", &[Reply::Status(500)]);
+    let (id, _) = endpoint(gw, &key, &receiver.url("/down"), &["agent.run.*"]).await;
+    publish(gw, &ws, "agent.run.completed", "live").await;
+    let mailed = eventually(Duration::from_secs(15), || async {
+        !smtp.mails().is_empty()
+    })
+    .await;
+    assert!(mailed.is_some(), "no mail; log:\n{}", gw.logs());
+    (id, receiver)
+}
+
 #[tokio::test]
 async fn with_smtp_configured_the_pause_mail_goes_over_smtp() {
     let ns = TestNamespace::new();
@@ -691,17 +708,7 @@ async fn with_smtp_configured_the_pause_mail_goes_over_smtp() {
         ))
         .start()
         .await;
-    let ws = gw.create_workspace().await;
-    let (_, key) = gw.create_key_in(&ws, "live", SCOPES).await;
-    let receiver = Receiver::start().await;
-    receiver.reply("/down", &[Reply::Status(500)]);
-    let (id, _) = endpoint(&gw, &key, &receiver.url("/down"), &["agent.run.*"]).await;
-    publish(&gw, &ws, "agent.run.completed", "live").await;
-    let mailed = eventually(Duration::from_secs(15), || async {
-        !smtp.mails().is_empty()
-    })
-    .await;
-    assert!(mailed.is_some(), "no mail; log:\n{}", gw.logs());
+    let (id, receiver) = pause_an_endpoint_and_await_the_mail(&gw, &smtp).await;
     let mail = &smtp.mails()[0];
     assert_eq!(mail.from, "webhooks@svcgate.test");
     assert_eq!(mail.to, ["ops@example.com"]);
@@ -719,6 +726,41 @@ async fn with_smtp_configured_the_pause_mail_goes_over_smtp() {
     assert!(std::fs::read_dir(outbox.path())
         .map(|d| d.count() == 0)
         .unwrap_or(true));
+}
+
+#[tokio::test]
+async fn a_relay_that_needs_starttls_and_a_login_gets_the_pause_mail_over_both() {
+    let ns = TestNamespace::new();
+    let outbox = tempfile::tempdir().unwrap();
+    let certs = Certificates::make();
+    let password = "relay-pass-9f2c41";
+    let smtp = SmtpSink::start_tls(&certs, "svcgate", password);
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .toml(&webhooks_toml(outbox.path(), "[1]", 2))
+        .toml(&format!(
+            "[smtp]\nhost = \"localhost\"\nport = {}\nfrom = \"webhooks@svcgate.test\"\n\
+             tls = \"starttls\"\nusername = \"svcgate\"\npassword = \"{password}\"\n\
+             tls_ca_file = \"{}\"\n",
+            smtp.port,
+            certs.path("ca.pem").display()
+        ))
+        .start()
+        .await;
+    let (id, _) = pause_an_endpoint_and_await_the_mail(&gw, &smtp).await;
+    // The sink offers AUTH only after STARTTLS, so a login means the session was encrypted
+    // (and the relay's certificate, from the test CA, was verified).
+    assert_eq!(
+        smtp.logins(),
+        [("svcgate".to_string(), password.to_string())]
+    );
+    assert!(smtp.mails()[0]
+        .data
+        .contains(&format!("Webhook endpoint {id} paused")));
+    assert!(
+        !gw.logs().contains(password),
+        "the SMTP password was logged"
+    );
 }
 
 #[tokio::test]

@@ -2,10 +2,12 @@
 //! the outbox directory (development, tests, or a mail pickup directory).
 
 use lettre::message::Mailbox;
+use lettre::transport::smtp::authentication::Credentials;
+use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::{AsyncFileTransport, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use std::path::PathBuf;
 
-use crate::config::{SmtpConfig, WebhooksConfig};
+use crate::config::{SmtpConfig, SmtpTls, WebhooksConfig};
 use crate::webhooks::endpoint::Endpoint;
 
 /// Where admin e-mails go.
@@ -23,20 +25,16 @@ enum Transport {
 
 impl Mailer {
     /// From the `[smtp]` and `[webhooks]` settings (already validated).
-    pub fn new(smtp: &SmtpConfig, webhooks: &WebhooksConfig) -> Self {
+    pub fn new(smtp: &SmtpConfig, webhooks: &WebhooksConfig) -> Result<Self, String> {
         let from = smtp
             .from
             .parse()
             .unwrap_or_else(|_| Mailbox::new(None, "svcgate@example.com".parse().expect("valid")));
         let transport = match &smtp.host {
-            Some(host) => Transport::Smtp(
-                AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
-                    .port(smtp.port)
-                    .build(),
-            ),
+            Some(host) => Transport::Smtp(smtp_transport(host, smtp)?),
             None => Transport::Outbox(PathBuf::from(&webhooks.outbox_dir)),
         };
-        Self { from, transport }
+        Ok(Self { from, transport })
     }
 
     /// Tells `admins` that `endpoint` was paused after its last retry failed.
@@ -96,4 +94,37 @@ impl Mailer {
             }
         }
     }
+}
+
+/// The relay connection `[smtp]` describes: plain, STARTTLS or TLS, verified against the
+/// system's roots and `tls_ca_file`, with AUTH when a user name is set.
+fn smtp_transport(
+    host: &str,
+    smtp: &SmtpConfig,
+) -> Result<AsyncSmtpTransport<Tokio1Executor>, String> {
+    let tls = || {
+        let mut params = TlsParameters::builder(host.to_string());
+        if let Some(path) = &smtp.tls_ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| format!("smtp.tls_ca_file: cannot read {path}: {e}"))?;
+            let ca = Certificate::from_pem(&pem)
+                .map_err(|e| format!("smtp.tls_ca_file: not PEM certificates: {e}"))?;
+            params = params.add_root_certificate(ca);
+        }
+        params
+            .build()
+            .map_err(|e| format!("smtp: cannot set up TLS: {e}"))
+    };
+    let tls = match smtp.tls {
+        SmtpTls::None => Tls::None,
+        SmtpTls::Starttls => Tls::Required(tls()?),
+        SmtpTls::Tls => Tls::Wrapper(tls()?),
+    };
+    let mut builder = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
+        .port(smtp.port)
+        .tls(tls);
+    if let (Some(user), Some(password)) = (&smtp.username, &smtp.password) {
+        builder = builder.credentials(Credentials::new(user.clone(), password.clone()));
+    }
+    Ok(builder.build())
 }

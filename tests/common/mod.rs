@@ -6,6 +6,10 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::IntoResponse;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
 use serde_json::{json, Value};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -917,6 +921,50 @@ where
     None
 }
 
+/// A CA, a server certificate for `localhost` and a client certificate, as PEM files.
+pub struct Certificates {
+    dir: tempfile::TempDir,
+}
+
+impl Certificates {
+    pub fn make() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, pem: String| std::fs::write(dir.path().join(name), pem).unwrap();
+
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "svcgate test CA");
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+        write("ca.pem", ca.pem());
+
+        for (name, sans, purpose) in [
+            (
+                "server",
+                vec!["localhost".to_string()],
+                ExtendedKeyUsagePurpose::ServerAuth,
+            ),
+            ("client", Vec::new(), ExtendedKeyUsagePurpose::ClientAuth),
+        ] {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(sans).unwrap();
+            params
+                .distinguished_name
+                .push(DnType::CommonName, format!("svcgate test {name}"));
+            params.extended_key_usages = vec![purpose];
+            let cert = params.signed_by(&key, &ca).unwrap();
+            write(&format!("{name}.pem"), cert.pem());
+            write(&format!("{name}.key"), key.serialize_pem());
+        }
+        Self { dir }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
 /// One message an [`SmtpSink`] accepted.
 #[derive(Debug, Clone)]
 pub struct Mail {
@@ -929,15 +977,35 @@ pub struct Mail {
 pub struct SmtpSink {
     pub port: u16,
     mails: Arc<Mutex<Vec<Mail>>>,
+    logins: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 #[derive(Clone)]
 struct SinkHandler {
     mails: Arc<Mutex<Vec<Mail>>>,
     current: Option<Mail>,
+    /// `(user, password)` a client must log in with; `None`: no AUTH.
+    login: Option<(String, String)>,
+    logins: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 impl mailin_embedded::Handler for SinkHandler {
+    fn auth_plain(
+        &mut self,
+        _authorization_id: &str,
+        user: &str,
+        password: &str,
+    ) -> mailin_embedded::Response {
+        self.logins
+            .lock()
+            .unwrap()
+            .push((user.to_string(), password.to_string()));
+        match &self.login {
+            Some((u, p)) if u == user && p == password => mailin_embedded::response::AUTH_OK,
+            _ => mailin_embedded::response::INVALID_CREDENTIALS,
+        }
+    }
+
     fn data_start(
         &mut self,
         _domain: &str,
@@ -969,19 +1037,55 @@ impl mailin_embedded::Handler for SinkHandler {
 }
 
 impl SmtpSink {
+    /// Plain SMTP, no AUTH: a relay in the cluster.
     pub fn start() -> Self {
+        Self::serve(None, None)
+    }
+
+    /// STARTTLS with the `server` certificate of `certs`, and AUTH PLAIN (offered only after
+    /// STARTTLS) that takes `user` and `password` alone.
+    pub fn start_tls(certs: &Certificates, user: &str, password: &str) -> Self {
+        Self::serve(
+            Some(mailin_embedded::SslConfig::SelfSigned {
+                cert_path: certs.path("server.pem").display().to_string(),
+                key_path: certs.path("server.key").display().to_string(),
+            }),
+            Some((user.to_string(), password.to_string())),
+        )
+    }
+
+    fn serve(ssl: Option<mailin_embedded::SslConfig>, login: Option<(String, String)>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let mails: Arc<Mutex<Vec<Mail>>> = Arc::default();
+        let logins: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let requires_login = login.is_some();
         let mut server = mailin_embedded::Server::new(SinkHandler {
             mails: mails.clone(),
             current: None,
+            login,
+            logins: logins.clone(),
         });
         server.with_num_threads(2).with_tcp_listener(listener);
+        if let Some(ssl) = ssl {
+            server.with_ssl(ssl).unwrap();
+        }
+        if requires_login {
+            server.with_auth(mailin_embedded::AuthMechanism::Plain);
+        }
         std::thread::spawn(move || {
             let _ = server.serve();
         });
-        Self { port, mails }
+        Self {
+            port,
+            mails,
+            logins,
+        }
+    }
+
+    /// Every `(user, password)` a client tried.
+    pub fn logins(&self) -> Vec<(String, String)> {
+        self.logins.lock().unwrap().clone()
     }
 
     pub fn mails(&self) -> Vec<Mail> {
