@@ -467,6 +467,8 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
                     max: 10,
                     per_endpoint: 2,
                     busy: &busy,
+                    struggling: &[],
+                    struggling_max: 0,
                 })
                 .await
                 .unwrap()
@@ -589,6 +591,8 @@ async fn a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has(store: Ar
             max: 4,
             per_endpoint: 1,
             busy: &busy,
+            struggling: &[],
+            struggling_max: 0,
         })
         .await
         .unwrap();
@@ -597,6 +601,48 @@ async fn a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has(store: Ar
         .map(|c| c.delivery.endpoint.as_str())
         .collect();
     assert_eq!(ids, [free.id.as_str()]);
+}
+
+async fn struggling_endpoints_take_at_most_their_share_between_them(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let e = event(&ws, "agent.run.completed");
+    let now = 1_000_000u64;
+    let endpoints: Vec<Endpoint> = (0..3).map(|_| endpoint(&ws, &["agent.run.*"])).collect();
+    let mut queued = Vec::new();
+    for (i, ep) in endpoints.iter().enumerate() {
+        store.create_endpoint(ep).await.unwrap();
+        for j in 0..3u64 {
+            queued.push(Delivery::new(
+                &e,
+                &ws,
+                &ep.id,
+                now - 1_000 + i as u64 * 10 + j,
+                false,
+            ));
+        }
+    }
+    store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    // The first two struggle and may take 2 between them; the third answers.
+    let struggling = [endpoints[0].id.as_str(), endpoints[1].id.as_str()];
+    let claimed = store
+        .claim_deliveries(&ClaimRequest {
+            now_ms: now,
+            lease: Duration::from_secs(5),
+            max: 10,
+            per_endpoint: 3,
+            busy: &[],
+            struggling: &struggling,
+            struggling_max: 2,
+        })
+        .await
+        .unwrap();
+    let per = |id: &str| claimed.iter().filter(|c| c.delivery.endpoint == id).count();
+    assert_eq!(per(&endpoints[0].id) + per(&endpoints[1].id), 2);
+    assert_eq!(
+        per(&endpoints[2].id),
+        3,
+        "the healthy endpoint is not held back"
+    );
 }
 
 /// An audit record of `workspace` that arrived at `time_ms`.
@@ -688,6 +734,7 @@ store_suite!(
     claims_respect_due_times_leases_and_per_endpoint_caps,
     audit_reads_the_newest_records_whichever_batch_holds_them,
     a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has,
+    struggling_endpoints_take_at_most_their_share_between_them,
     absurd_spend_saturates_and_never_jams_the_flushes
 );
 

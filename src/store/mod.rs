@@ -110,6 +110,10 @@ pub struct ClaimRequest<'a> {
     pub per_endpoint: usize,
     /// Deliveries this worker has in flight per endpoint id.
     pub busy: &'a [(&'a str, usize)],
+    /// Endpoints whose deliveries count against `struggling_max`.
+    pub struggling: &'a [&'a str],
+    /// Most deliveries to take, in all, to the `struggling` endpoints.
+    pub struggling_max: usize,
 }
 
 /// The delivery queue at a glance, for metrics.

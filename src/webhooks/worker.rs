@@ -237,19 +237,22 @@ impl Worker {
 
     /// Claims what fits under the caps and each endpoint's share, and counts it in flight.
     async fn claim(&self) -> Result<Vec<ClaimedDelivery>, StoreError> {
-        let (room, busy) = self.slots().claim_limits();
-        if room == 0 {
+        let limits = self.slots().claim_limits();
+        if limits.room == 0 {
             return Ok(Vec::new());
         }
-        let busy: Vec<(&str, usize)> = busy.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let busy: Vec<(&str, usize)> = limits.busy.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let struggling: Vec<&str> = limits.struggling.iter().map(String::as_str).collect();
         let claimed = self
             .store
             .claim_deliveries(&ClaimRequest {
                 now_ms: unix_millis(),
                 lease: self.settings.lease(),
-                max: room.min(CLAIM_BATCH),
+                max: limits.room.min(CLAIM_BATCH),
                 per_endpoint: self.settings.max_in_flight_per_endpoint,
                 busy: &busy,
+                struggling: &struggling,
+                struggling_max: limits.struggling_room,
             })
             .await?;
         let mut slots = self.slots();

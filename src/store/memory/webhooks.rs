@@ -105,6 +105,7 @@ impl WebhookState {
             .collect();
         due.sort();
         let mut in_flight: HashMap<&str, usize> = request.busy.iter().copied().collect();
+        let mut struggling_left = request.struggling_max;
         let mut taken = Vec::new();
         for (_, id) in due {
             if taken.len() == request.max {
@@ -113,11 +114,15 @@ impl WebhookState {
             let Some(d) = self.deliveries.get(id) else {
                 continue;
             };
+            let struggling = request.struggling.contains(&d.endpoint.as_str());
             let n = in_flight.entry(d.endpoint.as_str()).or_default();
-            if *n >= request.per_endpoint {
+            if *n >= request.per_endpoint || (struggling && struggling_left == 0) {
                 continue;
             }
             *n += 1;
+            if struggling {
+                struggling_left -= 1;
+            }
             let endpoint = endpoints
                 .get(&d.workspace)
                 .and_then(|list| list.iter().find(|e| e.id == d.endpoint))

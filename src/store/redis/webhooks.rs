@@ -106,13 +106,15 @@ return n
 });
 
 /// Claims due deliveries. ARGV: prefix, now ms, lease end ms, max, per endpoint, busy JSON
-/// (`{endpoint: in flight}`). Returns `endpoint json or '', delivery json` pairs.
+/// (`{endpoint: in flight}`), struggling JSON (`{endpoint: true}`), most to take from the
+/// struggling ones. Returns `endpoint json or '', delivery json` pairs.
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{RESCORE}
 local p, now, lease_end = ARGV[1], ARGV[2], ARGV[3]
 local max, per = tonumber(ARGV[4]), tonumber(ARGV[5])
 local busy = cjson.decode(ARGV[6])
+local struggling, struggling_left = cjson.decode(ARGV[7]), tonumber(ARGV[8])
 local out, taken = {{}}, 0
 -- Due endpoints, oldest first, a page at a time: endpoints with no room (busy, or failing with
 -- their share of slots used up) are passed over without a call, and the pages go on past them,
@@ -129,6 +131,7 @@ while taken < max and scanned < {scan} do
   local sp = string.find(member, ' ', 1, true)
   local ws, we = string.sub(member, 1, sp - 1), string.sub(member, sp + 1)
   local room = math.min(per - (busy[we] or 0), max - taken)
+  if struggling[we] then room = math.min(room, struggling_left) end
   if visited[member] or room <= 0 then
     passed = passed + 1
   else
@@ -144,6 +147,7 @@ while taken < max and scanned < {scan} do
         out[#out + 1] = endpoint
         out[#out + 1] = json
         taken = taken + 1
+        if struggling[we] then struggling_left = struggling_left - 1 end
       else
         redis.call('ZREM', queue, id)
         redis.call('DECR', p .. ':wh:pending')
@@ -307,6 +311,12 @@ impl RedisStore {
             .iter()
             .map(|(id, n)| (id.to_string(), (*n).into()))
             .collect();
+        let struggling: serde_json::Map<String, serde_json::Value> = request
+            .struggling
+            .iter()
+            .map(|id| (id.to_string(), true.into()))
+            .collect();
+        let struggling = serde_json::Value::Object(struggling);
         let lease_end = request.now_ms + request.lease.as_millis() as u64;
         let flat: Vec<String> = CLAIM
             .prepare_invoke()
@@ -316,6 +326,8 @@ impl RedisStore {
             .arg(request.max)
             .arg(request.per_endpoint)
             .arg(serde_json::Value::Object(busy).to_string())
+            .arg(struggling.to_string())
+            .arg(request.struggling_max)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
