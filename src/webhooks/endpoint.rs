@@ -155,14 +155,26 @@ pub fn is_internal(ip: &IpAddr) -> bool {
         }
         IpAddr::V6(v6) => {
             let s = v6.segments();
+            let embedded = |hi: u16, lo: u16| {
+                let [a, b] = hi.to_be_bytes();
+                let [c, d] = lo.to_be_bytes();
+                is_internal(&IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d)))
+            };
             v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (s[0] & 0xfe00) == 0xfc00
                 || (s[0] & 0xffc0) == 0xfe80
-                || v6
-                    .to_ipv4_mapped()
-                    .is_some_and(|v4| is_internal(&IpAddr::V4(v4)))
+                // site-local (deprecated, still routed by some networks)
+                || (s[0] & 0xffc0) == 0xfec0
+                // ::a.b.c.d and ::ffff:a.b.c.d
+                || v6.to_ipv4().is_some_and(|v4| is_internal(&IpAddr::V4(v4)))
+                // NAT64 (64:ff9b::/96) reaches the IPv4 address in its last 32 bits; the
+                // local-use prefix 64:ff9b:1::/48 reaches whatever its operator maps.
+                || (s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && embedded(s[6], s[7]))
+                || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1)
+                // 6to4 (2002::/16) carries its IPv4 address in bits 16 to 48.
+                || (s[0] == 0x2002 && embedded(s[1], s[2]))
         }
     }
 }
@@ -211,6 +223,12 @@ mod tests {
             "https://[::1]/",
             "https://[fd00::1]/",
             "https://[::ffff:127.0.0.1]/",
+            "https://[::10.0.0.5]/",
+            "https://[64:ff9b::a00:5]/x",
+            "https://[64:ff9b::a9fe:a9fe]/latest/meta-data",
+            "https://[64:ff9b:1::5]/",
+            "https://[2002:a00:5::1]/",
+            "https://[fec0::1]/",
             "https://0.0.0.0/",
             "https://localhost/hook",
             "http://example.com/hook",
@@ -221,6 +239,9 @@ mod tests {
             assert!(check_url(url, false).await.is_err(), "{url}");
         }
         assert!(check_url("https://93.184.216.34/hook", false).await.is_ok());
+        // The same translations of a public address are public.
+        assert!(check_url("https://[64:ff9b::5db8:d822]/hook", false).await.is_ok());
+        assert!(check_url("https://[2002:5db8:d822::1]/hook", false).await.is_ok());
         assert!(check_url("http://127.0.0.1:9999/hook", true).await.is_ok());
     }
 
