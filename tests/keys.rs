@@ -93,8 +93,14 @@ async fn when_redis_is_down_cached_keys_work_and_unknown_ones_get_503() {
     );
     // A key that may well be valid is never refused with 401 while the store is away.
     assert_error(gw.chat(&uncached).await, 503, "service_unavailable").await;
+    // The gateway port stays ready (its replica still serves cached keys); the admin port's
+    // readiness is the store's.
     let resp = gw.request(Method::GET, "/readyz").send().await.unwrap();
-    assert_error(resp, 503, "service_unavailable").await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap(),
+        serde_json::json!({"status": "degraded", "store": "unreachable"})
+    );
     let resp = gw
         .http
         .get(format!("{}/readyz", gw.admin))
@@ -112,13 +118,16 @@ async fn when_redis_is_down_cached_keys_work_and_unknown_ones_get_503() {
     assert_error(resp, 503, "service_unavailable").await;
 
     redis.resume().await;
+    let ready = |base: String| {
+        let http = gw.http.clone();
+        async move {
+            let resp = http.get(format!("{base}/readyz")).send().await.unwrap();
+            resp.json::<serde_json::Value>().await.unwrap()
+                == serde_json::json!({"status": "ready"})
+        }
+    };
     eventually(Duration::from_secs(10), || async {
-        gw.request(Method::GET, "/readyz")
-            .send()
-            .await
-            .unwrap()
-            .status()
-            == 200
+        ready(gw.base.clone()).await && ready(gw.admin.clone()).await
     })
     .await
     .expect("ready again once Redis is back");
@@ -151,6 +160,9 @@ async fn cached_keys_are_trusted_only_for_the_configured_staleness() {
     })
     .await
     .expect("a cached key is refused with 503 once the staleness bound has passed");
+    // And then the replica is not ready either: it can check no key.
+    let resp = gw.request(Method::GET, "/readyz").send().await.unwrap();
+    assert_error(resp, 503, "service_unavailable").await;
 }
 
 #[tokio::test]

@@ -120,6 +120,11 @@ impl Authenticator {
         Self { keys }
     }
 
+    /// Whether cached keys may still be trusted (the last sync is within the staleness bound).
+    pub fn keys_are_fresh(&self) -> bool {
+        self.keys.is_fresh()
+    }
+
     /// Authenticates one request's `Authorization` header at unix second `now`.
     pub async fn authenticate(
         &self,

@@ -288,11 +288,19 @@ impl Gateway {
         let path = session.req_header().uri.path();
         let (status, body) = match path {
             "/healthz" => (200, br#"{"status":"ok"}"#.to_vec()),
+            // Ready while it can check keys: the store answers, or it is away but the key
+            // cache is still within `cache_staleness_seconds` (cached keys are served; taking
+            // every replica out of its Service over a short Redis outage would refuse them
+            // all). The admin port's `/readyz` stays the strict check: the store answers.
             "/readyz" if self.draining.is_draining() => {
                 return Err(ApiError::ServiceUnavailable("shutting down".into()))
             }
             "/readyz" => match self.store.ping().await {
                 Ok(()) => (200, br#"{"status":"ready"}"#.to_vec()),
+                Err(_) if self.auth.keys_are_fresh() => (
+                    200,
+                    br#"{"status":"degraded","store":"unreachable"}"#.to_vec(),
+                ),
                 Err(_) => return Err(ApiError::ServiceUnavailable("store unreachable".into())),
             },
             _ => return Err(ApiError::not_found("only /v1 paths are served here")),

@@ -240,8 +240,12 @@ mod tests {
         }
         assert!(check_url("https://93.184.216.34/hook", false).await.is_ok());
         // The same translations of a public address are public.
-        assert!(check_url("https://[64:ff9b::5db8:d822]/hook", false).await.is_ok());
-        assert!(check_url("https://[2002:5db8:d822::1]/hook", false).await.is_ok());
+        assert!(check_url("https://[64:ff9b::5db8:d822]/hook", false)
+            .await
+            .is_ok());
+        assert!(check_url("https://[2002:5db8:d822::1]/hook", false)
+            .await
+            .is_ok());
         assert!(check_url("http://127.0.0.1:9999/hook", true).await.is_ok());
     }
 
