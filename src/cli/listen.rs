@@ -1,8 +1,11 @@
 //! `svcgate listen`: forwards the workspace's webhook events to a local URL.
 //!
-//! The gateway streams every event already signed with a secret made for this session (see
-//! [`crate::proxy::listen`]); this side only POSTs each body, byte for byte, with the
-//! signature headers production sends, and prints one line per delivery.
+//! The gateway streams every event with a secret made for this session (see
+//! [`crate::proxy::listen`]); this side POSTs each body, byte for byte, with the signature
+//! headers production sends, and prints one line per delivery. It signs each delivery again
+//! as it forwards it, as production signs each attempt: a backlog behind a slow receiver
+//! would otherwise arrive with the time it was read from the log, and a receiver refuses a
+//! signature older than five minutes.
 
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
@@ -12,7 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
-use crate::webhooks::signature::{EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use crate::ids::unix_now;
+use crate::webhooks::signature::{sign, EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
 
 /// A delivery succeeds on an answer within this time, as in production.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -46,6 +50,15 @@ struct Delivery {
     timestamp: u64,
     signature: String,
     body: String,
+}
+
+impl Delivery {
+    /// The delivery signed with `secret` at `now`, as it leaves for the receiver.
+    fn signed_again(mut self, secret: &str, now: u64) -> Self {
+        self.timestamp = now;
+        self.signature = sign(secret, now, self.body.as_bytes());
+        self
+    }
 }
 
 /// Streams and forwards until the stream ends; the reason it ended.
@@ -82,6 +95,7 @@ pub async fn run(options: Options) -> Result<(), String> {
 
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let forward_to = Arc::new(options.forward_to);
+    let mut secret: Option<Arc<str>> = None;
     let mut events = response.bytes_stream().eventsource();
     let ended = loop {
         let event = match events.next().await {
@@ -96,6 +110,7 @@ pub async fn run(options: Options) -> Result<(), String> {
                         "Ready. Webhook signing secret for this session: {}",
                         session.secret
                     ));
+                    secret = Some(session.secret.into());
                     say(&format!(
                         "Forwarding events to {forward_to} (Ctrl-C to stop)"
                     ));
@@ -114,7 +129,12 @@ pub async fn run(options: Options) -> Result<(), String> {
                     break "stopped forwarding".to_string();
                 };
                 let (client, url) = (forward_client.clone(), forward_to.clone());
+                let secret = secret.clone();
                 tokio::spawn(async move {
+                    let delivery = match secret {
+                        Some(secret) => delivery.signed_again(&secret, unix_now()),
+                        None => delivery,
+                    };
                     say(&forward(&client, &url, delivery).await);
                     drop(permit);
                 });
@@ -216,4 +236,35 @@ fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::webhooks::signature::verify;
+
+    #[test]
+    fn a_delivery_that_waited_is_signed_again_when_it_leaves() {
+        let secret = "whsec_session";
+        let now = unix_now();
+        let read_at = now - 400;
+        let body = r#"{"id":"evt_1","type":"agent.run.completed"}"#.to_string();
+        let waited = Delivery {
+            event_id: "evt_1".into(),
+            event_type: "agent.run.completed".into(),
+            timestamp: read_at,
+            signature: sign(secret, read_at, body.as_bytes()),
+            body,
+        };
+        let headers = |d: &Delivery| {
+            let mut h = http::HeaderMap::new();
+            h.insert(SIGNATURE_HEADER, d.signature.parse().unwrap());
+            h.insert(TIMESTAMP_HEADER, d.timestamp.into());
+            h
+        };
+        assert!(verify(secret, &headers(&waited), waited.body.as_bytes(), now).is_err());
+        let sent = waited.signed_again(secret, now);
+        assert_eq!(sent.timestamp, now);
+        verify(secret, &headers(&sent), sent.body.as_bytes(), now).unwrap();
+    }
 }
