@@ -453,6 +453,37 @@ async fn revoking_the_key_ends_the_stream() {
 }
 
 #[tokio::test]
+async fn a_key_revoked_on_another_replica_gets_not_even_the_event_that_revoked_it() {
+    // A leak report on replica a revokes the key and logs `key.auto_revoked` in one step; the
+    // stream on replica b may read the event before b's key cache hears of the revocation.
+    let ns = TestNamespace::new();
+    let (a, b) = replicas(&ns).await;
+    let ws = a.create_workspace().await;
+    let receiver = RecordingUpstream::start("receiver").await;
+    for _ in 0..3 {
+        let (_, key) = a.create_key_in(&ws, "live", READ).await;
+        let forward_to = format!("http://{}/hooks", receiver.addr);
+        let (mut listener, _) = Listener::start(&b, &key, &forward_to, &[]).await;
+        let resp = a
+            .admin_request(Method::POST, "/admin/v1/leaks")
+            .json(&json!([{"token": key, "source": "test"}]))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        listener
+            .exit(Duration::from_secs(10))
+            .await
+            .expect("listen exits");
+    }
+    assert_eq!(
+        receiver.requests().len(),
+        0,
+        "a revoked key's stream forwarded events"
+    );
+}
+
+#[tokio::test]
 async fn a_receiver_that_is_down_gets_a_failed_line() {
     let gw = Gateway::builder().start().await;
     let (_, key) = gw.create_key("live", READ).await;

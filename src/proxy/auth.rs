@@ -10,7 +10,7 @@ use crate::error::ApiError;
 use crate::keys::format::{self, MAX_KEY_LEN};
 use crate::keys::{CachedKey, KeyFormatError, KeyHash, Rejection};
 use crate::metering::usage::KeyBudget;
-use crate::store::KeyCache;
+use crate::store::{KeyCache, StoreError};
 
 /// Why a request is not authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +118,12 @@ impl Authenticator {
     /// An authenticator reading from `keys`.
     pub fn new(keys: Arc<KeyCache>) -> Self {
         Self { keys }
+    }
+
+    /// Applies every key change the store has logged so far, without waiting for its
+    /// notification (one store round trip).
+    pub async fn catch_up(&self) -> Result<(), StoreError> {
+        self.keys.sync().await
     }
 
     /// Whether cached keys may still be trusted (the last sync is within the staleness bound).

@@ -113,6 +113,17 @@ pub async fn stream(
                 break e.into();
             }
         };
+        // The key may have been revoked while the read waited, in the very step that logged
+        // these events (a leak report logs `key.auto_revoked` as it revokes): bring the key
+        // cache up to date with the store and check again before anything is sent.
+        if !logged.is_empty() {
+            if let Err(e) = auth.catch_up().await {
+                break e.into();
+            }
+            if let Err(refused) = still_allowed(session, auth, route).await {
+                break refused;
+            }
+        }
         let now = unix_now();
         let mut chunk = String::new();
         for event in logged
