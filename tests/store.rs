@@ -158,26 +158,48 @@ async fn changes_are_logged_by_epoch(store: Arc<dyn Store>) {
     assert_eq!(future.changed, None);
 }
 
+async fn a_rotation_keeps_a_change_made_after_its_successor_was_built(store: Arc<dyn Store>) {
+    use svcgate::store::Rotation;
+    let mut old = key(&new_id("ws"), 1);
+    old.scopes = Scopes::new(["models:read", "images:create"]);
+    store.insert_key(&old).await.unwrap();
+    // The admin API builds the successor from the record it read...
+    let stale = store.key_by_id(&old.id).await.unwrap().unwrap();
+    let successor = keys::successor(&stale, &keys::format::generate(Environment::Live), 2);
+    // ...and a PATCH narrows the old key's scopes before the rotation's step.
+    store
+        .update_key(&old.id, &|r: &mut KeyRecord| {
+            r.scopes = Scopes::new(["models:read"]);
+            r.monthly_budget = Some(svcgate::metering::Credits::from_micros(5_000_000));
+        })
+        .await
+        .unwrap();
+    let Rotation::Rotated {
+        successor: stored, ..
+    } = store.rotate_key(&old.id, &successor, 500).await.unwrap()
+    else {
+        panic!("rotated");
+    };
+    let found = store.key_by_hash(&successor.hash).await.unwrap().unwrap();
+    for record in [&*stored, &*found] {
+        assert_eq!(record.scopes, Scopes::new(["models:read"]));
+        assert_eq!(
+            record.monthly_budget,
+            Some(svcgate::metering::Credits::from_micros(5_000_000))
+        );
+        assert_eq!(record.id, successor.id);
+    }
+}
+
 async fn rotation_is_atomic_and_idempotent(store: Arc<dyn Store>) {
     use svcgate::store::Rotation;
     let old = key(&new_id("ws"), 1);
     store.insert_key(&old).await.unwrap();
-    let (_, fresh) = keys::issue(
-        KeyParams {
-            workspace: old.workspace.clone(),
-            environment: Environment::Live,
-            scopes: old.scopes.clone(),
-            name: String::new(),
-            monthly_budget: None,
-        },
-        2,
-    );
-    let mut successor = fresh;
-    successor.rotated_from = Some(old.id.clone());
+    let successor = keys::successor(&old, &keys::format::generate(Environment::Live), 2);
     let start = store.key_changes_since(0).await.unwrap().epoch;
 
     match store.rotate_key(&old.id, &successor, 500).await.unwrap() {
-        Rotation::Rotated { old: rotated } => {
+        Rotation::Rotated { old: rotated, .. } => {
             assert_eq!(rotated.status, KeyStatus::Rotating);
             assert_eq!(rotated.grace_until, Some(500));
             assert_eq!(rotated.rotated_to.as_deref(), Some(successor.id.as_str()));
@@ -726,6 +748,7 @@ store_suite!(
     concurrent_updates_lose_nothing,
     changes_are_logged_by_epoch,
     rotation_is_atomic_and_idempotent,
+    a_rotation_keeps_a_change_made_after_its_successor_was_built,
     secrets_are_created_once_and_shared,
     a_usage_batch_is_added_once_however_often_it_is_sent,
     the_event_log_is_consumed_once_and_reclaimed_from_dead_consumers,

@@ -283,9 +283,9 @@ pub(super) async fn rotate(
         .rotate_key(&old.id, &successor, now.saturating_add(grace))
         .await?
     {
-        Rotation::Rotated { .. } => {
+        Rotation::Rotated { successor, .. } => {
             tracing::info!(key_id = %old.id, successor = %successor.id, grace, "key rotated");
-            successor
+            KeyRecord::clone(&successor)
         }
         Rotation::AlreadyRotated => {
             let existing = state

@@ -360,6 +360,16 @@ fn successor_lineage(old: &KeyRecord) -> Vec<String> {
     lineage
 }
 
+/// Makes `successor` carry what it inherits from `old` as `old` is now: name, scopes, budget
+/// and lineage. A store calls it in the step that rotates, with the record it checked, so a
+/// change made to the old key after the successor was built (a narrowed scope) is not lost.
+pub fn inherit(successor: &mut KeyRecord, old: &KeyRecord) {
+    successor.name = old.name.clone();
+    successor.scopes = old.scopes.clone();
+    successor.monthly_budget = old.monthly_budget;
+    successor.predecessors = successor_lineage(old);
+}
+
 /// The record of the key that replaces `old` in a rotation: same workspace, environment,
 /// scopes, name and budget, and the budget's spend so far (`predecessors`).
 pub fn successor(old: &KeyRecord, key: &NewKey, now: u64) -> KeyRecord {

@@ -61,6 +61,9 @@ pub enum Rotation {
     Rotated {
         /// The old key's new record.
         old: Arc<KeyRecord>,
+        /// The successor as stored: what it inherits is taken from the old key as it was
+        /// in the rotating step (see [`crate::keys::inherit`]).
+        successor: Arc<KeyRecord>,
     },
     /// The successor already exists: this is a retry of a rotation that went through.
     AlreadyRotated,
@@ -176,7 +179,8 @@ pub trait Store: Send + Sync + 'static {
     fn key_change_signal(&self) -> Arc<Notify>;
 
     /// Rotates key `old_id` to `successor` atomically: the old key becomes `rotating` until
-    /// `grace_until`, pointing at the successor, and the successor is inserted.
+    /// `grace_until`, pointing at the successor, and the successor is inserted, inheriting
+    /// from the old key as it is at that step.
     async fn rotate_key(
         &self,
         old_id: &str,

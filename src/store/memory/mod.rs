@@ -279,6 +279,9 @@ impl Store for MemoryStore {
         if old.status != KeyStatus::Active {
             return Ok(Rotation::NotRotatable(old.status));
         }
+        let mut successor = successor.clone();
+        crate::keys::inherit(&mut successor, old);
+        let successor = Arc::new(successor);
         let mut rotated = KeyRecord::clone(old);
         rotated.status = KeyStatus::Rotating;
         rotated.grace_until = Some(grace_until);
@@ -289,13 +292,14 @@ impl Store for MemoryStore {
         inner
             .ids_by_hash
             .insert(successor.hash, successor.id.clone());
-        inner
-            .keys
-            .insert(successor.id.clone(), Arc::new(successor.clone()));
+        inner.keys.insert(successor.id.clone(), successor.clone());
         inner.record_change(successor.hash);
         drop(inner);
         self.changed.notify_one();
-        Ok(Rotation::Rotated { old: rotated })
+        Ok(Rotation::Rotated {
+            old: rotated,
+            successor,
+        })
     }
 
     async fn insert_token(&self, token: &KeyRecord, ttl_secs: u64) -> Result<(), StoreError> {

@@ -762,6 +762,8 @@ impl Store for RedisStore {
                     Rotation::NotRotatable(old.status)
                 });
             }
+            let mut successor = successor.clone();
+            crate::keys::inherit(&mut successor, &old);
             let mut rotated = old.clone();
             rotated.status = KeyStatus::Rotating;
             rotated.grace_until = Some(grace_until);
@@ -775,7 +777,7 @@ impl Store for RedisStore {
                 .key(l.log())
                 .arg(&raw)
                 .arg(encode(&rotated))
-                .arg(encode(successor))
+                .arg(encode(&successor))
                 .arg(old_hash.to_hex())
                 .arg(successor.hash.to_hex())
                 .arg(&successor.id)
@@ -791,6 +793,7 @@ impl Store for RedisStore {
                 _ => {
                     return Ok(Rotation::Rotated {
                         old: Arc::new(rotated),
+                        successor: Arc::new(successor),
                     })
                 }
             }
