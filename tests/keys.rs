@@ -303,7 +303,7 @@ async fn a_rotated_key_works_until_its_grace_period_ends() {
 #[tokio::test]
 async fn a_retried_rotation_with_an_idempotency_key_returns_the_same_key() {
     let ns = TestNamespace::new();
-    let gw = on_redis(&ns).await;
+    let (gw, other) = replicas(&ns).await;
     let ws = gw.create_workspace().await;
     let (id, _) = gw.create_key_in(&ws, "test", &["models:read"]).await;
 
@@ -312,7 +312,8 @@ async fn a_retried_rotation_with_an_idempotency_key_returns_the_same_key() {
         .json()
         .await
         .unwrap();
-    let resp = rotate(&gw, &id, serde_json::json!({}), Some("retry-1")).await;
+    // The retry may land on another replica.
+    let resp = rotate(&other, &id, serde_json::json!({}), Some("retry-1")).await;
     assert_eq!(resp.status(), 201);
     let second: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(first["id"], second["id"]);
@@ -331,6 +332,50 @@ async fn a_retried_rotation_with_an_idempotency_key_returns_the_same_key() {
     let resp = rotate(&gw, &id, serde_json::json!({}), Some("retry-1")).await;
     let body = assert_error(resp, 400, "invalid_request_error").await;
     assert!(!body.to_string().contains(first["key"].as_str().unwrap()));
+}
+
+#[tokio::test]
+async fn the_redis_data_alone_does_not_yield_an_idempotently_rotated_key() {
+    // Everything the store holds, with the old key's id and a guessable idempotency key (both
+    // seen by whoever watched the rotation), must not reproduce the successor.
+    let ns = TestNamespace::new();
+    let gw = on_redis(&ns).await;
+    let ws = gw.create_workspace().await;
+    let (id, _) = gw.create_key_in(&ws, "live", &["models:read"]).await;
+    let rotated: serde_json::Value = rotate(&gw, &id, serde_json::json!({}), Some("k1"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let successor = rotated["key"].as_str().unwrap();
+
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let stored: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{}*", ns.name))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut candidates: Vec<Vec<u8>> = Vec::new();
+    for name in stored {
+        let value: redis::RedisResult<Vec<u8>> =
+            redis::cmd("GET").arg(&name).query_async(&mut conn).await;
+        if let Ok(value) = value {
+            if let Ok(raw) = hex::decode(&value) {
+                candidates.push(raw);
+            }
+            candidates.push(value);
+        }
+    }
+    assert!(!candidates.is_empty(), "the namespace holds string values");
+    for secret in candidates {
+        let derived = svcgate::keys::format::derive(
+            svcgate::keys::Environment::Live,
+            &secret,
+            &[b"rotate", id.as_bytes(), b"k1"],
+        );
+        assert_ne!(derived.value, successor, "derived from the store's data");
+    }
 }
 
 #[tokio::test]

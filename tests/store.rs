@@ -239,12 +239,6 @@ async fn rotation_is_atomic_and_idempotent(store: Arc<dyn Store>) {
     assert_eq!(changes.changed, Some(vec![old.hash, successor.hash]));
 }
 
-async fn secrets_are_created_once_and_shared(store: Arc<dyn Store>) {
-    let a = store.secret("rotation").await.unwrap();
-    assert_eq!(store.secret("rotation").await.unwrap(), a);
-    assert_ne!(store.secret("tokens").await.unwrap(), a);
-}
-
 async fn a_usage_batch_is_added_once_however_often_it_is_sent(store: Arc<dyn Store>) {
     use svcgate::metering::usage::{UsageFlush, WorkspaceFlush};
     let ws = new_id("ws");
@@ -749,7 +743,6 @@ store_suite!(
     changes_are_logged_by_epoch,
     rotation_is_atomic_and_idempotent,
     a_rotation_keeps_a_change_made_after_its_successor_was_built,
-    secrets_are_created_once_and_shared,
     a_usage_batch_is_added_once_however_often_it_is_sent,
     the_event_log_is_consumed_once_and_reclaimed_from_dead_consumers,
     a_tail_sees_only_events_logged_after_it_started,

@@ -223,8 +223,6 @@ pub(super) async fn revoke(
 
 /// How long a retried rotation with the same `Idempotency-Key` is shown the new key again.
 const IDEMPOTENCY_WINDOW_SECONDS: u64 = 86_400;
-/// Name of the store secret that idempotent rotations derive new keys from.
-const ROTATION_SECRET: &str = "rotation";
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -235,8 +233,8 @@ pub(super) struct RotateKey {
 
 /// `POST /admin/v1/keys/{id}/rotate`: issues the successor key (shown this once) and keeps the
 /// old key working for the grace period. With an `Idempotency-Key` header, a retry returns the
-/// same successor: its value is derived from the store's rotation secret, the old key's id and
-/// the idempotency key, so it is reproduced rather than stored.
+/// same successor: its value is derived from a secret drawn from the admin token (never in the
+/// store), the old key's id and the idempotency key, so it is reproduced rather than stored.
 pub(super) async fn rotate(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,
@@ -266,14 +264,11 @@ pub(super) async fn rotate(
         .await?
         .ok_or_else(|| no_such_key(&id))?;
     let new_key = match idempotency_key {
-        Some(idem) => {
-            let secret = state.store.secret(ROTATION_SECRET).await?;
-            format::derive(
-                old.environment,
-                &secret,
-                &[b"rotate", old.id.as_bytes(), idem.as_bytes()],
-            )
-        }
+        Some(idem) => format::derive(
+            old.environment,
+            &state.rotation_secret,
+            &[b"rotate", old.id.as_bytes(), idem.as_bytes()],
+        ),
         None => format::generate(old.environment),
     };
     let now = unix_now();

@@ -16,6 +16,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
+use hmac::{Hmac, Mac};
 use http::{HeaderValue, StatusCode};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -29,6 +30,14 @@ use crate::shutdown::Draining;
 use crate::store::{KeyCache, Store};
 pub use service::AdminService;
 
+/// A secret for one purpose, drawn from `secret` (HMAC-SHA256 keyed by it).
+fn derived_secret(secret: &str, purpose: &[u8]) -> [u8; 32] {
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");
+    mac.update(purpose);
+    mac.finalize().into_bytes().into()
+}
+
 /// What every admin handler can reach.
 #[derive(Clone)]
 pub struct AdminState {
@@ -40,6 +49,10 @@ pub struct AdminState {
     rotation_grace_seconds: u64,
     /// SHA-256 of the admin token, compared in constant time.
     token_digest: [u8; 32],
+    /// What idempotent rotations derive successor keys from: drawn from the admin token, so
+    /// it is never in the store (whose data alone must not yield a key) and is the same on
+    /// every replica.
+    rotation_secret: [u8; 32],
     /// Set on SIGTERM: `/readyz` answers 503.
     draining: Draining,
 }
@@ -52,6 +65,7 @@ impl AdminState {
             keys,
             rotation_grace_seconds,
             token_digest: Sha256::digest(admin_token.as_bytes()).into(),
+            rotation_secret: derived_secret(admin_token, b"svcgate key rotation"),
             draining: Draining::default(),
         }
     }

@@ -192,9 +192,6 @@ pub trait Store: Send + Sync + 'static {
     /// store forgets it.
     async fn insert_token(&self, token: &KeyRecord, ttl_secs: u64) -> Result<(), StoreError>;
 
-    /// A 32-byte secret shared by every replica, created on first use.
-    async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError>;
-
     /// Adds a replica's batched spend and rate counts, fires `billing.credits.low` for a
     /// workspace whose remaining credits this batch takes below its threshold (once per
     /// crossing), and answers the month's totals of everything the batch watches. Atomic.

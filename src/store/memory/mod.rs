@@ -22,7 +22,6 @@ use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTot
 use crate::webhooks::delivery::Delivery;
 use crate::webhooks::endpoint::Endpoint;
 use crate::webhooks::endpoint::EndpointStatus;
-use rand::RngCore;
 use std::time::Duration;
 
 /// The workspace the demo store starts with, so a newcomer can create a key at once.
@@ -39,7 +38,6 @@ struct Inner {
     epoch: u64,
     /// `(epoch, hash)` of the latest changes, oldest first.
     changes: VecDeque<(u64, KeyHash)>,
-    secrets: HashMap<String, [u8; 32]>,
     /// `(expires_at, id)` of scoped tokens, in minting order, for clean-up.
     tokens: VecDeque<(u64, String)>,
     /// The event log and the webhook delivery queue.
@@ -644,16 +642,6 @@ impl Store for MemoryStore {
             paused_endpoints: paused as u64,
             ..inner.webhooks.stats()
         })
-    }
-
-    async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
-        let mut inner = self.write();
-        let secret = inner.secrets.entry(name.to_string()).or_insert_with(|| {
-            let mut bytes = [0u8; 32];
-            rand::rng().fill_bytes(&mut bytes);
-            bytes
-        });
-        Ok(*secret)
     }
 }
 

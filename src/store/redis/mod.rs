@@ -11,7 +11,6 @@
 //! | `{ns}:keys:ws:<workspace>` | sorted set | key ids of a workspace, scored by creation time |
 //! | `{ns}:keys:epoch` | integer | bumped by every key write |
 //! | `{ns}:keys:log` | stream | one entry `<epoch>-0 h=<digest>` per key write, capped |
-//! | `ns:secret:<name>` | string | a shared secret (hex), created on first use |
 //! | `{ns}:spend:<ws>:<YYYY-MM>` | hash | micro-credits: `total`, `key:<id>`, `project:<name>`; `low_fired` |
 //! | `{ns}:budgets:<ws>` | hash | project → monthly budget (micro-credits) |
 //! | `{ns}:flush:<id>` | string | a usage batch already added (a day), so a retry adds nothing |
@@ -56,7 +55,6 @@ use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
 use crate::webhooks::delivery::Delivery;
 use crate::webhooks::endpoint::Endpoint;
-use rand::RngCore;
 use std::collections::HashMap;
 
 /// Log entries kept for replicas catching up after a disconnect.
@@ -112,9 +110,6 @@ impl Layout {
     }
     fn audit(&self, workspace: &str) -> String {
         format!("{}:audit:{{{workspace}}}", self.ns)
-    }
-    fn secret(&self, name: &str) -> String {
-        format!("{}:secret:{name}", self.ns)
     }
     fn channel(&self) -> String {
         format!("{}:keys:changed", self.ns)
@@ -1138,21 +1133,5 @@ impl Store for RedisStore {
 
     async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
         self.stats().await
-    }
-
-    async fn secret(&self, name: &str) -> Result<[u8; 32], StoreError> {
-        let key = self.layout.secret(name);
-        let mut fresh = [0u8; 32];
-        rand::rng().fill_bytes(&mut fresh);
-        let mut conn = self.conn();
-        let _: bool = conn
-            .set_nx(&key, hex::encode(fresh))
-            .await
-            .map_err(unavailable)?;
-        let stored: String = conn.get(&key).await.map_err(unavailable)?;
-        let mut secret = [0u8; 32];
-        hex::decode_to_slice(stored.trim(), &mut secret)
-            .map_err(|_| StoreError::Unavailable(format!("unreadable secret at {key}")))?;
-        Ok(secret)
     }
 }
