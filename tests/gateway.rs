@@ -49,6 +49,58 @@ async fn zero_config_demo_answers_with_simulated_backends() {
 }
 
 #[tokio::test]
+async fn answers_the_gateway_makes_itself_carry_the_rate_limit_headers() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw
+        .create_key(
+            "live",
+            &[
+                "tokens:create",
+                "webhooks:read",
+                "webhooks:write",
+                "models:read",
+            ],
+        )
+        .await;
+    let token = gw
+        .request(Method::POST, "/v1/tokens")
+        .bearer_auth(&key)
+        .json(&json!({"scopes": ["models:read"], "expires_in": 60}))
+        .send()
+        .await
+        .unwrap();
+    let endpoints = gw
+        .request(Method::GET, "/v1/webhooks")
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let models = gw
+        .request(Method::GET, "/v1/models")
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let stream = gw
+        .request(Method::GET, "/v1/webhooks/listen")
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    for (what, resp) in [
+        ("minted token", &token),
+        ("endpoint list", &endpoints),
+        ("simulated answer", &models),
+        ("listen stream", &stream),
+    ] {
+        assert!(resp.status().is_success(), "{what}: {}", resp.status());
+        for name in ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"] {
+            assert!(resp.headers().contains_key(name), "{what} lacks {name}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn backend_sees_identity_headers_and_never_the_credential() {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder().live(live.addr).start().await;

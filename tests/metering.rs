@@ -123,7 +123,10 @@ async fn a_spent_key_budget_gets_402_before_the_backend() {
     // 0.5 each: two requests spend the budget.
     assert_eq!(gw.chat(&key).await.status(), 200);
     assert_eq!(gw.chat(&key).await.status(), 200);
-    let body = assert_error(gw.chat(&key).await, 402, "budget_exceeded").await;
+    let refused = gw.chat(&key).await;
+    // The rate limit was checked before the budget: its headers are on the 402 too.
+    assert!(refused.headers().contains_key("ratelimit-remaining"));
+    let body = assert_error(refused, 402, "budget_exceeded").await;
     assert!(body["error"]["message"].as_str().unwrap().contains("key"));
     assert_eq!(
         live.requests().len(),

@@ -170,12 +170,14 @@ impl Gateway {
             Handler::MintToken => {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let store = self.store.as_ref();
-                Box::pin(tokens::mint(session, caller, store, &ctx.request_id)).await?;
+                let rate = ctx.rate_headers();
+                Box::pin(tokens::mint(session, caller, store, &ctx.request_id, &rate)).await?;
                 Ok(Admission::Answer)
             }
             Handler::Webhooks(op) => {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let (store, insecure) = (self.store.as_ref(), self.allow_insecure_targets);
+                let rate = ctx.rate_headers();
                 Box::pin(webhooks::handle(
                     session,
                     op,
@@ -183,6 +185,7 @@ impl Gateway {
                     store,
                     insecure,
                     &ctx.request_id,
+                    &rate,
                 ))
                 .await?;
                 Ok(Admission::Answer)
@@ -190,6 +193,7 @@ impl Gateway {
             Handler::Listen => {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let (auth, store) = (&self.auth, self.store.as_ref());
+                let rate = ctx.rate_headers();
                 Box::pin(listen::stream(
                     session,
                     caller,
@@ -197,6 +201,7 @@ impl Gateway {
                     route,
                     store,
                     &ctx.request_id,
+                    &rate,
                 ))
                 .await?;
                 Ok(Admission::Answer)

@@ -142,6 +142,7 @@ pub async fn handle(
     store: &dyn Store,
     allow_insecure: bool,
     request_id: &str,
+    rate_headers: &[(&'static str, String)],
 ) -> Result<(), ApiError> {
     let workspace = &*caller.key.workspace;
     let environment = caller.key.effective_environment();
@@ -277,9 +278,15 @@ pub async fn handle(
             )
         }
     };
-    respond::json(session, status, body.unwrap_or_default(), request_id, &[])
-        .await
-        .map_err(|_| ApiError::Upstream("could not write the response".into()))
+    respond::json(
+        session,
+        status,
+        body.unwrap_or_default(),
+        request_id,
+        rate_headers,
+    )
+    .await
+    .map_err(|_| ApiError::Upstream("could not write the response".into()))
 }
 
 /// The caller's endpoint `id`: it must belong to the caller's workspace and environment.
