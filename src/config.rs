@@ -39,6 +39,8 @@ pub struct Config {
     pub webhooks: WebhooksConfig,
     /// Admin e-mails.
     pub smtp: SmtpConfig,
+    /// Browser apps allowed to call the API (with scoped tokens).
+    pub cors: CorsConfig,
     /// The route table. Giving any `[[routes]]` replaces the whole default table.
     pub routes: Vec<RouteConfig>,
 }
@@ -333,6 +335,15 @@ impl Default for WebhooksConfig {
             max_in_flight_per_endpoint: 16,
         }
     }
+}
+
+/// `[cors]`
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CorsConfig {
+    /// Origins (`https://app.example.com`, or `*`) whose pages may call the API; none by
+    /// default.
+    pub allowed_origins: Vec<String>,
 }
 
 /// `[smtp]`: how admin e-mails are sent. Without a host they go to `webhooks.outbox_dir`.
@@ -652,6 +663,15 @@ impl Config {
             problems.push(Problem::new("smtp.from", "not an e-mail address"));
         }
         problems.extend(validate_smtp(&self.smtp));
+        for origin in &self.cors.allowed_origins {
+            if !crate::proxy::cors::is_valid_origin(origin) {
+                problems.push(Problem::new(
+                    "cors.allowed_origins",
+                    "each must be \"*\" or scheme://host[:port] in lower case, with no path",
+                ));
+                break;
+            }
+        }
         if self.store.kind == StoreKind::Redis {
             if let Err(e) = redis::Client::open(self.store.url.as_str()) {
                 problems.push(Problem::new("store.url", format!("not a Redis URL: {e}")));

@@ -11,6 +11,7 @@ use crate::admin::{self, AdminService, AdminState};
 use crate::config::{Config, StoreKind, DEMO_ADMIN_TOKEN};
 use crate::metering::Meter;
 use crate::metrics;
+use crate::proxy::cors::Cors;
 use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
@@ -131,7 +132,8 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         config.webhooks.allow_insecure_targets,
         server_cfg.keepalive_timeout_seconds,
         draining.clone(),
-    );
+    )
+    .with_cors(Cors::new(&config.cors.allowed_origins));
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
         gateway,

@@ -66,7 +66,7 @@ pub async fn stream(
     route: &Route,
     store: &dyn Store,
     request_id: &str,
-    rate_headers: &[(&'static str, String)],
+    answer_headers: &[(&'static str, String)],
 ) -> Result<(), ApiError> {
     let selection = Selection {
         workspace: &caller.key.workspace,
@@ -79,7 +79,7 @@ pub async fn stream(
 
     session.set_keepalive(None);
     session.set_write_timeout(Some(WRITE_TIMEOUT));
-    if write_header(session, request_id, rate_headers)
+    if write_header(session, request_id, answer_headers)
         .await
         .is_err()
     {
@@ -170,13 +170,13 @@ async fn still_allowed(
 async fn write_header(
     session: &mut Session,
     request_id: &str,
-    rate_headers: &[(&'static str, String)],
+    answer_headers: &[(&'static str, String)],
 ) -> pingora::Result<()> {
     let mut resp = ResponseHeader::build_no_case(200, Some(5))?;
     resp.insert_header(CONTENT_TYPE, "text/event-stream")?;
     resp.insert_header(CACHE_CONTROL, "no-cache")?;
     resp.insert_header(&REQUEST_ID, request_id)?;
-    for (name, value) in rate_headers {
+    for (name, value) in answer_headers {
         resp.insert_header(*name, value)?;
     }
     // Tells buffering reverse proxies (nginx and the like) to pass events on at once.

@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod cors;
 pub mod headers;
 pub mod listen;
 pub mod policy;
@@ -42,6 +43,11 @@ use crate::metrics;
 use crate::shutdown::Draining;
 use crate::store::{KeyCache, Store};
 use auth::{Authenticated, Authenticator};
+use cors::Cors;
+use http::header::{
+    ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_REQUEST_METHOD,
+    ORIGIN, VARY,
+};
 use routes::{Handler, Route, RouteId, RouteTable};
 use upstream::{Target, Upstreams};
 
@@ -84,19 +90,33 @@ pub struct RequestCtx {
     body_prefix: Vec<u8>,
     /// When the request went to the backend.
     upstream_sent: Option<Instant>,
+    /// `Access-Control-Allow-Origin` for a request from an allowed browser origin.
+    cors_origin: Option<HeaderValue>,
 }
 
 impl RequestCtx {
-    /// `RateLimit-*` headers for the caller's key, once decided.
-    fn rate_headers(&self) -> Vec<(&'static str, String)> {
-        match &self.rate {
-            Some(d) => vec![
+    /// Headers on every answer the gateway makes itself: `RateLimit-*` for the caller's key
+    /// once decided, and CORS for an allowed browser origin.
+    fn answer_headers(&self) -> Vec<(&'static str, String)> {
+        let mut headers = Vec::new();
+        if let Some(d) = &self.rate {
+            headers.extend([
                 ("RateLimit-Limit", d.limit.to_string()),
                 ("RateLimit-Remaining", d.remaining.to_string()),
                 ("RateLimit-Reset", d.reset_secs.to_string()),
-            ],
-            None => Vec::new(),
+            ]);
         }
+        if let Some(origin) = self.cors_origin.as_ref().and_then(|o| o.to_str().ok()) {
+            headers.extend([
+                ("Access-Control-Allow-Origin", origin.to_string()),
+                (
+                    "Access-Control-Expose-Headers",
+                    cors::EXPOSE_HEADERS.to_string(),
+                ),
+                ("Vary", "Origin".to_string()),
+            ]);
+        }
+        headers
     }
 }
 
@@ -113,6 +133,8 @@ pub struct Gateway {
     keepalive_secs: u64,
     /// Set on SIGTERM: not ready, and every connection closes after its response.
     draining: Draining,
+    /// Browser origins let in.
+    cors: Cors,
 }
 
 /// What `request_filter` decided.
@@ -143,7 +165,14 @@ impl Gateway {
             allow_insecure_targets,
             keepalive_secs,
             draining,
+            cors: Cors::default(),
         }
+    }
+
+    /// Lets browser pages from `cors`'s origins call the API.
+    pub fn with_cors(mut self, cors: Cors) -> Self {
+        self.cors = cors;
+        self
     }
 
     async fn admit(
@@ -165,19 +194,28 @@ impl Gateway {
         if !session.req_header().uri.path().starts_with("/v1/") {
             return Box::pin(self.answer_unversioned(session, ctx)).await;
         }
+        if self.cors.is_enabled() {
+            let req = session.req_header();
+            ctx.cors_origin = req.headers.get(ORIGIN).and_then(|o| self.cors.allow(o));
+            if req.method == http::Method::OPTIONS
+                && req.headers.contains_key(ACCESS_CONTROL_REQUEST_METHOD)
+            {
+                return Box::pin(self.answer_preflight(session, ctx)).await;
+            }
+        }
         let route = self.authorize(session, ctx).await?;
         match route.handler {
             Handler::MintToken => {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let store = self.store.as_ref();
-                let rate = ctx.rate_headers();
+                let rate = ctx.answer_headers();
                 Box::pin(tokens::mint(session, caller, store, &ctx.request_id, &rate)).await?;
                 Ok(Admission::Answer)
             }
             Handler::Webhooks(op) => {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let (store, insecure) = (self.store.as_ref(), self.allow_insecure_targets);
-                let rate = ctx.rate_headers();
+                let rate = ctx.answer_headers();
                 Box::pin(webhooks::handle(
                     session,
                     op,
@@ -193,7 +231,7 @@ impl Gateway {
             Handler::Listen => {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let (auth, store) = (&self.auth, self.store.as_ref());
-                let rate = ctx.rate_headers();
+                let rate = ctx.answer_headers();
                 Box::pin(listen::stream(
                     session,
                     caller,
@@ -228,6 +266,13 @@ impl Gateway {
             .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
         // Known before the route: an authenticated request is audited whatever its answer.
         let caller = ctx.caller.insert(caller);
+        if ctx.cors_origin.is_some() && caller.key.environment == Environment::Live {
+            return Err(ApiError::Permission(
+                "a live key must not be used from a browser; have your backend mint a scoped \
+                 token (POST /v1/tokens)"
+                    .into(),
+            ));
+        }
         let id = self.routes.find_id(&req.method, path).ok_or_else(|| {
             ApiError::not_found(format!("no route for {} {}", req.method, redact(path)))
         })?;
@@ -251,6 +296,44 @@ impl Gateway {
         verdict?;
         ctx.target = self.upstreams.target(caller.key.effective_environment());
         Ok(route)
+    }
+
+    /// A CORS preflight from an allowed origin for a route that exists: `204` with what the
+    /// browser may send. Answered before authentication: browsers send no credentials here.
+    async fn answer_preflight(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Admission, ApiError> {
+        if ctx.cors_origin.is_none() {
+            return Err(ApiError::Permission("this origin is not allowed".into()));
+        }
+        let req = session.req_header();
+        let method = req
+            .headers
+            .get(ACCESS_CONTROL_REQUEST_METHOD)
+            .and_then(|m| http::Method::from_bytes(m.as_bytes()).ok())
+            .ok_or_else(|| ApiError::invalid("Access-Control-Request-Method is not a method"))?;
+        let path = req.uri.path();
+        if self.routes.find_id(&method, path).is_none() {
+            return Err(ApiError::not_found(format!(
+                "no route for {method} {}",
+                redact(path)
+            )));
+        }
+        let mut headers = ctx.answer_headers();
+        headers.extend([
+            ("Access-Control-Allow-Methods", method.to_string()),
+            (
+                "Access-Control-Allow-Headers",
+                cors::ALLOW_HEADERS.to_string(),
+            ),
+            ("Access-Control-Max-Age", cors::MAX_AGE.to_string()),
+        ]);
+        respond::no_content(session, &ctx.request_id, &headers)
+            .await
+            .map_err(|_| ApiError::Upstream("could not write the response".into()))?;
+        Ok(Admission::Answer)
     }
 
     /// The built-in simulated backend's answer, charged at the route's price.
@@ -277,7 +360,7 @@ impl Gateway {
         ctx.billable = true;
         ctx.reported_credits = Some(price);
         ctx.model = summary.model.map(CompactString::from);
-        let mut extra = ctx.rate_headers();
+        let mut extra = ctx.answer_headers();
         extra.push(("Service-Credits", price.to_string()));
         respond::json(session, 200, body, &ctx.request_id, &extra)
             .await
@@ -337,6 +420,7 @@ impl ProxyHttp for Gateway {
             model: None,
             body_prefix: Vec::new(),
             upstream_sent: None,
+            cors_origin: None,
         }
     }
 
@@ -356,7 +440,7 @@ impl ProxyHttp for Gateway {
             }
             Ok(Admission::Answer) => Ok(true),
             Err(err) => {
-                let headers = ctx.rate_headers();
+                let headers = ctx.answer_headers();
                 Box::pin(respond::error(session, &err, &ctx.request_id, &headers)).await?;
                 Ok(true)
             }
@@ -439,6 +523,27 @@ impl ProxyHttp for Gateway {
                 .and_then(|v| v.to_str().ok())
                 .map(|m| m.chars().take(256).collect::<CompactString>());
         }
+        let cors = ctx.cors_origin.clone().map(|origin| {
+            // The backend's own CORS headers would contradict or repeat the gateway's.
+            let theirs: Vec<http::HeaderName> = upstream_response
+                .headers
+                .keys()
+                .filter(|n| n.as_str().starts_with("access-control-"))
+                .cloned()
+                .collect();
+            for name in theirs {
+                upstream_response.remove_header(&name);
+            }
+            [
+                (&ACCESS_CONTROL_ALLOW_ORIGIN, origin),
+                (
+                    &ACCESS_CONTROL_EXPOSE_HEADERS,
+                    HeaderValue::from_static(cors::EXPOSE_HEADERS),
+                ),
+                (&VARY, HeaderValue::from_static("Origin")),
+            ]
+        });
+        let cors = cors.into_iter().flatten();
         let id = (&respond::REQUEST_ID, headers::id_value(&ctx.request_id)?);
         match &ctx.rate {
             // Integers become header values directly, without an intermediate String.
@@ -450,9 +555,13 @@ impl ProxyHttp for Gateway {
                     (&RATELIMIT_REMAINING, HeaderValue::from(d.remaining)),
                     (&RATELIMIT_RESET, HeaderValue::from(d.reset_secs)),
                 ]
-                .into_iter(),
+                .into_iter()
+                .chain(cors),
             ),
-            None => headers::insert_response_headers(upstream_response, &mut [id].into_iter()),
+            None => headers::insert_response_headers(
+                upstream_response,
+                &mut [id].into_iter().chain(cors),
+            ),
         }
         Ok(())
     }
@@ -518,7 +627,7 @@ impl ProxyHttp for Gateway {
             let _ = session.drain_request_body().await;
         }
         if let Err(write_err) =
-            respond::error(session, &err, &ctx.request_id, &ctx.rate_headers()).await
+            respond::error(session, &err, &ctx.request_id, &ctx.answer_headers()).await
         {
             tracing::debug!(request_id = %ctx.request_id, error = %write_err, "could not send error response");
             return gone;

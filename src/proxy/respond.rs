@@ -47,6 +47,21 @@ pub async fn json(
         .await
 }
 
+/// Writes a `204` with no body (a CORS preflight's answer).
+pub async fn no_content(
+    session: &mut Session,
+    request_id: &str,
+    extra: &[(&'static str, String)],
+) -> pingora::Result<()> {
+    let mut resp = ResponseHeader::build_no_case(204, Some(1 + extra.len()))?;
+    resp.insert_header(&REQUEST_ID, request_id)?;
+    for (name, value) in extra {
+        resp.insert_header(*name, value.as_str())?;
+    }
+    keep_alive_if_cheap(session);
+    session.write_response_header(Box::new(resp), true).await
+}
+
 /// Writes `err` with the SPEC's error body.
 pub async fn error(
     session: &mut Session,

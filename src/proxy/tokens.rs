@@ -50,7 +50,7 @@ pub async fn mint(
     caller: &Authenticated,
     store: &dyn Store,
     request_id: &str,
-    rate_headers: &[(&'static str, String)],
+    answer_headers: &[(&'static str, String)],
 ) -> Result<(), ApiError> {
     let parent = &caller.key;
     if parent.environment == Environment::Scoped {
@@ -117,7 +117,7 @@ pub async fn mint(
         metadata: &grant.metadata,
     })
     .unwrap_or_default();
-    respond::json(session, 201, body, request_id, rate_headers)
+    respond::json(session, 201, body, request_id, answer_headers)
         .await
         .map_err(|_| ApiError::Upstream("could not write the response".into()))
 }

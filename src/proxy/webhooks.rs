@@ -142,7 +142,7 @@ pub async fn handle(
     store: &dyn Store,
     allow_insecure: bool,
     request_id: &str,
-    rate_headers: &[(&'static str, String)],
+    answer_headers: &[(&'static str, String)],
 ) -> Result<(), ApiError> {
     let workspace = &*caller.key.workspace;
     let environment = caller.key.effective_environment();
@@ -283,7 +283,7 @@ pub async fn handle(
         status,
         body.unwrap_or_default(),
         request_id,
-        rate_headers,
+        answer_headers,
     )
     .await
     .map_err(|_| ApiError::Upstream("could not write the response".into()))
