@@ -115,6 +115,32 @@ async fn test_keys_leave_no_spend_and_refused_requests_cost_nothing() {
 }
 
 #[tokio::test]
+async fn a_revoked_key_still_in_use_is_audited_with_who_used_it() {
+    let gw = Gateway::builder().start().await;
+    let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    gw.revoke(&id).await;
+    assert_error(gw.chat(&key).await, 401, "authentication_error").await;
+    // An unknown key is attributed to nobody: nothing to write.
+    let unknown = svcgate::keys::format::generate(svcgate::keys::Environment::Live).value;
+    assert_error(gw.chat(&unknown).await, 401, "authentication_error").await;
+    let records = eventually(Duration::from_secs(5), || async {
+        audit(&gw, &format!("workspace={DEMO_WS}&key_id={id}"))
+            .await
+            .len()
+            == 1
+    })
+    .await;
+    assert!(records.is_some(), "the refused request is audited");
+    let record = &audit(&gw, &format!("workspace={DEMO_WS}&key_id={id}")).await[0];
+    assert_eq!(record["status"], 401);
+    assert_eq!(record["credits"], 0.0);
+    assert_eq!(record["client_ip"], "127.0.0.1");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(audit(&gw, &format!("workspace={DEMO_WS}")).await.len(), 1);
+    assert_eq!(usage(&gw, DEMO_WS).await["total"], 0.0);
+}
+
+#[tokio::test]
 async fn a_spent_key_budget_gets_402_before_the_backend() {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder().live(live.addr).start().await;

@@ -137,23 +137,40 @@ impl Authenticator {
         header: Option<&HeaderValue>,
         now: u64,
     ) -> Result<Authenticated, AuthFailure> {
-        let token = bearer_token(header)?;
-        format::parse(token).map_err(AuthFailure::Format)?;
+        self.authenticate_or_name(header, now)
+            .await
+            .map_err(|(failure, _)| failure)
+    }
+
+    /// [`authenticate`](Self::authenticate); a refusal of a key that exists (revoked, past
+    /// its grace period, expired, its parent gone) comes with the key, for the audit log.
+    pub async fn authenticate_or_name(
+        &self,
+        header: Option<&HeaderValue>,
+        now: u64,
+    ) -> Result<Authenticated, (AuthFailure, Option<Arc<CachedKey>>)> {
+        let token = bearer_token(header).map_err(|f| (f, None))?;
+        format::parse(token).map_err(|e| (AuthFailure::Format(e), None))?;
         let hash = KeyHash::of(token);
         // Found by digest: the map compares digests, never the key itself, and a digest
         // reveals nothing of the key.
-        let record = self.lookup(&hash).await?.ok_or(AuthFailure::Unknown)?;
-        record.check_usable(now).map_err(AuthFailure::Rejected)?;
+        let record = self
+            .lookup(&hash)
+            .await
+            .map_err(|f| (f, None))?
+            .ok_or((AuthFailure::Unknown, None))?;
+        if let Err(rejection) = record.check_usable(now) {
+            return Err((AuthFailure::Rejected(rejection), Some(record)));
+        }
         if let Some(grant) = &record.scoped {
             // A scoped token lives only as long as its parent: revoked, past grace or gone,
             // and the token goes with it. The parent is almost always cached.
-            let parent = self
-                .lookup(&grant.parent_hash)
-                .await?
-                .ok_or(AuthFailure::Rejected(Rejection::ParentInvalid))?;
-            parent
-                .check_usable(now)
-                .map_err(|_| AuthFailure::Rejected(Rejection::ParentInvalid))?;
+            let parent_invalid = AuthFailure::Rejected(Rejection::ParentInvalid);
+            let parent = match self.lookup(&grant.parent_hash).await {
+                Ok(Some(parent)) if parent.check_usable(now).is_ok() => parent,
+                Ok(_) => return Err((parent_invalid, Some(record))),
+                Err(failure) => return Err((failure, None)),
+            };
             return Ok(Authenticated {
                 key: record,
                 hash,

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use crate::error::ApiError;
 use crate::ids::{request_id, unix_millis, RequestId};
 use crate::keys::format::redact;
-use crate::keys::Environment;
+use crate::keys::{CachedKey, Environment};
 use crate::metering::audit::PendingAudit;
 use crate::metering::ratelimit::Decision;
 use crate::metering::{Credits, Meter};
@@ -92,6 +92,8 @@ pub struct RequestCtx {
     upstream_sent: Option<Instant>,
     /// `Access-Control-Allow-Origin` for a request from an allowed browser origin.
     cors_origin: Option<HeaderValue>,
+    /// A key that exists but was refused (revoked, past grace, expired): audited, not served.
+    refused_key: Option<Arc<CachedKey>>,
 }
 
 impl RequestCtx {
@@ -259,11 +261,18 @@ impl Gateway {
         let path = req.uri.path();
         let header = auth::authorization(&req.headers)
             .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
-        let caller = self
+        let caller = match self
             .auth
-            .authenticate(header, ctx.arrived_ms / 1000)
+            .authenticate_or_name(header, ctx.arrived_ms / 1000)
             .await
-            .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
+        {
+            Ok(caller) => caller,
+            Err((failure, key)) => {
+                ctx.auth_failure = Some(failure.reason());
+                ctx.refused_key = key;
+                return Err(failure.into());
+            }
+        };
         // Known before the route: an authenticated request is audited whatever its answer.
         let caller = ctx.caller.insert(caller);
         if ctx.cors_origin.is_some() && caller.key.environment == Environment::Live {
@@ -421,6 +430,7 @@ impl ProxyHttp for Gateway {
             body_prefix: Vec::new(),
             upstream_sent: None,
             cors_origin: None,
+            refused_key: None,
         }
     }
 
@@ -685,14 +695,16 @@ impl Gateway {
         ctx.route.map(|id| self.routes.get(id))
     }
 
-    /// Charges an authenticated request and writes its audit record.
+    /// Charges an authenticated request and writes its audit record; a refused key that
+    /// exists is audited too (a leaked key still in use shows who used it, from where).
     fn account(&self, session: &Session, ctx: &mut RequestCtx, status: u16, elapsed: Duration) {
         // The last phase: the caller's key moves into the audit record instead of being
         // cloned, one count change fewer on a key every core shares.
-        let Some(caller) = ctx.caller.take() else {
-            return;
+        let key = match (ctx.caller.take(), ctx.refused_key.take()) {
+            (Some(caller), _) => caller.key,
+            (None, Some(refused)) => refused,
+            (None, None) => return,
         };
-        let key = caller.key;
         // The backend's figure if it gave one; else the route's price for a success; nothing
         // for what the gateway refused itself.
         let cost = match (ctx.billable, ctx.reported_credits, self.route(ctx)) {
