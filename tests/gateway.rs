@@ -550,6 +550,10 @@ async fn metrics_count_requests_and_auth_failures() {
         text.contains(
             r#"svcgate_requests_total{environment="live",route="/v1/chat/completions",status="200"} 1"#,
         ) && text.contains(r#"svcgate_auth_failures_total{reason="bad_length"} 1"#)
+            // The refused request is counted under its route too.
+            && text.contains(
+                r#"svcgate_requests_total{environment="none",route="/v1/chat/completions",status="401"} 1"#,
+            )
     };
     eventually(std::time::Duration::from_secs(5), || async {
         counted(&scrape().await)

@@ -259,6 +259,9 @@ impl Gateway {
     async fn authorize(&self, session: &Session, ctx: &mut RequestCtx) -> Result<&Route, ApiError> {
         let req = session.req_header();
         let path = req.uri.path();
+        // Matched first so a refused request is counted under its route; still answered 401
+        // before 404, so an unauthenticated caller learns nothing of the route table.
+        ctx.route = self.routes.find_id(&req.method, path);
         let header = auth::authorization(&req.headers)
             .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
         let caller = match self
@@ -282,10 +285,9 @@ impl Gateway {
                     .into(),
             ));
         }
-        let id = self.routes.find_id(&req.method, path).ok_or_else(|| {
+        let id = ctx.route.ok_or_else(|| {
             ApiError::not_found(format!("no route for {} {}", req.method, redact(path)))
         })?;
-        ctx.route = Some(id);
         let route = self.routes.get(id);
         policy::check_scope(caller, route)?;
         let project = policy::check_project(req.headers.get_all(&SERVICE_PROJECT))?;
