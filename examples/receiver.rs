@@ -1,9 +1,13 @@
 //! A reference webhook receiver: verifies every delivery before trusting it, answers fast,
-//! and deduplicates on `Service-Event-Id`.
+//! and deduplicates on the event id.
 //!
 //! - 200: verified (a repeated event id is acknowledged again and not processed twice);
-//! - 400: the timestamp is more than 300 s away (stale: a replay, or a clock off);
+//! - 400: the timestamp is more than 300 s away (stale: a replay, or a clock off), or the
+//!   `Service-Event-Id` header is not the signed body's `id`;
 //! - 401: missing or bad signature.
+//!
+//! Deduplication keys on the `id` inside the signed body: the header is outside the signature,
+//! so a replayed delivery with a new header id must not pass as a new event.
 //!
 //! ```sh
 //! SVCGATE_WEBHOOK_SECRET=whsec_… cargo run --example receiver -- 127.0.0.1:4000
@@ -31,11 +35,17 @@ async fn receive(State(r): State<Arc<Receiver>>, headers: HeaderMap, body: Bytes
         Err(_) => return StatusCode::UNAUTHORIZED,
         Ok(()) => {}
     }
-    let event_id = headers
-        .get(EVENT_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
+    #[derive(serde::Deserialize)]
+    struct Signed {
+        id: String,
+    }
+    let Ok(Signed { id: event_id }) = serde_json::from_slice::<Signed>(&body) else {
+        return StatusCode::BAD_REQUEST;
+    };
+    let header_id = headers.get(EVENT_ID_HEADER).and_then(|v| v.to_str().ok());
+    if header_id != Some(event_id.as_str()) {
+        return StatusCode::BAD_REQUEST;
+    }
     let first_time = r
         .seen
         .lock()

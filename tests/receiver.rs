@@ -1,5 +1,6 @@
 //! The reference receiver (`examples/receiver.rs`) over real HTTP: 200 for a good delivery (and
-//! for its duplicate, processed once), 400 for a stale one, 401 for a bad signature.
+//! for its duplicate, processed once), 400 for a stale one or a header id that is not the
+//! body's, 401 for a bad signature.
 
 mod common;
 
@@ -18,6 +19,17 @@ fn example(name: &str) -> std::path::PathBuf {
     dir.join("examples").join(name)
 }
 
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_reference_receiver_answers_200_400_401_and_deduplicates() {
     let path = example("receiver");
@@ -30,12 +42,14 @@ async fn the_reference_receiver_answers_200_400_401_and_deduplicates() {
         assert!(status.success());
     }
     let port = free_port();
-    let mut child = Command::new(&path)
+    let child = Command::new(&path)
         .arg(format!("127.0.0.1:{port}"))
         .env("SVCGATE_WEBHOOK_SECRET", SECRET)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // Killed however the test ends, so a failed assertion leaves no receiver behind.
+    let mut child = KillOnDrop(Some(child));
     let url = format!("http://127.0.0.1:{port}/hook");
     let http = reqwest::Client::new();
     let body =
@@ -76,6 +90,18 @@ async fn the_reference_receiver_answers_200_400_401_and_deduplicates() {
         401
     );
     assert_eq!(status(post(now, "00".repeat(32), "evt_4").await), 401);
+    // A clock ahead is refused as a clock behind.
+    let ahead = now + 301;
+    assert_eq!(
+        status(post(ahead, sign(SECRET, ahead, body.as_bytes()), "evt_1").await),
+        400
+    );
+    // The same signed delivery under another header id is not a new event.
+    assert_eq!(
+        status(post(now, sign(SECRET, now, body.as_bytes()), "evt_5").await),
+        400
+    );
+    let mut child = child.0.take().unwrap();
     child.kill().unwrap();
     let out = child.wait_with_output().unwrap();
     let printed = String::from_utf8_lossy(&out.stdout);
@@ -85,5 +111,7 @@ async fn the_reference_receiver_answers_200_400_401_and_deduplicates() {
         "processed once: {printed}"
     );
     assert!(printed.contains("event evt_1: duplicate"));
-    assert!(!printed.contains("evt_2") && !printed.contains("evt_3"));
+    for other in ["evt_2", "evt_3", "evt_5"] {
+        assert!(!printed.contains(other), "{other}: {printed}");
+    }
 }
