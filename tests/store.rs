@@ -13,6 +13,7 @@ use svcgate::metering::audit::{AuditQuery, AuditRecord};
 use svcgate::store::{ClaimRequest, ClaimedDelivery, MemoryStore, RedisStore, Store, StoreError};
 use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus};
 use svcgate::webhooks::endpoint::{Endpoint, EndpointStatus};
+use svcgate::webhooks::notice::PauseNotice;
 
 fn workspace() -> Workspace {
     Workspace {
@@ -500,10 +501,10 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
         .collect();
     let mut ok = of_a[0].clone();
     ok.succeed(attempt(now, Some(200)));
-    assert!(!store.save_delivery(&ok, false).await.unwrap());
+    assert!(!store.save_delivery(&ok, None).await.unwrap());
     let mut retry = of_a[1].clone();
     retry.fail(attempt(now, Some(500)), &[Duration::from_secs(60)]);
-    store.save_delivery(&retry, false).await.unwrap();
+    store.save_delivery(&retry, None).await.unwrap();
     // After the leases end, what is unfinished is due again (the worker died).
     let later = claim(now + 6_000, vec![]).await;
     let ids: Vec<&str> = later.iter().map(|c| c.delivery.id.as_str()).collect();
@@ -524,8 +525,9 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
     // The final failure pauses the endpoint, once.
     let mut dead = retry.clone();
     assert!(dead.fail(attempt(now + 70_000, None), &[Duration::from_secs(60)]));
-    assert!(store.save_delivery(&dead, true).await.unwrap());
-    assert!(!store.save_delivery(&dead, true).await.unwrap());
+    let notice = PauseNotice::new(&dead, now + 70_010);
+    assert!(store.save_delivery(&dead, Some(&notice)).await.unwrap());
+    assert!(!store.save_delivery(&dead, Some(&notice)).await.unwrap());
     let endpoints = store.endpoints(&ws).await.unwrap();
     let paused = endpoints.iter().find(|e| e.id == a.id).unwrap();
     assert_eq!(paused.status, EndpointStatus::Paused);
@@ -554,6 +556,92 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
         listed.iter().find(|d| d.id == dead.id).unwrap().status,
         DeliveryStatus::Failed
     );
+}
+
+/// Claims pause notices due at `now_ms` for a 5-second lease; answers their ids.
+async fn claim_notices(store: &Arc<dyn Store>, now_ms: u64) -> Vec<String> {
+    let claimed = store
+        .claim_pause_notices(now_ms, Duration::from_secs(5), 10)
+        .await
+        .unwrap();
+    claimed.into_iter().map(|n| n.id).collect()
+}
+
+async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
+    store: Arc<dyn Store>,
+) {
+    let ws = new_id("ws");
+    let a = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&a).await.unwrap();
+    let now = 1_000_000u64;
+    let mut dead = Delivery::new(&event(&ws, "agent.run.failed"), &ws, &a.id, now, false);
+    let mut last = attempt(now, None);
+    last.error = Some("connection refused".into());
+    assert!(dead.fail(last, &[]));
+
+    // Queued with the pause, once: a retried save (its reply was lost) queues nothing more.
+    let notice = PauseNotice::new(&dead, now + 10);
+    assert!(store.save_delivery(&dead, Some(&notice)).await.unwrap());
+    let again = PauseNotice::new(&dead, now + 20);
+    assert!(!store.save_delivery(&dead, Some(&again)).await.unwrap());
+    assert_eq!(store.queue_stats().await.unwrap().pause_notices, 1);
+    assert!(claim_notices(&store, now).await.is_empty(), "not due yet");
+    let claimed = store
+        .claim_pause_notices(now + 10, Duration::from_secs(5), 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed, std::slice::from_ref(&notice));
+    assert_eq!(claimed[0].last_error, "connection refused");
+    assert_eq!(
+        (claimed[0].workspace.as_str(), claimed[0].endpoint.as_str()),
+        (ws.as_str(), a.id.as_str())
+    );
+
+    // Leased: no other worker takes it until the lease ends (its worker died), then one does.
+    assert!(claim_notices(&store, now + 4_000).await.is_empty());
+    assert_eq!(
+        claim_notices(&store, now + 5_010).await,
+        std::slice::from_ref(&notice.id)
+    );
+
+    // A failed try puts it back for later, counted.
+    let mut failed = notice.clone();
+    failed.failures = 1;
+    store
+        .retry_pause_notice(&failed, now + 60_000)
+        .await
+        .unwrap();
+    assert!(claim_notices(&store, now + 59_999).await.is_empty());
+    let claimed = store
+        .claim_pause_notices(now + 60_000, Duration::from_secs(5), 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed, [failed.clone()]);
+
+    // Sent: removed for good, and a late retry from a worker whose lease ran out brings
+    // nothing back.
+    store.remove_pause_notice(&notice.id).await.unwrap();
+    store
+        .retry_pause_notice(&failed, now + 70_000)
+        .await
+        .unwrap();
+    assert!(claim_notices(&store, u64::MAX / 2).await.is_empty());
+    assert_eq!(store.queue_stats().await.unwrap().pause_notices, 0);
+    store.remove_pause_notice(&notice.id).await.unwrap();
+
+    // Resumed and paused again: a new notice. An endpoint that is gone queues none.
+    store
+        .update_endpoint(&ws, &a.id, &|e: &mut Endpoint| {
+            e.status = EndpointStatus::Active
+        })
+        .await
+        .unwrap();
+    let second = PauseNotice::new(&dead, now + 80_000);
+    assert!(store.save_delivery(&dead, Some(&second)).await.unwrap());
+    store.delete_endpoint(&ws, &a.id).await.unwrap();
+    let orphan = PauseNotice::new(&dead, now + 80_000);
+    assert!(!store.save_delivery(&dead, Some(&orphan)).await.unwrap());
+    assert_eq!(claim_notices(&store, now + 90_000).await, [second.id]);
 }
 
 fn attempt(at_ms: u64, status_code: Option<u16>) -> Attempt {
@@ -735,7 +823,8 @@ store_suite!(
     audit_reads_the_newest_records_whichever_batch_holds_them,
     a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has,
     struggling_endpoints_take_at_most_their_share_between_them,
-    absurd_spend_saturates_and_never_jams_the_flushes
+    absurd_spend_saturates_and_never_jams_the_flushes,
+    a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed
 );
 
 /// Entries written past the store (by scripts or backends) are trimmed to the 30 days too.

@@ -612,6 +612,103 @@ async fn a_worker_recreates_its_consumer_group_when_redis_lost_it() {
     assert_eq!(receiver.received("/hook").len(), 2);
 }
 
+/// The pause mail is kept in Redis until it is sent: a relay that is down when the endpoint
+/// pauses, and a gateway stopped meanwhile, delay it but do not lose it; the mail for an
+/// endpoint deleted meanwhile is dropped.
+#[tokio::test]
+async fn the_pause_mail_survives_a_relay_outage_and_a_restart() {
+    let ns = TestNamespace::new();
+    let outbox = tempfile::tempdir().unwrap();
+    let smtp_toml = |port: u16| {
+        format!("[smtp]\nhost = \"127.0.0.1\"\nport = {port}\nfrom = \"webhooks@svcgate.test\"\n")
+    };
+    let start = |smtp: String| {
+        Gateway::builder()
+            .redis(&redis_url(), &ns.name)
+            .toml(&webhooks_toml(outbox.path(), "[1]", 2))
+            .toml(&smtp)
+            .start()
+    };
+    // Nothing listens on the relay's port.
+    let mut gw = start(smtp_toml(free_port())).await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", SCOPES).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/down", &[Reply::Status(500)]);
+    receiver.reply("/gone", &[Reply::Status(500)]);
+    let (kept, _) = endpoint(&gw, &key, &receiver.url("/down"), &["agent.run.*"]).await;
+    let (deleted, _) = endpoint(&gw, &key, &receiver.url("/gone"), &["agent.run.*"]).await;
+    publish(&gw, &ws, "agent.run.completed", "live").await;
+    let refused = |logs: &str, id: &str| {
+        logs.lines()
+            .any(|l| l.contains("could not e-mail the admins") && l.contains(id))
+    };
+    let tried = eventually(Duration::from_secs(20), || async {
+        let logs = gw.logs();
+        refused(&logs, &kept) && refused(&logs, &deleted)
+    })
+    .await;
+    assert!(tried.is_some(), "no failed try; log:\n{}", gw.logs());
+    let resp = call(
+        &gw,
+        &key,
+        Method::DELETE,
+        &format!("/v1/webhooks/{deleted}"),
+        None,
+    )
+    .await;
+    assert!(resp.status().is_success(), "{}", resp.status());
+    std::process::Command::new("kill")
+        .args(["-TERM", &gw.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(gw.wait_exit(Duration::from_secs(15)).is_some());
+    let first_logs = gw.logs();
+    drop(gw);
+
+    // A new gateway on the same Redis, with a relay that works, sends the mail.
+    let smtp = SmtpSink::start();
+    let gw = start(smtp_toml(smtp.port)).await;
+    let mailed = eventually(Duration::from_secs(20), || async {
+        !smtp.mails().is_empty()
+    })
+    .await;
+    assert!(mailed.is_some(), "no mail; log:\n{}", gw.logs());
+    let mail = &smtp.mails()[0];
+    assert_eq!(mail.to, ["ops@example.com"]);
+    assert!(
+        mail.data
+            .contains(&format!("Webhook endpoint {kept} paused")),
+        "{}",
+        mail.data
+    );
+    assert!(mail.data.contains("Last error: HTTP 500"), "{}", mail.data);
+    // Sent once, and removed: nothing is pending, nothing else is sent.
+    let drained = eventually(Duration::from_secs(10), || async {
+        reqwest::get(format!("{}/metrics", gw.metrics))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .contains("svcgate_webhook_pause_notices_pending 0")
+    })
+    .await;
+    assert!(drained.is_some(), "{}", gw.logs());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        smtp.mails().len(),
+        1,
+        "one mail, for the endpoint that is left"
+    );
+    let logs = format!("{first_logs}{}", gw.logs());
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("dropping a pause notice") && l.contains(&deleted)),
+        "{logs}"
+    );
+}
+
 #[tokio::test]
 async fn the_zero_config_gateway_delivers_too() {
     let outbox = tempfile::tempdir().unwrap();

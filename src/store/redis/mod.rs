@@ -25,6 +25,8 @@
 //! | `{ns}:wh:evt:<event id>` | string | event JSON, for replay by id (30 days) |
 //! | `{ns}:wh:pending` | integer | queued deliveries |
 //! | `{ns}:wh:paused` | set | `<ws> <endpoint id>` of paused endpoints |
+//! | `{ns}:wh:notices` | hash | pause notice id → notice JSON: an e-mail owed to a workspace's admins, queued with the pause, removed once sent |
+//! | `{ns}:wh:notices:due` | sorted set | pause notice ids, scored by when the next try is due (ms); a claimed one by its lease's end |
 //! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array) |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
 //!
@@ -56,6 +58,7 @@ use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
 use crate::webhooks::delivery::Delivery;
 use crate::webhooks::endpoint::Endpoint;
+use crate::webhooks::notice::PauseNotice;
 use rand::RngCore;
 use std::collections::HashMap;
 
@@ -1111,8 +1114,33 @@ impl Store for RedisStore {
         self.claim(request).await
     }
 
-    async fn save_delivery(&self, delivery: &Delivery, pause: bool) -> Result<bool, StoreError> {
+    async fn save_delivery(
+        &self,
+        delivery: &Delivery,
+        pause: Option<&PauseNotice>,
+    ) -> Result<bool, StoreError> {
         self.save(delivery, pause).await
+    }
+
+    async fn claim_pause_notices(
+        &self,
+        now_ms: u64,
+        lease: Duration,
+        max: usize,
+    ) -> Result<Vec<PauseNotice>, StoreError> {
+        self.claim_notices(now_ms, lease, max).await
+    }
+
+    async fn retry_pause_notice(
+        &self,
+        notice: &PauseNotice,
+        due_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.retry_notice(notice, due_ms).await
+    }
+
+    async fn remove_pause_notice(&self, id: &str) -> Result<(), StoreError> {
+        self.remove_notice(id).await
     }
 
     async fn deliveries(&self, endpoint: &str, limit: usize) -> Result<Vec<Delivery>, StoreError> {

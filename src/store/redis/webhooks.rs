@@ -37,6 +37,7 @@ use crate::keys::Environment;
 use crate::store::{ClaimRequest, ClaimedDelivery, EventFeed, QueueStats, StoreError};
 use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED, DELIVERY_RETENTION_SECS};
 use crate::webhooks::endpoint::Endpoint;
+use crate::webhooks::notice::PauseNotice;
 
 /// The workers' consumer group on the event log.
 const GROUP: &str = "webhooks";
@@ -171,20 +172,22 @@ const CLAIM_PAGE: usize = 1_000;
 const CLAIM_SCAN: usize = 20_000;
 
 /// Saves a delivery after an attempt. ARGV: prefix, workspace, endpoint, delivery id, json,
-/// next due ms (-1: final), pause (1/0), ttl. Returns 1 if it paused the endpoint.
+/// next due ms (-1: final), ttl, then, to pause the endpoint, a pause notice's id, json and due
+/// ms (id '': no pause). Returns 1 if it paused the endpoint (and queued the notice).
 static SAVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{RESCORE}
 local p, ws, we, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local queue, member = p .. ':wh:due:' .. we, ws .. ' ' .. we
-redis.call('SET', p .. ':wh:dlv:' .. id, ARGV[5], 'EX', ARGV[8])
+redis.call('SET', p .. ':wh:dlv:' .. id, ARGV[5], 'EX', ARGV[7])
 if tonumber(ARGV[6]) >= 0 then
   redis.call('ZADD', queue, ARGV[6], id)
 elseif redis.call('ZREM', queue, id) == 1 then
   redis.call('DECR', p .. ':wh:pending')
 end
 rescore(p, member, queue)
-if ARGV[7] == '1' then
+local notice = ARGV[8]
+if notice ~= '' then
   local endpoints = p .. ':endpoints:' .. ws
   local raw = redis.call('HGET', endpoints, we)
   if raw then
@@ -193,6 +196,8 @@ if ARGV[7] == '1' then
       e.status = 'paused'
       redis.call('HSET', endpoints, we, cjson.encode(e))
       redis.call('SADD', p .. ':wh:paused', member)
+      redis.call('HSET', p .. ':wh:notices', notice, ARGV[9])
+      redis.call('ZADD', p .. ':wh:notices:due', ARGV[10], notice)
       return 1
     end
   end
@@ -200,6 +205,40 @@ end
 return 0
 "
     ))
+});
+
+/// Claims due pause notices. ARGV: prefix, now ms, lease end ms, max. Returns their JSON.
+static CLAIM_NOTICES: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local p = ARGV[1]
+local due, all = p .. ':wh:notices:due', p .. ':wh:notices'
+local out = {}
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[2], 'LIMIT', 0, ARGV[4])) do
+  local json = redis.call('HGET', all, id)
+  if json then
+    redis.call('ZADD', due, ARGV[3], id)
+    out[#out + 1] = json
+  else
+    redis.call('ZREM', due, id)
+  end
+end
+return out
+",
+    )
+});
+
+/// Puts a claimed pause notice back, if it is still queued. ARGV: prefix, id, json, due ms.
+static RETRY_NOTICE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local p = ARGV[1]
+if redis.call('HEXISTS', p .. ':wh:notices', ARGV[2]) == 0 then return 0 end
+redis.call('HSET', p .. ':wh:notices', ARGV[2], ARGV[3])
+redis.call('ZADD', p .. ':wh:notices:due', ARGV[4], ARGV[2])
+return 1
+",
+    )
 });
 
 impl RedisStore {
@@ -343,25 +382,90 @@ impl RedisStore {
         Ok(claimed)
     }
 
-    pub(super) async fn save(&self, d: &Delivery, pause: bool) -> Result<bool, StoreError> {
+    pub(super) async fn save(
+        &self,
+        d: &Delivery,
+        pause: Option<&PauseNotice>,
+    ) -> Result<bool, StoreError> {
         let next: i64 = match (d.is_final(), d.next_attempt_ms) {
             (false, Some(ms)) => ms as i64,
             _ => -1,
         };
-        let paused: i64 = SAVE
-            .prepare_invoke()
+        let mut invocation = SAVE.prepare_invoke();
+        invocation
             .arg(self.prefix())
             .arg(&d.workspace)
             .arg(&d.endpoint)
             .arg(&d.id)
             .arg(encode(d))
             .arg(next)
-            .arg(if pause { "1" } else { "0" })
-            .arg(DELIVERY_RETENTION_SECS)
+            .arg(DELIVERY_RETENTION_SECS);
+        match pause {
+            Some(notice) => invocation
+                .arg(&notice.id)
+                .arg(encode(notice))
+                .arg(notice.paused_ms),
+            None => invocation.arg("").arg("").arg(0),
+        };
+        let paused: i64 = invocation
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
         Ok(paused == 1)
+    }
+
+    pub(super) async fn claim_notices(
+        &self,
+        now_ms: u64,
+        lease: Duration,
+        max: usize,
+    ) -> Result<Vec<PauseNotice>, StoreError> {
+        let raws: Vec<String> = CLAIM_NOTICES
+            .prepare_invoke()
+            .arg(self.prefix())
+            .arg(now_ms)
+            .arg(now_ms + lease.as_millis() as u64)
+            .arg(max)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        // One unreadable record must not hold up the others: it is left to its lease.
+        let notices = raws.iter().filter_map(|raw| {
+            decode::<PauseNotice>("a pause notice", raw)
+                .inspect_err(|e| tracing::error!(error = %e, "skipping a pause notice"))
+                .ok()
+        });
+        Ok(notices.collect())
+    }
+
+    pub(super) async fn retry_notice(
+        &self,
+        notice: &PauseNotice,
+        due_ms: u64,
+    ) -> Result<(), StoreError> {
+        RETRY_NOTICE
+            .prepare_invoke()
+            .arg(self.prefix())
+            .arg(&notice.id)
+            .arg(encode(notice))
+            .arg(due_ms)
+            .invoke_async::<i64>(&mut self.conn())
+            .await
+            .map(drop)
+            .map_err(unavailable)
+    }
+
+    pub(super) async fn remove_notice(&self, id: &str) -> Result<(), StoreError> {
+        let p = self.prefix();
+        redis::pipe()
+            .atomic()
+            .hdel(format!("{p}:wh:notices"), id)
+            .ignore()
+            .zrem(format!("{p}:wh:notices:due"), id)
+            .ignore()
+            .query_async::<()>(&mut self.conn())
+            .await
+            .map_err(unavailable)
     }
 
     pub(super) async fn list_deliveries(
@@ -431,17 +535,20 @@ impl RedisStore {
 
     pub(super) async fn stats(&self) -> Result<QueueStats, StoreError> {
         let p = self.prefix();
-        let (pending, first, paused): (Option<i64>, Vec<(String, f64)>, u64) = redis::pipe()
-            .get(format!("{p}:wh:pending"))
-            .zrange_withscores(format!("{p}:wh:ready"), 0, 0)
-            .scard(format!("{p}:wh:paused"))
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+        let (pending, first, paused, notices): (Option<i64>, Vec<(String, f64)>, u64, u64) =
+            redis::pipe()
+                .get(format!("{p}:wh:pending"))
+                .zrange_withscores(format!("{p}:wh:ready"), 0, 0)
+                .scard(format!("{p}:wh:paused"))
+                .hlen(format!("{p}:wh:notices"))
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
         Ok(QueueStats {
             pending: pending.unwrap_or(0).max(0) as u64,
             oldest_due_ms: first.first().map(|(_, score)| *score as u64),
             paused_endpoints: paused,
+            pause_notices: notices,
         })
     }
 }
