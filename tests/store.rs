@@ -644,6 +644,33 @@ async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
     assert_eq!(claim_notices(&store, now + 90_000).await, [second.id]);
 }
 
+async fn an_entry_fanned_out_twice_queues_its_deliveries_once(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let (a, b) = (
+        endpoint(&ws, &["agent.run.*"]),
+        endpoint(&ws, &["agent.run.*"]),
+    );
+    let e = event(&ws, "agent.run.completed");
+    let now = 1_000_000u64;
+    let first = [
+        Delivery::fanned_out(&e, &ws, &a.id, now),
+        Delivery::fanned_out(&e, &ws, &b.id, now),
+    ];
+    assert_ne!(first[0].id, first[1].id);
+    store.enqueue_deliveries(&[], &[&e], &first).await.unwrap();
+    // Taken over from a worker that was only slow, or read again by a recreated group.
+    let again = [Delivery::fanned_out(&e, &ws, &a.id, now + 5_000)];
+    assert_eq!(again[0].id, first[0].id);
+    store.enqueue_deliveries(&[], &[&e], &again).await.unwrap();
+    assert_eq!(store.queue_stats().await.unwrap().pending, 2);
+    let listed = store.deliveries(&a.id, 10).await.unwrap();
+    assert_eq!(listed, [first[0].clone()], "the first one, unchanged");
+    // A replay is a new delivery of the same event.
+    let replay = [Delivery::new(&e, &ws, &a.id, now, true)];
+    store.enqueue_deliveries(&[], &[], &replay).await.unwrap();
+    assert_eq!(store.queue_stats().await.unwrap().pending, 3);
+}
+
 fn attempt(at_ms: u64, status_code: Option<u16>) -> Attempt {
     Attempt {
         at_ms,
@@ -824,7 +851,8 @@ store_suite!(
     a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has,
     struggling_endpoints_take_at_most_their_share_between_them,
     absurd_spend_saturates_and_never_jams_the_flushes,
-    a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed
+    a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed,
+    an_entry_fanned_out_twice_queues_its_deliveries_once
 );
 
 /// Entries written past the store (by scripts or backends) are trimmed to the 30 days too.
@@ -861,4 +889,78 @@ async fn redis_log_entries_past_retention_are_trimmed_and_never_delivered() {
         .await
         .unwrap();
     assert_eq!(len, 1);
+}
+
+/// A consumer group Redis lost is recreated behind every entry still pending in it: a batch
+/// whose fan-out failed is read again even though a newer batch was fanned out meanwhile.
+#[tokio::test]
+async fn redis_a_recreated_group_still_reads_entries_that_were_pending_when_it_was_lost() {
+    let ns = TestNamespace::new();
+    let store = RedisStore::connect(&redis_url(), &ns.name).unwrap();
+    let ws = new_id("ws");
+    let ep = endpoint(&ws, &["agent.run.*"]);
+    let mut stalled = store
+        .consume_events("stalled", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut busy = store
+        .consume_events("busy", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let a = event(&ws, "agent.run.failed");
+    store.append_event(&a).await.unwrap();
+    let taken = stalled.next(10, Duration::from_millis(500)).await.unwrap();
+    assert_eq!(
+        taken.len(),
+        1,
+        "A is taken, and its fan-out fails: it stays pending"
+    );
+    let b = event(&ws, "agent.run.completed");
+    store.append_event(&b).await.unwrap();
+    let got = busy.next(10, Duration::from_millis(500)).await.unwrap();
+    assert_eq!(got.iter().map(|l| &l.event).collect::<Vec<_>>(), [&b]);
+    store
+        .enqueue_deliveries(
+            &[got[0].position.clone()],
+            &[&b],
+            &[Delivery::fanned_out(&b, &ws, &ep.id, 1_000)],
+        )
+        .await
+        .unwrap();
+
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let destroyed: i64 = ::redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(format!("{{{}}}:events", ns.name))
+        .arg("webhooks")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(destroyed, 1);
+    let again = busy.next(10, Duration::from_millis(500)).await.unwrap();
+    let events: Vec<&Event> = again.iter().map(|l| &l.event).collect();
+    assert_eq!(events, [&a, &b], "A is read again, and B after it");
+    // B is fanned out again: its delivery is queued once.
+    let positions: Vec<String> = again.iter().map(|l| l.position.clone()).collect();
+    let a_delivery = Delivery::fanned_out(&a, &ws, &ep.id, 2_000);
+    let b_again = Delivery::fanned_out(&b, &ws, &ep.id, 2_000);
+    store
+        .enqueue_deliveries(&positions, &[&a, &b], &[a_delivery, b_again])
+        .await
+        .unwrap();
+    assert_eq!(store.queue_stats().await.unwrap().pending, 2);
+    // Everything is fanned out now: a group lost again restarts past B.
+    let _: i64 = ::redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(format!("{{{}}}:events", ns.name))
+        .arg("webhooks")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(busy
+        .next(10, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_empty());
 }

@@ -612,6 +612,66 @@ async fn a_worker_recreates_its_consumer_group_when_redis_lost_it() {
     assert_eq!(receiver.received("/hook").len(), 2);
 }
 
+/// Redis loses the group while an older batch is still pending (its fan-out failed) and a newer
+/// one was fanned out: the group is recreated behind the older batch, which is delivered, and
+/// the newer one is not delivered twice.
+#[tokio::test]
+async fn a_recreated_consumer_group_delivers_entries_that_were_pending_when_redis_lost_it() {
+    let s = setup("[60]", 10, true).await;
+    let receiver = Receiver::start().await;
+    endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
+    let (mut conn, stream) = event_log(&s).await;
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&stream)
+        .arg("webhooks")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A worker takes A and stalls (its fan-out keeps failing): A stays pending.
+    let a = publish(&s.gw, &s.ws, "agent.run.failed", "live").await;
+    let taken: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("webhooks")
+        .arg("stalled")
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(taken.keys[0].ids.len(), 1);
+    // Another worker fans B out (within A's lease, so it does not take A over).
+    let _worker = s.gw.start_worker();
+    let b = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    received(&receiver, "/hook", 1, Duration::from_secs(10)).await;
+
+    let destroyed: i64 = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(&stream)
+        .arg("webhooks")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(destroyed, 1);
+    let c = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    received(&receiver, "/hook", 3, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut ids: Vec<String> = receiver
+        .received("/hook")
+        .iter()
+        .map(|r| header(r, "service-event-id").to_string())
+        .collect();
+    ids.sort();
+    let mut want = vec![a, b, c];
+    want.sort();
+    assert_eq!(ids, want, "A delivered after all, and each event once");
+}
+
 /// The pause mail is kept in Redis until it is sent: a relay that is down when the endpoint
 /// pauses, and a gateway stopped meanwhile, delay it but do not lose it; the mail for an
 /// endpoint deleted meanwhile is dropped.

@@ -250,7 +250,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Box<dyn EventFeed>, StoreError>;
 
     /// Stores new deliveries, due at their `next_attempt_ms`, indexes `events` for replay, and
-    /// marks the event-log `entries` they came from as consumed; atomically.
+    /// marks the event-log `entries` they came from as consumed; atomically. A delivery whose
+    /// id is stored already (its entry was fanned out before) is left as it is.
     async fn enqueue_deliveries(
         &self,
         entries: &[String],

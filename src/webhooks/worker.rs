@@ -15,7 +15,8 @@
 //! Nothing lives only in this process: an entry is pending in the group until fanned out, a
 //! claimed delivery is due again when its lease ends, and so is a claimed pause notice, so a
 //! worker killed at any point loses nothing; another worker (or this one restarted) picks the
-//! work up.
+//! work up. Fanning an entry out twice queues its deliveries once (they are keyed by event and
+//! endpoint), so an entry taken over from a worker that was only slow is not delivered twice.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -207,7 +208,7 @@ impl Worker {
                     && e.wants(&event.event_type)
             });
             deliveries.extend(
-                subscribed.map(|e| Delivery::new(event, &e.workspace, &e.id, now_ms, false)),
+                subscribed.map(|e| Delivery::fanned_out(event, &e.workspace, &e.id, now_ms)),
             );
         }
         let positions: Vec<String> = batch.iter().map(|l| l.position.clone()).collect();

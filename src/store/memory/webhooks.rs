@@ -80,6 +80,11 @@ impl WebhookState {
             self.by_id.insert(event.id.clone(), Event::clone(event));
         }
         for d in deliveries {
+            // An entry fanned out again (taken over from a worker that was only slow) keys its
+            // deliveries as before: they are queued once.
+            if self.deliveries.contains_key(&d.id) {
+                continue;
+            }
             self.due
                 .insert(d.id.clone(), d.next_attempt_ms.unwrap_or(0));
             let listed = self.listed.entry(d.endpoint.clone()).or_default();

@@ -17,7 +17,7 @@
 //! | `{ns}:flush:<id>` | string | a usage batch already added (a day), so a retry adds nothing |
 //! | `{ns}:rl:<key id>:<minute>` | integer | requests in that minute window, all replicas (expires) |
 //! | `{ns}:endpoints:<ws>` | hash | webhook endpoint id → endpoint JSON (with its secret) |
-//! | `{ns}:wh:cursor` | string | the newest event-log entry the webhook workers consumed (where a lost consumer group restarts) |
+//! | `{ns}:wh:cursor` | string | an event-log entry id such that every entry up to it is fanned out (kept behind the oldest entry pending in the group); where a lost consumer group restarts |
 //! | `{ns}:wh:ready` | sorted set | `<ws> <endpoint id>` of every endpoint with queued deliveries, scored by the earliest due time (ms) |
 //! | `{ns}:wh:due:<endpoint id>` | sorted set | the endpoint's queued delivery ids, scored by due time (ms); a claimed one by its lease's end |
 //! | `{ns}:wh:dlv:<delivery id>` | string | delivery JSON: event, status, attempts, last attempt (30 days) |

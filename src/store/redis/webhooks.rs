@@ -17,7 +17,8 @@
 //!
 //! Workers read the log in the consumer group `webhooks`. For each entry a worker stores one
 //! delivery per subscribed endpoint and acknowledges the entry in one script, so an entry is
-//! either still pending in the group (and reclaimed from a dead worker) or fanned out. Each
+//! either still pending in the group (and reclaimed from a dead worker) or fanned out; an entry
+//! fanned out twice queues its deliveries once, as they are keyed by event and endpoint. Each
 //! endpoint has its own queue of due deliveries (`{ns}:wh:due:<endpoint>`), and `{ns}:wh:ready`
 //! lists the endpoints with work by their earliest due time; claiming takes from several
 //! endpoints, never more than a cap per endpoint, so a slow endpoint never holds up another.
@@ -66,41 +67,77 @@ local function rescore(p, member, queue)
 end
 ";
 
+/// Shared Lua: `before(id)` is the stream id just before `id` (ids of any length, as text).
+const BEFORE: &str = r"
+local function decrement(n)
+  local digits = {string.byte(n, 1, -1)}
+  local i = #digits
+  while digits[i] == 48 do digits[i] = 57; i = i - 1 end
+  digits[i] = digits[i] - 1
+  return (string.gsub(string.char(unpack(digits)), '^0+(%d)', '%1'))
+end
+local function before(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  if not ms then return '0-0' end
+  if not string.match(seq, '^0+$') then return ms .. '-' .. decrement(seq) end
+  if string.match(ms, '^0+$') then return '0-0' end
+  return decrement(ms) .. '-18446744073709551615'
+end
+";
+
 /// Fans event-log entries out. KEYS: the event log. ARGV: prefix, group, ttl, then a count
 /// and that many entry ids, a count and that many `(event id, event json)`, a count and that
-/// many `(workspace, endpoint, delivery id, due ms, delivery json)`.
+/// many `(workspace, endpoint, delivery id, due ms, delivery json)`. A delivery whose id is
+/// stored already (its entry was fanned out before) is left as it is. Returns how many
+/// deliveries it queued.
+///
+/// The cursor only moves forward, and never past an entry still pending in the group: every
+/// entry up to it is fanned out, so a group recreated there misses nothing (a newer batch that
+/// succeeded while an older one is pending would otherwise move it past the older one).
 static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NEWER}
+        r"{NEWER}{BEFORE}
 local p, group, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local i = 4
 local n = tonumber(ARGV[i]); i = i + 1
-local newest = redis.call('GET', p .. ':wh:cursor') or ''
+local newest = ''
 for _ = 1, n do
   redis.call('XACK', KEYS[1], group, ARGV[i])
   if newer(ARGV[i], newest) then newest = ARGV[i] end
   i = i + 1
 end
-if n > 0 then redis.call('SET', p .. ':wh:cursor', newest) end
+if n > 0 then
+  -- No group (Redis lost it meanwhile): the cursor stays, and these entries are read again.
+  local pending = redis.pcall('XPENDING', KEYS[1], group)
+  if type(pending) == 'table' and not pending.err then
+    local safe = newest
+    if tonumber(pending[1]) > 0 then safe = before(pending[2]) end
+    local cursor = redis.call('GET', p .. ':wh:cursor') or ''
+    if newer(safe, cursor) then redis.call('SET', p .. ':wh:cursor', safe) end
+  end
+end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
   redis.call('SET', p .. ':wh:evt:' .. ARGV[i], ARGV[i + 1], 'EX', ttl)
   i = i + 2
 end
 n = tonumber(ARGV[i]); i = i + 1
+local queued = 0
 for _ = 1, n do
   local ws, we, id, due, json = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   i = i + 5
-  redis.call('SET', p .. ':wh:dlv:' .. id, json, 'EX', ttl)
-  redis.call('ZADD', p .. ':wh:due:' .. we, due, id)
-  redis.call('ZADD', p .. ':wh:ready', 'LT', due, ws .. ' ' .. we)
-  local log = p .. ':wh:log:' .. we
-  redis.call('LPUSH', log, id)
-  redis.call('LTRIM', log, 0, {listed} - 1)
-  redis.call('EXPIRE', log, ttl)
-  redis.call('INCR', p .. ':wh:pending')
+  if redis.call('SET', p .. ':wh:dlv:' .. id, json, 'NX', 'EX', ttl) then
+    redis.call('ZADD', p .. ':wh:due:' .. we, due, id)
+    redis.call('ZADD', p .. ':wh:ready', 'LT', due, ws .. ' ' .. we)
+    local log = p .. ':wh:log:' .. we
+    redis.call('LPUSH', log, id)
+    redis.call('LTRIM', log, 0, {listed} - 1)
+    redis.call('EXPIRE', log, ttl)
+    redis.call('INCR', p .. ':wh:pending')
+    queued = queued + 1
+  end
 end
-return n
+return queued
 ",
         listed = DELIVERIES_LISTED
     ))
@@ -640,8 +677,10 @@ impl Group {
             .map_err(unavailable)
     }
 
-    /// Creates the group if it is missing: where the workers left off, if Redis still knows,
-    /// else at the start of the log, so nothing logged before any worker ran is lost.
+    /// Creates the group if it is missing: at the cursor (every entry up to it is fanned out),
+    /// if Redis still knows it, else at the start of the log, so nothing logged before any
+    /// worker ran is lost. Entries past the cursor that were fanned out already are read again
+    /// and queue nothing new.
     async fn create(&mut self) -> Result<(), StoreError> {
         let cursor: Option<String> = self.conn.get(&self.cursor).await.map_err(unavailable)?;
         let start = cursor.unwrap_or_else(|| "0".to_string());
