@@ -17,6 +17,31 @@ pub fn new_id(prefix: &str) -> String {
     id
 }
 
+/// An id such as `dlv_3fJ9…` that is the same whenever it is made from the same `parts`: for
+/// records that must be created once however often the step creating them runs.
+pub fn derived_id(prefix: &str, parts: &[&str]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for part in parts {
+        // Length-prefixed, so ("ab", "c") and ("a", "bc") differ.
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part.as_bytes());
+    }
+    let digest = hash.finalize();
+    let mut id = String::with_capacity(prefix.len() + 1 + ID_RANDOM_LEN);
+    id.push_str(prefix);
+    id.push('_');
+    // Ten characters from each 64-bit word of the digest, as `random_chars` does.
+    for word in digest.chunks_exact(8).take(ID_RANDOM_LEN / 10) {
+        let mut word = u64::from_le_bytes(word.try_into().unwrap_or_default());
+        for _ in 0..10 {
+            id.push(BASE62[(word % 62) as usize] as char);
+            word /= 62;
+        }
+    }
+    id
+}
+
 /// A request id: `req_` and 20 characters, 24 bytes, which a [`CompactString`] holds without
 /// a heap allocation. The id goes with the audit record to the store thread, so a `String`
 /// would be allocated on one thread and freed on another for every request.
@@ -67,6 +92,21 @@ pub fn unix_millis() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derived_ids_depend_on_every_part_and_nothing_else() {
+        let a = derived_id("dlv", &["evt_1", "we_1"]);
+        assert!(a.starts_with("dlv_"));
+        assert_eq!(a.len(), 4 + ID_RANDOM_LEN);
+        assert!(a[4..].bytes().all(|b| b.is_ascii_alphanumeric()));
+        assert_eq!(a, derived_id("dlv", &["evt_1", "we_1"]));
+        assert_ne!(a, derived_id("dlv", &["evt_1", "we_2"]));
+        assert_ne!(a, derived_id("dlv", &["evt_2", "we_1"]));
+        assert_ne!(
+            derived_id("dlv", &["ab", "c"]),
+            derived_id("dlv", &["a", "bc"])
+        );
+    }
 
     #[test]
     fn ids_have_prefix_and_are_unique() {

@@ -151,6 +151,23 @@ static IN_FLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+static PAUSE_MAILS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "svcgate_webhook_pause_mails_total",
+        "Tries to e-mail a workspace's admins that an endpoint was paused, by outcome (sent, failed, dropped: workspace or endpoint deleted).",
+        &["outcome"]
+    )
+    .expect("metric registers once")
+});
+
+static PAUSE_NOTICES: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "svcgate_webhook_pause_notices_pending",
+        "E-mails to admins about paused endpoints not yet sent (all workers); retried until sent."
+    )
+    .expect("metric registers once")
+});
+
 /// Registers every metric so `/metrics` lists them before the first request.
 pub fn init() {
     LazyLock::force(&REQUESTS);
@@ -174,6 +191,8 @@ pub fn init_webhooks() {
     LazyLock::force(&OLDEST_PENDING);
     LazyLock::force(&PAUSED_ENDPOINTS);
     LazyLock::force(&IN_FLIGHT);
+    LazyLock::force(&PAUSE_MAILS);
+    LazyLock::force(&PAUSE_NOTICES);
 }
 
 /// Counts one delivery outcome; `attempt` is how long the attempt took, if one was made.
@@ -197,6 +216,16 @@ pub fn record_webhook_queue(depth: u64, oldest_overdue: Duration, paused: u64, i
     OLDEST_PENDING.set(oldest_overdue.as_secs_f64());
     PAUSED_ENDPOINTS.set(paused as i64);
     IN_FLIGHT.set(in_flight as i64);
+}
+
+/// Counts one try to mail a pause notice.
+pub fn record_pause_mail(outcome: &'static str) {
+    PAUSE_MAILS.with_label_values(&[outcome]).inc();
+}
+
+/// Publishes how many pause notices wait to be mailed.
+pub fn record_pause_notices(pending: u64) {
+    PAUSE_NOTICES.set(pending as i64);
 }
 
 /// Publishes the key cache's size and the age of its last successful sync.

@@ -13,6 +13,7 @@ use svcgate::metering::audit::{AuditQuery, AuditRecord};
 use svcgate::store::{ClaimRequest, ClaimedDelivery, MemoryStore, RedisStore, Store, StoreError};
 use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus};
 use svcgate::webhooks::endpoint::{Endpoint, EndpointStatus};
+use svcgate::webhooks::notice::PauseNotice;
 
 fn workspace() -> Workspace {
     Workspace {
@@ -516,10 +517,10 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
         .collect();
     let mut ok = of_a[0].clone();
     ok.succeed(attempt(now, Some(200)));
-    assert!(!store.save_delivery(&ok, false).await.unwrap());
+    assert!(!store.save_delivery(&ok, None).await.unwrap());
     let mut retry = of_a[1].clone();
     retry.fail(attempt(now, Some(500)), &[Duration::from_secs(60)]);
-    store.save_delivery(&retry, false).await.unwrap();
+    store.save_delivery(&retry, None).await.unwrap();
     // After the leases end, what is unfinished is due again (the worker died).
     let later = claim(now + 6_000, vec![]).await;
     let ids: Vec<&str> = later.iter().map(|c| c.delivery.id.as_str()).collect();
@@ -540,8 +541,9 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
     // The final failure pauses the endpoint, once.
     let mut dead = retry.clone();
     assert!(dead.fail(attempt(now + 70_000, None), &[Duration::from_secs(60)]));
-    assert!(store.save_delivery(&dead, true).await.unwrap());
-    assert!(!store.save_delivery(&dead, true).await.unwrap());
+    let notice = PauseNotice::new(&dead, now + 70_010);
+    assert!(store.save_delivery(&dead, Some(&notice)).await.unwrap());
+    assert!(!store.save_delivery(&dead, Some(&notice)).await.unwrap());
     let endpoints = store.endpoints(&ws).await.unwrap();
     let paused = endpoints.iter().find(|e| e.id == a.id).unwrap();
     assert_eq!(paused.status, EndpointStatus::Paused);
@@ -570,6 +572,119 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
         listed.iter().find(|d| d.id == dead.id).unwrap().status,
         DeliveryStatus::Failed
     );
+}
+
+/// Claims pause notices due at `now_ms` for a 5-second lease; answers their ids.
+async fn claim_notices(store: &Arc<dyn Store>, now_ms: u64) -> Vec<String> {
+    let claimed = store
+        .claim_pause_notices(now_ms, Duration::from_secs(5), 10)
+        .await
+        .unwrap();
+    claimed.into_iter().map(|n| n.id).collect()
+}
+
+async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
+    store: Arc<dyn Store>,
+) {
+    let ws = new_id("ws");
+    let a = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&a).await.unwrap();
+    let now = 1_000_000u64;
+    let mut dead = Delivery::new(&event(&ws, "agent.run.failed"), &ws, &a.id, now, false);
+    let mut last = attempt(now, None);
+    last.error = Some("connection refused".into());
+    assert!(dead.fail(last, &[]));
+
+    // Queued with the pause, once: a retried save (its reply was lost) queues nothing more.
+    let notice = PauseNotice::new(&dead, now + 10);
+    assert!(store.save_delivery(&dead, Some(&notice)).await.unwrap());
+    let again = PauseNotice::new(&dead, now + 20);
+    assert!(!store.save_delivery(&dead, Some(&again)).await.unwrap());
+    assert_eq!(store.queue_stats().await.unwrap().pause_notices, 1);
+    assert!(claim_notices(&store, now).await.is_empty(), "not due yet");
+    let claimed = store
+        .claim_pause_notices(now + 10, Duration::from_secs(5), 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed, std::slice::from_ref(&notice));
+    assert_eq!(claimed[0].last_error, "connection refused");
+    assert_eq!(
+        (claimed[0].workspace.as_str(), claimed[0].endpoint.as_str()),
+        (ws.as_str(), a.id.as_str())
+    );
+
+    // Leased: no other worker takes it until the lease ends (its worker died), then one does.
+    assert!(claim_notices(&store, now + 4_000).await.is_empty());
+    assert_eq!(
+        claim_notices(&store, now + 5_010).await,
+        std::slice::from_ref(&notice.id)
+    );
+
+    // A failed try puts it back for later, counted.
+    let mut failed = notice.clone();
+    failed.failures = 1;
+    store
+        .retry_pause_notice(&failed, now + 60_000)
+        .await
+        .unwrap();
+    assert!(claim_notices(&store, now + 59_999).await.is_empty());
+    let claimed = store
+        .claim_pause_notices(now + 60_000, Duration::from_secs(5), 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed, [failed.clone()]);
+
+    // Sent: removed for good, and a late retry from a worker whose lease ran out brings
+    // nothing back.
+    store.remove_pause_notice(&notice.id).await.unwrap();
+    store
+        .retry_pause_notice(&failed, now + 70_000)
+        .await
+        .unwrap();
+    assert!(claim_notices(&store, u64::MAX / 2).await.is_empty());
+    assert_eq!(store.queue_stats().await.unwrap().pause_notices, 0);
+    store.remove_pause_notice(&notice.id).await.unwrap();
+
+    // Resumed and paused again: a new notice. An endpoint that is gone queues none.
+    store
+        .update_endpoint(&ws, &a.id, &|e: &mut Endpoint| {
+            e.status = EndpointStatus::Active
+        })
+        .await
+        .unwrap();
+    let second = PauseNotice::new(&dead, now + 80_000);
+    assert!(store.save_delivery(&dead, Some(&second)).await.unwrap());
+    store.delete_endpoint(&ws, &a.id).await.unwrap();
+    let orphan = PauseNotice::new(&dead, now + 80_000);
+    assert!(!store.save_delivery(&dead, Some(&orphan)).await.unwrap());
+    assert_eq!(claim_notices(&store, now + 90_000).await, [second.id]);
+}
+
+async fn an_entry_fanned_out_twice_queues_its_deliveries_once(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let (a, b) = (
+        endpoint(&ws, &["agent.run.*"]),
+        endpoint(&ws, &["agent.run.*"]),
+    );
+    let e = event(&ws, "agent.run.completed");
+    let now = 1_000_000u64;
+    let first = [
+        Delivery::fanned_out(&e, &ws, &a.id, now),
+        Delivery::fanned_out(&e, &ws, &b.id, now),
+    ];
+    assert_ne!(first[0].id, first[1].id);
+    store.enqueue_deliveries(&[], &[&e], &first).await.unwrap();
+    // Taken over from a worker that was only slow, or read again by a recreated group.
+    let again = [Delivery::fanned_out(&e, &ws, &a.id, now + 5_000)];
+    assert_eq!(again[0].id, first[0].id);
+    store.enqueue_deliveries(&[], &[&e], &again).await.unwrap();
+    assert_eq!(store.queue_stats().await.unwrap().pending, 2);
+    let listed = store.deliveries(&a.id, 10).await.unwrap();
+    assert_eq!(listed, [first[0].clone()], "the first one, unchanged");
+    // A replay is a new delivery of the same event.
+    let replay = [Delivery::new(&e, &ws, &a.id, now, true)];
+    store.enqueue_deliveries(&[], &[], &replay).await.unwrap();
+    assert_eq!(store.queue_stats().await.unwrap().pending, 3);
 }
 
 fn attempt(at_ms: u64, status_code: Option<u16>) -> Attempt {
@@ -751,7 +866,9 @@ store_suite!(
     audit_reads_the_newest_records_whichever_batch_holds_them,
     a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has,
     struggling_endpoints_take_at_most_their_share_between_them,
-    absurd_spend_saturates_and_never_jams_the_flushes
+    absurd_spend_saturates_and_never_jams_the_flushes,
+    a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed,
+    an_entry_fanned_out_twice_queues_its_deliveries_once
 );
 
 /// Entries written past the store (by scripts or backends) are trimmed to the 30 days too.
@@ -788,4 +905,78 @@ async fn redis_log_entries_past_retention_are_trimmed_and_never_delivered() {
         .await
         .unwrap();
     assert_eq!(len, 1);
+}
+
+/// A consumer group Redis lost is recreated behind every entry still pending in it: a batch
+/// whose fan-out failed is read again even though a newer batch was fanned out meanwhile.
+#[tokio::test]
+async fn redis_a_recreated_group_still_reads_entries_that_were_pending_when_it_was_lost() {
+    let ns = TestNamespace::new();
+    let store = RedisStore::connect(&redis_url(), &ns.name).unwrap();
+    let ws = new_id("ws");
+    let ep = endpoint(&ws, &["agent.run.*"]);
+    let mut stalled = store
+        .consume_events("stalled", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut busy = store
+        .consume_events("busy", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let a = event(&ws, "agent.run.failed");
+    store.append_event(&a).await.unwrap();
+    let taken = stalled.next(10, Duration::from_millis(500)).await.unwrap();
+    assert_eq!(
+        taken.len(),
+        1,
+        "A is taken, and its fan-out fails: it stays pending"
+    );
+    let b = event(&ws, "agent.run.completed");
+    store.append_event(&b).await.unwrap();
+    let got = busy.next(10, Duration::from_millis(500)).await.unwrap();
+    assert_eq!(got.iter().map(|l| &l.event).collect::<Vec<_>>(), [&b]);
+    store
+        .enqueue_deliveries(
+            &[got[0].position.clone()],
+            &[&b],
+            &[Delivery::fanned_out(&b, &ws, &ep.id, 1_000)],
+        )
+        .await
+        .unwrap();
+
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let destroyed: i64 = ::redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(format!("{{{}}}:events", ns.name))
+        .arg("webhooks")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(destroyed, 1);
+    let again = busy.next(10, Duration::from_millis(500)).await.unwrap();
+    let events: Vec<&Event> = again.iter().map(|l| &l.event).collect();
+    assert_eq!(events, [&a, &b], "A is read again, and B after it");
+    // B is fanned out again: its delivery is queued once.
+    let positions: Vec<String> = again.iter().map(|l| l.position.clone()).collect();
+    let a_delivery = Delivery::fanned_out(&a, &ws, &ep.id, 2_000);
+    let b_again = Delivery::fanned_out(&b, &ws, &ep.id, 2_000);
+    store
+        .enqueue_deliveries(&positions, &[&a, &b], &[a_delivery, b_again])
+        .await
+        .unwrap();
+    assert_eq!(store.queue_stats().await.unwrap().pending, 2);
+    // Everything is fanned out now: a group lost again restarts past B.
+    let _: i64 = ::redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(format!("{{{}}}:events", ns.name))
+        .arg("webhooks")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(busy
+        .next(10, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_empty());
 }

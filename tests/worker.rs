@@ -612,6 +612,163 @@ async fn a_worker_recreates_its_consumer_group_when_redis_lost_it() {
     assert_eq!(receiver.received("/hook").len(), 2);
 }
 
+/// Redis loses the group while an older batch is still pending (its fan-out failed) and a newer
+/// one was fanned out: the group is recreated behind the older batch, which is delivered, and
+/// the newer one is not delivered twice.
+#[tokio::test]
+async fn a_recreated_consumer_group_delivers_entries_that_were_pending_when_redis_lost_it() {
+    let s = setup("[60]", 10, true).await;
+    let receiver = Receiver::start().await;
+    endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
+    let (mut conn, stream) = event_log(&s).await;
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&stream)
+        .arg("webhooks")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A worker takes A and stalls (its fan-out keeps failing): A stays pending.
+    let a = publish(&s.gw, &s.ws, "agent.run.failed", "live").await;
+    let taken: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("webhooks")
+        .arg("stalled")
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(taken.keys[0].ids.len(), 1);
+    // Another worker fans B out (within A's lease, so it does not take A over).
+    let _worker = s.gw.start_worker();
+    let b = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    received(&receiver, "/hook", 1, Duration::from_secs(10)).await;
+
+    let destroyed: i64 = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(&stream)
+        .arg("webhooks")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(destroyed, 1);
+    let c = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    received(&receiver, "/hook", 3, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut ids: Vec<String> = receiver
+        .received("/hook")
+        .iter()
+        .map(|r| header(r, "service-event-id").to_string())
+        .collect();
+    ids.sort();
+    let mut want = vec![a, b, c];
+    want.sort();
+    assert_eq!(ids, want, "A delivered after all, and each event once");
+}
+
+/// The pause mail is kept in Redis until it is sent: a relay that is down when the endpoint
+/// pauses, and a gateway stopped meanwhile, delay it but do not lose it; the mail for an
+/// endpoint deleted meanwhile is dropped.
+#[tokio::test]
+async fn the_pause_mail_survives_a_relay_outage_and_a_restart() {
+    let ns = TestNamespace::new();
+    let outbox = tempfile::tempdir().unwrap();
+    let smtp_toml = |port: u16| {
+        format!("[smtp]\nhost = \"127.0.0.1\"\nport = {port}\nfrom = \"webhooks@svcgate.test\"\n")
+    };
+    let start = |smtp: String| {
+        Gateway::builder()
+            .redis(&redis_url(), &ns.name)
+            .toml(&webhooks_toml(outbox.path(), "[1]", 2))
+            .toml(&smtp)
+            .start()
+    };
+    // Nothing listens on the relay's port.
+    let mut gw = start(smtp_toml(free_port())).await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", SCOPES).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/down", &[Reply::Status(500)]);
+    receiver.reply("/gone", &[Reply::Status(500)]);
+    let (kept, _) = endpoint(&gw, &key, &receiver.url("/down"), &["agent.run.*"]).await;
+    let (deleted, _) = endpoint(&gw, &key, &receiver.url("/gone"), &["agent.run.*"]).await;
+    publish(&gw, &ws, "agent.run.completed", "live").await;
+    let refused = |logs: &str, id: &str| {
+        logs.lines()
+            .any(|l| l.contains("could not e-mail the admins") && l.contains(id))
+    };
+    let tried = eventually(Duration::from_secs(20), || async {
+        let logs = gw.logs();
+        refused(&logs, &kept) && refused(&logs, &deleted)
+    })
+    .await;
+    assert!(tried.is_some(), "no failed try; log:\n{}", gw.logs());
+    let resp = call(
+        &gw,
+        &key,
+        Method::DELETE,
+        &format!("/v1/webhooks/{deleted}"),
+        None,
+    )
+    .await;
+    assert!(resp.status().is_success(), "{}", resp.status());
+    std::process::Command::new("kill")
+        .args(["-TERM", &gw.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(gw.wait_exit(Duration::from_secs(15)).is_some());
+    let first_logs = gw.logs();
+    drop(gw);
+
+    // A new gateway on the same Redis, with a relay that works, sends the mail.
+    let smtp = SmtpSink::start();
+    let gw = start(smtp_toml(smtp.port)).await;
+    let mailed = eventually(Duration::from_secs(20), || async {
+        !smtp.mails().is_empty()
+    })
+    .await;
+    assert!(mailed.is_some(), "no mail; log:\n{}", gw.logs());
+    let mail = &smtp.mails()[0];
+    assert_eq!(mail.to, ["ops@example.com"]);
+    assert!(
+        mail.data
+            .contains(&format!("Webhook endpoint {kept} paused")),
+        "{}",
+        mail.data
+    );
+    assert!(mail.data.contains("Last error: HTTP 500"), "{}", mail.data);
+    // Sent once, and removed: nothing is pending, nothing else is sent.
+    let drained = eventually(Duration::from_secs(10), || async {
+        reqwest::get(format!("{}/metrics", gw.metrics))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .contains("svcgate_webhook_pause_notices_pending 0")
+    })
+    .await;
+    assert!(drained.is_some(), "{}", gw.logs());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        smtp.mails().len(),
+        1,
+        "one mail, for the endpoint that is left"
+    );
+    let logs = format!("{first_logs}{}", gw.logs());
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("dropping a pause notice") && l.contains(&deleted)),
+        "{logs}"
+    );
+}
+
 #[tokio::test]
 async fn the_zero_config_gateway_delivers_too() {
     let outbox = tempfile::tempdir().unwrap();

@@ -21,6 +21,7 @@ use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{UsageFlush, UsageSnapshot};
 use crate::webhooks::delivery::Delivery;
 use crate::webhooks::endpoint::Endpoint;
+use crate::webhooks::notice::PauseNotice;
 
 pub use cache::{CacheConfig, CacheOutcome, KeyCache};
 pub use memory::MemoryStore;
@@ -128,6 +129,8 @@ pub struct QueueStats {
     pub oldest_due_ms: Option<u64>,
     /// Endpoints paused after failing every retry.
     pub paused_endpoints: u64,
+    /// Pause notices not yet mailed to the admins.
+    pub pause_notices: u64,
 }
 
 /// Shared, persistent state.
@@ -248,7 +251,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Box<dyn EventFeed>, StoreError>;
 
     /// Stores new deliveries, due at their `next_attempt_ms`, indexes `events` for replay, and
-    /// marks the event-log `entries` they came from as consumed; atomically.
+    /// marks the event-log `entries` they came from as consumed; atomically. A delivery whose
+    /// id is stored already (its entry was fanned out before) is left as it is.
     async fn enqueue_deliveries(
         &self,
         entries: &[String],
@@ -264,9 +268,31 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<ClaimedDelivery>, StoreError>;
 
     /// Saves a delivery after an attempt: a pending one is due again at its `next_attempt_ms`,
-    /// a final one leaves the queue. With `pause`, its endpoint is paused in the same step;
-    /// answers whether this call paused it (it was active).
-    async fn save_delivery(&self, delivery: &Delivery, pause: bool) -> Result<bool, StoreError>;
+    /// a final one leaves the queue. With `pause`, its endpoint is paused and, if this call
+    /// paused it (it was active), the notice is queued for the admins, all in the same step;
+    /// answers whether this call paused it.
+    async fn save_delivery(
+        &self,
+        delivery: &Delivery,
+        pause: Option<&PauseNotice>,
+    ) -> Result<bool, StoreError>;
+
+    /// Claims pause notices due by `now_ms`, earliest first, at most `max`, for `lease`: no
+    /// other claim takes them until it ends (then they are due again: their worker died).
+    async fn claim_pause_notices(
+        &self,
+        now_ms: u64,
+        lease: Duration,
+        max: usize,
+    ) -> Result<Vec<PauseNotice>, StoreError>;
+
+    /// Puts a claimed notice back as given (its `failures` counted), due at `due_ms`; nothing
+    /// if it was removed meanwhile.
+    async fn retry_pause_notice(&self, notice: &PauseNotice, due_ms: u64)
+        -> Result<(), StoreError>;
+
+    /// Removes a pause notice (mailed, or nobody left to tell); nothing if it is gone.
+    async fn remove_pause_notice(&self, id: &str) -> Result<(), StoreError>;
 
     /// The latest deliveries to an endpoint, newest first.
     async fn deliveries(&self, endpoint: &str, limit: usize) -> Result<Vec<Delivery>, StoreError>;

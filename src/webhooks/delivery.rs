@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 use crate::events::Event;
-use crate::ids::new_id;
+use crate::ids::{derived_id, new_id};
 
 /// How long delivery records are kept for the deliveries listing: as long as events.
 pub const DELIVERY_RETENTION_SECS: u64 = crate::events::RETENTION_SECS;
@@ -117,6 +117,16 @@ impl Delivery {
             last_attempt: None,
             replay,
             created_ms: now_ms,
+        }
+    }
+
+    /// The delivery of a logged `event` to `endpoint`, due at `now_ms`. Its id comes from the
+    /// event's and the endpoint's, so fanning the same event out again makes the same delivery,
+    /// which the store queues once.
+    pub fn fanned_out(event: &Event, workspace: &str, endpoint: &str, now_ms: u64) -> Self {
+        Self {
+            id: derived_id("dlv", &[&event.id, endpoint]),
+            ..Self::new(event, workspace, endpoint, now_ms, false)
         }
     }
 

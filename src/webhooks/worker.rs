@@ -8,11 +8,15 @@
 //! - **dispatch** claims due deliveries (first attempts and retries alike) within the global and
 //!   per-endpoint in-flight caps and each endpoint's share of them ([`Slots`]: endpoints that
 //!   fail or answer slowly cannot take every slot), and runs each attempt as a task of its own;
+//! - **notices** mails the pause notices the store queues when an endpoint is paused
+//!   ([`Notifier`]);
 //! - **stats** publishes the queue's depth, its most overdue delivery and paused endpoints.
 //!
-//! Nothing lives only in this process: an entry is pending in the group until fanned out, and a
-//! claimed delivery is due again when its lease ends, so a worker killed at any point loses
-//! nothing; another worker (or this one restarted) picks the work up.
+//! Nothing lives only in this process: an entry is pending in the group until fanned out, a
+//! claimed delivery is due again when its lease ends, and so is a claimed pause notice, so a
+//! worker killed at any point loses nothing; another worker (or this one restarted) picks the
+//! work up. Fanning an entry out twice queues its deliveries once (they are keyed by event and
+//! endpoint), so an entry taken over from a worker that was only slow is not delivered twice.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,6 +30,7 @@ use crate::store::{ClaimRequest, ClaimedDelivery, Store, StoreError};
 use crate::webhooks::delivery::{Delivery, DeliveryStatus};
 use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use crate::webhooks::mail::Mailer;
+use crate::webhooks::notice::{Notifier, PauseNotice};
 use crate::webhooks::sender::Sender;
 use crate::webhooks::slots::{Outcome, Slots};
 
@@ -80,7 +85,8 @@ impl WorkerSettings {
 pub struct Worker {
     store: Arc<dyn Store>,
     sender: Sender,
-    mailer: Mailer,
+    /// Mails the admins of workspaces whose endpoints were paused.
+    notifier: Arc<Notifier>,
     settings: WorkerSettings,
     /// This worker's name in the consumer group.
     consumer: String,
@@ -101,9 +107,9 @@ impl Worker {
         let slots = Slots::new(settings.max_in_flight, settings.max_in_flight_per_endpoint);
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_string());
         Ok(Arc::new(Self {
+            notifier: Notifier::new(store.clone(), mailer),
             store,
             sender,
-            mailer,
             settings,
             slots: Mutex::new(slots),
             consumer: format!("{host}-{}", new_id("w")),
@@ -117,10 +123,12 @@ impl Worker {
         tracing::info!(consumer = %self.consumer, "webhook worker running");
         let intake = tokio::spawn(self.clone().intake());
         let dispatch = tokio::spawn(self.clone().dispatch());
+        let notices = tokio::spawn(self.notifier.clone().run());
         let stats = tokio::spawn(self.clone().stats());
         let _ = stop.wait_for(|s| *s).await;
         intake.abort();
         dispatch.abort();
+        notices.abort();
         stats.abort();
         let deadline = tokio::time::Instant::now() + self.settings.timeout + Duration::from_secs(1);
         while self.total_in_flight() > 0 && tokio::time::Instant::now() < deadline {
@@ -200,7 +208,7 @@ impl Worker {
                     && e.wants(&event.event_type)
             });
             deliveries.extend(
-                subscribed.map(|e| Delivery::new(event, &e.workspace, &e.id, now_ms, false)),
+                subscribed.map(|e| Delivery::fanned_out(event, &e.workspace, &e.id, now_ms)),
             );
         }
         let positions: Vec<String> = batch.iter().map(|l| l.position.clone()).collect();
@@ -299,20 +307,19 @@ impl Worker {
             }
         };
         metrics::record_delivery(outcome, took);
-        let pause = delivery.status == DeliveryStatus::Failed;
-        match self.save(&delivery, pause).await {
+        // Queued with the pause, in the same step, so the admins are told whatever happens to
+        // this process or to the mail relay afterwards.
+        let notice = (delivery.status == DeliveryStatus::Failed)
+            .then(|| PauseNotice::new(&delivery, unix_millis()));
+        match self.save(&delivery, notice.as_ref()).await {
             Ok(true) => {
                 share = Outcome::Gone;
-                if let Some(e) = endpoint {
-                    tracing::warn!(endpoint = %e.id, workspace = %e.workspace, "every retry failed; endpoint paused");
-                    let worker = self.clone();
-                    let error = delivery
-                        .last_attempt
-                        .as_ref()
-                        .and_then(|a| a.error.clone())
-                        .unwrap_or_default();
-                    tokio::spawn(async move { worker.tell_admins(&e, &error).await });
-                }
+                tracing::warn!(
+                    endpoint = %delivery.endpoint,
+                    workspace = %delivery.workspace,
+                    "every retry failed; endpoint paused; its admins will be e-mailed"
+                );
+                self.notifier.wake();
             }
             Ok(false) => {}
             Err(e) => tracing::error!(
@@ -326,7 +333,11 @@ impl Worker {
     }
 
     /// Saves a delivery, retrying while the store is briefly away (within the lease).
-    async fn save(&self, delivery: &Delivery, pause: bool) -> Result<bool, StoreError> {
+    async fn save(
+        &self,
+        delivery: &Delivery,
+        pause: Option<&PauseNotice>,
+    ) -> Result<bool, StoreError> {
         let mut backoff = Backoff::default();
         let deadline = tokio::time::Instant::now() + self.settings.lease() / 2;
         loop {
@@ -334,31 +345,6 @@ impl Worker {
                 Ok(paused) => return Ok(paused),
                 Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
                 Err(_) => backoff.wait().await,
-            }
-        }
-    }
-
-    /// E-mails the workspace's admins that `endpoint` was paused.
-    async fn tell_admins(&self, endpoint: &Endpoint, last_error: &str) {
-        for attempt in 1..=5u32 {
-            let sent = match self.store.workspace(&endpoint.workspace).await {
-                Ok(Some(ws)) => {
-                    self.mailer
-                        .endpoint_paused(&ws.admin_emails, endpoint, last_error)
-                        .await
-                }
-                Ok(None) => Err(format!("workspace {} not found", endpoint.workspace)),
-                Err(e) => Err(e.to_string()),
-            };
-            match sent {
-                Ok(()) => {
-                    tracing::info!(endpoint = %endpoint.id, "admins told the endpoint is paused");
-                    return;
-                }
-                Err(e) => {
-                    tracing::warn!(endpoint = %endpoint.id, error = %e, attempt, "could not e-mail the admins");
-                    tokio::time::sleep(Duration::from_secs(2u64.pow(attempt))).await;
-                }
             }
         }
     }
@@ -376,26 +362,29 @@ impl Worker {
                     stats.paused_endpoints,
                     self.total_in_flight(),
                 );
+                metrics::record_pause_notices(stats.pause_notices);
             }
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
     }
 }
 
-/// Exponential backoff, 100 ms to 5 s.
+/// Exponential backoff between tries at the store, 100 ms to 5 s.
 #[derive(Default)]
-struct Backoff {
+pub(crate) struct Backoff {
     next: Option<Duration>,
 }
 
 impl Backoff {
-    async fn wait(&mut self) {
+    /// Sleeps, each time twice as long as before.
+    pub(crate) async fn wait(&mut self) {
         let wait = self.next.unwrap_or(Duration::from_millis(100));
         self.next = Some((wait * 2).min(Duration::from_secs(5)));
         tokio::time::sleep(wait).await;
     }
 
-    fn reset(&mut self) {
+    /// Starts again from the shortest wait.
+    pub(crate) fn reset(&mut self) {
         self.next = None;
     }
 }

@@ -22,6 +22,7 @@ use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTot
 use crate::webhooks::delivery::Delivery;
 use crate::webhooks::endpoint::Endpoint;
 use crate::webhooks::endpoint::EndpointStatus;
+use crate::webhooks::notice::PauseNotice;
 use std::time::Duration;
 
 /// The workspace the demo store starts with, so a newcomer can create a key at once.
@@ -586,7 +587,11 @@ impl Store for MemoryStore {
         Ok(inner.webhooks.claim(request, &inner.endpoints))
     }
 
-    async fn save_delivery(&self, delivery: &Delivery, pause: bool) -> Result<bool, StoreError> {
+    async fn save_delivery(
+        &self,
+        delivery: &Delivery,
+        pause: Option<&PauseNotice>,
+    ) -> Result<bool, StoreError> {
         let mut guard = self.write();
         let inner = &mut *guard;
         inner.webhooks.save(delivery);
@@ -594,13 +599,37 @@ impl Store for MemoryStore {
             .endpoints
             .get_mut(&delivery.workspace)
             .and_then(|list| list.iter_mut().find(|e| e.id == delivery.endpoint));
-        match endpoint {
-            Some(e) if pause && e.status == EndpointStatus::Active => {
+        match (endpoint, pause) {
+            (Some(e), Some(notice)) if e.status == EndpointStatus::Active => {
                 e.status = EndpointStatus::Paused;
+                inner.webhooks.queue_notice(notice);
                 Ok(true)
             }
             _ => Ok(false),
         }
+    }
+
+    async fn claim_pause_notices(
+        &self,
+        now_ms: u64,
+        lease: Duration,
+        max: usize,
+    ) -> Result<Vec<PauseNotice>, StoreError> {
+        Ok(self.write().webhooks.claim_notices(now_ms, lease, max))
+    }
+
+    async fn retry_pause_notice(
+        &self,
+        notice: &PauseNotice,
+        due_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.write().webhooks.retry_notice(notice, due_ms);
+        Ok(())
+    }
+
+    async fn remove_pause_notice(&self, id: &str) -> Result<(), StoreError> {
+        self.write().webhooks.remove_notice(id);
+        Ok(())
     }
 
     async fn deliveries(&self, endpoint: &str, limit: usize) -> Result<Vec<Delivery>, StoreError> {

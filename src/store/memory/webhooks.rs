@@ -13,6 +13,7 @@ use crate::ids::unix_now;
 use crate::store::{ClaimRequest, ClaimedDelivery, EventFeed, QueueStats, StoreError};
 use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED};
 use crate::webhooks::endpoint::Endpoint;
+use crate::webhooks::notice::PauseNotice;
 
 /// Events, deliveries and their schedule.
 #[derive(Default)]
@@ -31,6 +32,8 @@ pub(super) struct WebhookState {
     due: HashMap<String, u64>,
     /// Delivery ids per endpoint, newest first.
     listed: HashMap<String, VecDeque<String>>,
+    /// Pause notices by id, with when each is due (ms; a claimed one: its lease's end).
+    notices: HashMap<String, (PauseNotice, u64)>,
 }
 
 impl WebhookState {
@@ -77,6 +80,11 @@ impl WebhookState {
             self.by_id.insert(event.id.clone(), Event::clone(event));
         }
         for d in deliveries {
+            // An entry fanned out again (taken over from a worker that was only slow) keys its
+            // deliveries as before: they are queued once.
+            if self.deliveries.contains_key(&d.id) {
+                continue;
+            }
             self.due
                 .insert(d.id.clone(), d.next_attempt_ms.unwrap_or(0));
             let listed = self.listed.entry(d.endpoint.clone()).or_default();
@@ -147,6 +155,51 @@ impl WebhookState {
         self.deliveries.insert(d.id.clone(), d.clone());
     }
 
+    pub(super) fn queue_notice(&mut self, notice: &PauseNotice) {
+        let due = notice.paused_ms;
+        self.notices
+            .insert(notice.id.clone(), (notice.clone(), due));
+    }
+
+    pub(super) fn claim_notices(
+        &mut self,
+        now_ms: u64,
+        lease: Duration,
+        max: usize,
+    ) -> Vec<PauseNotice> {
+        let mut due: Vec<(u64, &String)> = self
+            .notices
+            .iter()
+            .filter(|(_, (_, at))| *at <= now_ms)
+            .map(|(id, (_, at))| (*at, id))
+            .collect();
+        due.sort();
+        let ids: Vec<String> = due
+            .into_iter()
+            .take(max)
+            .map(|(_, id)| id.clone())
+            .collect();
+        let lease_end = now_ms + lease.as_millis() as u64;
+        let mut claimed = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some((notice, at)) = self.notices.get_mut(&id) {
+                *at = lease_end;
+                claimed.push(notice.clone());
+            }
+        }
+        claimed
+    }
+
+    pub(super) fn retry_notice(&mut self, notice: &PauseNotice, due_ms: u64) {
+        if let Some(queued) = self.notices.get_mut(&notice.id) {
+            *queued = (notice.clone(), due_ms);
+        }
+    }
+
+    pub(super) fn remove_notice(&mut self, id: &str) {
+        self.notices.remove(id);
+    }
+
     pub(super) fn deliveries(&self, endpoint: &str, limit: usize) -> Vec<Delivery> {
         self.listed
             .get(endpoint)
@@ -167,6 +220,7 @@ impl WebhookState {
             pending: self.due.len() as u64,
             oldest_due_ms: self.due.values().min().copied(),
             paused_endpoints: 0,
+            pause_notices: self.notices.len() as u64,
         }
     }
 }

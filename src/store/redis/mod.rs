@@ -16,7 +16,7 @@
 //! | `{ns}:flush:<id>` | string | a usage batch already added (a day), so a retry adds nothing |
 //! | `{ns}:rl:<key id>:<minute>` | integer | requests in that minute window, all replicas (expires) |
 //! | `{ns}:endpoints:<ws>` | hash | webhook endpoint id → endpoint JSON (with its secret) |
-//! | `{ns}:wh:cursor` | string | the newest event-log entry the webhook workers consumed (where a lost consumer group restarts) |
+//! | `{ns}:wh:cursor` | string | an event-log entry id such that every entry up to it is fanned out (kept behind the oldest entry pending in the group); where a lost consumer group restarts |
 //! | `{ns}:wh:ready` | sorted set | `<ws> <endpoint id>` of every endpoint with queued deliveries, scored by the earliest due time (ms) |
 //! | `{ns}:wh:due:<endpoint id>` | sorted set | the endpoint's queued delivery ids, scored by due time (ms); a claimed one by its lease's end |
 //! | `{ns}:wh:dlv:<delivery id>` | string | delivery JSON: event, status, attempts, last attempt (30 days) |
@@ -24,6 +24,8 @@
 //! | `{ns}:wh:evt:<event id>` | string | event JSON, for replay by id (30 days) |
 //! | `{ns}:wh:pending` | integer | queued deliveries |
 //! | `{ns}:wh:paused` | set | `<ws> <endpoint id>` of paused endpoints |
+//! | `{ns}:wh:notices` | hash | pause notice id → notice JSON: an e-mail owed to a workspace's admins, queued with the pause, removed once sent |
+//! | `{ns}:wh:notices:due` | sorted set | pause notice ids, scored by when the next try is due (ms); a claimed one by its lease's end |
 //! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array) |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
 //!
@@ -55,6 +57,7 @@ use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
 use crate::webhooks::delivery::Delivery;
 use crate::webhooks::endpoint::Endpoint;
+use crate::webhooks::notice::PauseNotice;
 use std::collections::HashMap;
 
 /// Log entries kept for replicas catching up after a disconnect.
@@ -1109,8 +1112,33 @@ impl Store for RedisStore {
         self.claim(request).await
     }
 
-    async fn save_delivery(&self, delivery: &Delivery, pause: bool) -> Result<bool, StoreError> {
+    async fn save_delivery(
+        &self,
+        delivery: &Delivery,
+        pause: Option<&PauseNotice>,
+    ) -> Result<bool, StoreError> {
         self.save(delivery, pause).await
+    }
+
+    async fn claim_pause_notices(
+        &self,
+        now_ms: u64,
+        lease: Duration,
+        max: usize,
+    ) -> Result<Vec<PauseNotice>, StoreError> {
+        self.claim_notices(now_ms, lease, max).await
+    }
+
+    async fn retry_pause_notice(
+        &self,
+        notice: &PauseNotice,
+        due_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.retry_notice(notice, due_ms).await
+    }
+
+    async fn remove_pause_notice(&self, id: &str) -> Result<(), StoreError> {
+        self.remove_notice(id).await
     }
 
     async fn deliveries(&self, endpoint: &str, limit: usize) -> Result<Vec<Delivery>, StoreError> {

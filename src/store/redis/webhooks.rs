@@ -17,7 +17,8 @@
 //!
 //! Workers read the log in the consumer group `webhooks`. For each entry a worker stores one
 //! delivery per subscribed endpoint and acknowledges the entry in one script, so an entry is
-//! either still pending in the group (and reclaimed from a dead worker) or fanned out. Each
+//! either still pending in the group (and reclaimed from a dead worker) or fanned out; an entry
+//! fanned out twice queues its deliveries once, as they are keyed by event and endpoint. Each
 //! endpoint has its own queue of due deliveries (`{ns}:wh:due:<endpoint>`), and `{ns}:wh:ready`
 //! lists the endpoints with work by their earliest due time; claiming takes from several
 //! endpoints, never more than a cap per endpoint, so a slow endpoint never holds up another.
@@ -37,6 +38,7 @@ use crate::keys::Environment;
 use crate::store::{ClaimRequest, ClaimedDelivery, EventFeed, QueueStats, StoreError};
 use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED, DELIVERY_RETENTION_SECS};
 use crate::webhooks::endpoint::Endpoint;
+use crate::webhooks::notice::PauseNotice;
 
 /// The workers' consumer group on the event log.
 const GROUP: &str = "webhooks";
@@ -65,41 +67,77 @@ local function rescore(p, member, queue)
 end
 ";
 
+/// Shared Lua: `before(id)` is the stream id just before `id` (ids of any length, as text).
+const BEFORE: &str = r"
+local function decrement(n)
+  local digits = {string.byte(n, 1, -1)}
+  local i = #digits
+  while digits[i] == 48 do digits[i] = 57; i = i - 1 end
+  digits[i] = digits[i] - 1
+  return (string.gsub(string.char(unpack(digits)), '^0+(%d)', '%1'))
+end
+local function before(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  if not ms then return '0-0' end
+  if not string.match(seq, '^0+$') then return ms .. '-' .. decrement(seq) end
+  if string.match(ms, '^0+$') then return '0-0' end
+  return decrement(ms) .. '-18446744073709551615'
+end
+";
+
 /// Fans event-log entries out. KEYS: the event log. ARGV: prefix, group, ttl, then a count
 /// and that many entry ids, a count and that many `(event id, event json)`, a count and that
-/// many `(workspace, endpoint, delivery id, due ms, delivery json)`.
+/// many `(workspace, endpoint, delivery id, due ms, delivery json)`. A delivery whose id is
+/// stored already (its entry was fanned out before) is left as it is. Returns how many
+/// deliveries it queued.
+///
+/// The cursor only moves forward, and never past an entry still pending in the group: every
+/// entry up to it is fanned out, so a group recreated there misses nothing (a newer batch that
+/// succeeded while an older one is pending would otherwise move it past the older one).
 static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NEWER}
+        r"{NEWER}{BEFORE}
 local p, group, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local i = 4
 local n = tonumber(ARGV[i]); i = i + 1
-local newest = redis.call('GET', p .. ':wh:cursor') or ''
+local newest = ''
 for _ = 1, n do
   redis.call('XACK', KEYS[1], group, ARGV[i])
   if newer(ARGV[i], newest) then newest = ARGV[i] end
   i = i + 1
 end
-if n > 0 then redis.call('SET', p .. ':wh:cursor', newest) end
+if n > 0 then
+  -- No group (Redis lost it meanwhile): the cursor stays, and these entries are read again.
+  local pending = redis.pcall('XPENDING', KEYS[1], group)
+  if type(pending) == 'table' and not pending.err then
+    local safe = newest
+    if tonumber(pending[1]) > 0 then safe = before(pending[2]) end
+    local cursor = redis.call('GET', p .. ':wh:cursor') or ''
+    if newer(safe, cursor) then redis.call('SET', p .. ':wh:cursor', safe) end
+  end
+end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
   redis.call('SET', p .. ':wh:evt:' .. ARGV[i], ARGV[i + 1], 'EX', ttl)
   i = i + 2
 end
 n = tonumber(ARGV[i]); i = i + 1
+local queued = 0
 for _ = 1, n do
   local ws, we, id, due, json = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   i = i + 5
-  redis.call('SET', p .. ':wh:dlv:' .. id, json, 'EX', ttl)
-  redis.call('ZADD', p .. ':wh:due:' .. we, due, id)
-  redis.call('ZADD', p .. ':wh:ready', 'LT', due, ws .. ' ' .. we)
-  local log = p .. ':wh:log:' .. we
-  redis.call('LPUSH', log, id)
-  redis.call('LTRIM', log, 0, {listed} - 1)
-  redis.call('EXPIRE', log, ttl)
-  redis.call('INCR', p .. ':wh:pending')
+  if redis.call('SET', p .. ':wh:dlv:' .. id, json, 'NX', 'EX', ttl) then
+    redis.call('ZADD', p .. ':wh:due:' .. we, due, id)
+    redis.call('ZADD', p .. ':wh:ready', 'LT', due, ws .. ' ' .. we)
+    local log = p .. ':wh:log:' .. we
+    redis.call('LPUSH', log, id)
+    redis.call('LTRIM', log, 0, {listed} - 1)
+    redis.call('EXPIRE', log, ttl)
+    redis.call('INCR', p .. ':wh:pending')
+    queued = queued + 1
+  end
 end
-return n
+return queued
 ",
         listed = DELIVERIES_LISTED
     ))
@@ -171,20 +209,22 @@ const CLAIM_PAGE: usize = 1_000;
 const CLAIM_SCAN: usize = 20_000;
 
 /// Saves a delivery after an attempt. ARGV: prefix, workspace, endpoint, delivery id, json,
-/// next due ms (-1: final), pause (1/0), ttl. Returns 1 if it paused the endpoint.
+/// next due ms (-1: final), ttl, then, to pause the endpoint, a pause notice's id, json and due
+/// ms (id '': no pause). Returns 1 if it paused the endpoint (and queued the notice).
 static SAVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{RESCORE}
 local p, ws, we, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local queue, member = p .. ':wh:due:' .. we, ws .. ' ' .. we
-redis.call('SET', p .. ':wh:dlv:' .. id, ARGV[5], 'EX', ARGV[8])
+redis.call('SET', p .. ':wh:dlv:' .. id, ARGV[5], 'EX', ARGV[7])
 if tonumber(ARGV[6]) >= 0 then
   redis.call('ZADD', queue, ARGV[6], id)
 elseif redis.call('ZREM', queue, id) == 1 then
   redis.call('DECR', p .. ':wh:pending')
 end
 rescore(p, member, queue)
-if ARGV[7] == '1' then
+local notice = ARGV[8]
+if notice ~= '' then
   local endpoints = p .. ':endpoints:' .. ws
   local raw = redis.call('HGET', endpoints, we)
   if raw then
@@ -193,6 +233,8 @@ if ARGV[7] == '1' then
       e.status = 'paused'
       redis.call('HSET', endpoints, we, cjson.encode(e))
       redis.call('SADD', p .. ':wh:paused', member)
+      redis.call('HSET', p .. ':wh:notices', notice, ARGV[9])
+      redis.call('ZADD', p .. ':wh:notices:due', ARGV[10], notice)
       return 1
     end
   end
@@ -200,6 +242,40 @@ end
 return 0
 "
     ))
+});
+
+/// Claims due pause notices. ARGV: prefix, now ms, lease end ms, max. Returns their JSON.
+static CLAIM_NOTICES: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local p = ARGV[1]
+local due, all = p .. ':wh:notices:due', p .. ':wh:notices'
+local out = {}
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[2], 'LIMIT', 0, ARGV[4])) do
+  local json = redis.call('HGET', all, id)
+  if json then
+    redis.call('ZADD', due, ARGV[3], id)
+    out[#out + 1] = json
+  else
+    redis.call('ZREM', due, id)
+  end
+end
+return out
+",
+    )
+});
+
+/// Puts a claimed pause notice back, if it is still queued. ARGV: prefix, id, json, due ms.
+static RETRY_NOTICE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local p = ARGV[1]
+if redis.call('HEXISTS', p .. ':wh:notices', ARGV[2]) == 0 then return 0 end
+redis.call('HSET', p .. ':wh:notices', ARGV[2], ARGV[3])
+redis.call('ZADD', p .. ':wh:notices:due', ARGV[4], ARGV[2])
+return 1
+",
+    )
 });
 
 impl RedisStore {
@@ -343,25 +419,90 @@ impl RedisStore {
         Ok(claimed)
     }
 
-    pub(super) async fn save(&self, d: &Delivery, pause: bool) -> Result<bool, StoreError> {
+    pub(super) async fn save(
+        &self,
+        d: &Delivery,
+        pause: Option<&PauseNotice>,
+    ) -> Result<bool, StoreError> {
         let next: i64 = match (d.is_final(), d.next_attempt_ms) {
             (false, Some(ms)) => ms as i64,
             _ => -1,
         };
-        let paused: i64 = SAVE
-            .prepare_invoke()
+        let mut invocation = SAVE.prepare_invoke();
+        invocation
             .arg(self.prefix())
             .arg(&d.workspace)
             .arg(&d.endpoint)
             .arg(&d.id)
             .arg(encode(d))
             .arg(next)
-            .arg(if pause { "1" } else { "0" })
-            .arg(DELIVERY_RETENTION_SECS)
+            .arg(DELIVERY_RETENTION_SECS);
+        match pause {
+            Some(notice) => invocation
+                .arg(&notice.id)
+                .arg(encode(notice))
+                .arg(notice.paused_ms),
+            None => invocation.arg("").arg("").arg(0),
+        };
+        let paused: i64 = invocation
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
         Ok(paused == 1)
+    }
+
+    pub(super) async fn claim_notices(
+        &self,
+        now_ms: u64,
+        lease: Duration,
+        max: usize,
+    ) -> Result<Vec<PauseNotice>, StoreError> {
+        let raws: Vec<String> = CLAIM_NOTICES
+            .prepare_invoke()
+            .arg(self.prefix())
+            .arg(now_ms)
+            .arg(now_ms + lease.as_millis() as u64)
+            .arg(max)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        // One unreadable record must not hold up the others: it is left to its lease.
+        let notices = raws.iter().filter_map(|raw| {
+            decode::<PauseNotice>("a pause notice", raw)
+                .inspect_err(|e| tracing::error!(error = %e, "skipping a pause notice"))
+                .ok()
+        });
+        Ok(notices.collect())
+    }
+
+    pub(super) async fn retry_notice(
+        &self,
+        notice: &PauseNotice,
+        due_ms: u64,
+    ) -> Result<(), StoreError> {
+        RETRY_NOTICE
+            .prepare_invoke()
+            .arg(self.prefix())
+            .arg(&notice.id)
+            .arg(encode(notice))
+            .arg(due_ms)
+            .invoke_async::<i64>(&mut self.conn())
+            .await
+            .map(drop)
+            .map_err(unavailable)
+    }
+
+    pub(super) async fn remove_notice(&self, id: &str) -> Result<(), StoreError> {
+        let p = self.prefix();
+        redis::pipe()
+            .atomic()
+            .hdel(format!("{p}:wh:notices"), id)
+            .ignore()
+            .zrem(format!("{p}:wh:notices:due"), id)
+            .ignore()
+            .query_async::<()>(&mut self.conn())
+            .await
+            .map_err(unavailable)
     }
 
     pub(super) async fn list_deliveries(
@@ -431,17 +572,20 @@ impl RedisStore {
 
     pub(super) async fn stats(&self) -> Result<QueueStats, StoreError> {
         let p = self.prefix();
-        let (pending, first, paused): (Option<i64>, Vec<(String, f64)>, u64) = redis::pipe()
-            .get(format!("{p}:wh:pending"))
-            .zrange_withscores(format!("{p}:wh:ready"), 0, 0)
-            .scard(format!("{p}:wh:paused"))
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+        let (pending, first, paused, notices): (Option<i64>, Vec<(String, f64)>, u64, u64) =
+            redis::pipe()
+                .get(format!("{p}:wh:pending"))
+                .zrange_withscores(format!("{p}:wh:ready"), 0, 0)
+                .scard(format!("{p}:wh:paused"))
+                .hlen(format!("{p}:wh:notices"))
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
         Ok(QueueStats {
             pending: pending.unwrap_or(0).max(0) as u64,
             oldest_due_ms: first.first().map(|(_, score)| *score as u64),
             paused_endpoints: paused,
+            pause_notices: notices,
         })
     }
 }
@@ -533,8 +677,10 @@ impl Group {
             .map_err(unavailable)
     }
 
-    /// Creates the group if it is missing: where the workers left off, if Redis still knows,
-    /// else at the start of the log, so nothing logged before any worker ran is lost.
+    /// Creates the group if it is missing: at the cursor (every entry up to it is fanned out),
+    /// if Redis still knows it, else at the start of the log, so nothing logged before any
+    /// worker ran is lost. Entries past the cursor that were fanned out already are read again
+    /// and queue nothing new.
     async fn create(&mut self) -> Result<(), StoreError> {
         let cursor: Option<String> = self.conn.get(&self.cursor).await.map_err(unavailable)?;
         let start = cursor.unwrap_or_else(|| "0".to_string());
