@@ -185,6 +185,9 @@ enum KeysCommand {
         /// Monthly budget in credits.
         #[arg(long, value_parser = parse_budget)]
         monthly_budget: Option<f64>,
+        /// Makes a retried creation return the same key rather than a second one.
+        #[arg(long)]
+        idempotency_key: Option<String>,
     },
     /// List the keys of a workspace.
     List {
@@ -393,6 +396,7 @@ fn keys(
             scopes,
             name,
             monthly_budget,
+            idempotency_key,
         } => {
             let environment = environment_name(environment);
             let mut body = json!({
@@ -406,7 +410,11 @@ fn keys(
             if let Some(budget) = monthly_budget {
                 body["monthly_budget"] = json!(budget);
             }
-            client.post(format!("{base}/admin/v1/keys")).json(&body)
+            let request = client.post(format!("{base}/admin/v1/keys")).json(&body);
+            match idempotency_key {
+                Some(k) => request.header("Idempotency-Key", k),
+                None => request,
+            }
         }
         KeysCommand::List { workspace } => client
             .get(format!("{base}/admin/v1/keys"))

@@ -335,6 +335,62 @@ async fn a_retried_rotation_with_an_idempotency_key_returns_the_same_key() {
 }
 
 #[tokio::test]
+async fn a_retried_creation_with_an_idempotency_key_returns_the_same_key() {
+    let ns = TestNamespace::new();
+    let (a, b) = replicas(&ns).await;
+    let ws = a.create_workspace().await;
+    let create = |gw: &Gateway, scopes: &[&str], idem: Option<&str>| {
+        let mut req = gw
+            .admin_request(Method::POST, "/admin/v1/keys")
+            .json(&serde_json::json!({"workspace": ws, "environment": "live", "scopes": scopes}));
+        if let Some(k) = idem {
+            req = req.header("Idempotency-Key", k);
+        }
+        req.send()
+    };
+    let first = create(&a, &["models:read"], Some("c1")).await.unwrap();
+    assert_eq!(first.status(), 201);
+    let first: serde_json::Value = first.json().await.unwrap();
+    // The retry may land on another replica.
+    let again = create(&b, &["models:read"], Some("c1")).await.unwrap();
+    assert_eq!(again.status(), 201);
+    let again: serde_json::Value = again.json().await.unwrap();
+    assert_eq!(first["id"], again["id"]);
+    assert_eq!(first["key"], again["key"]);
+    assert_eq!(a.list_keys(&ws).await.len(), 1, "one key, not two");
+    let resp = a
+        .request(Method::GET, "/v1/models")
+        .bearer_auth(first["key"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    // The same idempotency key for another key is refused; without one, each call is new.
+    let other = create(&a, &["chat.completions:create"], Some("c1"))
+        .await
+        .unwrap();
+    assert_error(other, 400, "invalid_request_error").await;
+    for _ in 0..2 {
+        assert_eq!(
+            create(&a, &["models:read"], None).await.unwrap().status(),
+            201
+        );
+    }
+    assert_eq!(a.list_keys(&ws).await.len(), 3);
+
+    // Once revoked, a retry does not hand the value out again.
+    a.revoke(first["id"].as_str().unwrap()).await;
+    let body = assert_error(
+        create(&a, &["models:read"], Some("c1")).await.unwrap(),
+        400,
+        "invalid_request_error",
+    )
+    .await;
+    assert!(!body.to_string().contains(first["key"].as_str().unwrap()));
+}
+
+#[tokio::test]
 async fn the_redis_data_alone_does_not_yield_an_idempotently_rotated_key() {
     // Everything the store holds, with the old key's id and a guessable idempotency key (both
     // seen by whoever watched the rotation), must not reproduce the successor.

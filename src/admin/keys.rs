@@ -15,7 +15,7 @@ use crate::keys::scopes::is_valid_scope;
 use crate::keys::MAX_GRACE_SECONDS;
 use crate::keys::{self, format, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
 use crate::metering::Credits;
-use crate::store::Rotation;
+use crate::store::{Rotation, StoreError};
 
 /// A key as the admin API shows it: never the value, never the digest.
 #[derive(Serialize)]
@@ -86,8 +86,13 @@ fn parse_scopes(names: &[String]) -> Result<Scopes, ApiError> {
     Ok(Scopes::new(names))
 }
 
+/// `POST /admin/v1/keys`: issues a key, shown this once. With an `Idempotency-Key` header a
+/// retried creation (a dashboard that timed out) gets the same key rather than a second live
+/// one: its value is derived from the idempotency secret, the workspace and the idempotency
+/// key, as for rotations.
 pub(super) async fn create(
     State(state): State<AdminState>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<CreateKey>,
 ) -> Result<(StatusCode, Json<KeyView>), ApiError> {
     if body.environment == Environment::Scoped {
@@ -101,19 +106,57 @@ pub(super) async fn create(
         return Err(ApiError::invalid("name must be at most 200 characters"));
     }
     state.require_workspace(&body.workspace).await?;
-    let (new_key, record) = keys::issue(
-        KeyParams {
-            workspace: body.workspace,
-            environment: body.environment,
-            scopes,
-            name,
-            monthly_budget: body.monthly_budget,
-        },
-        unix_now(),
-    );
-    state.store.insert_key(&record).await?;
+    let idempotency_key = idempotency_key(&headers)?;
+    let new_key = match &idempotency_key {
+        Some(idem) => format::derive(
+            body.environment,
+            &state.idempotency_secret,
+            &[b"create", body.workspace.as_bytes(), idem.as_bytes()],
+        ),
+        None => format::generate(body.environment),
+    };
+    let now = unix_now();
+    let params = KeyParams {
+        workspace: body.workspace,
+        environment: body.environment,
+        scopes,
+        name,
+        monthly_budget: body.monthly_budget,
+    };
+    let record = keys::record_of(params, &new_key, now);
+    let record = match state.store.insert_key(&record).await {
+        Ok(()) => {
+            tracing::info!(key_id = %record.id, workspace = %record.workspace, "key created");
+            record
+        }
+        // Only a derived value can already be stored: this is a retry.
+        Err(StoreError::Conflict(_)) if idempotency_key.is_some() => {
+            let existing = state
+                .store
+                .key_by_hash(&new_key.hash)
+                .await?
+                .ok_or_else(|| ApiError::not_found("the key created no longer exists"))?;
+            let same = existing.environment == record.environment
+                && existing.scopes == record.scopes
+                && existing.name == record.name
+                && existing.monthly_budget == record.monthly_budget;
+            if !same {
+                return Err(ApiError::invalid(
+                    "this Idempotency-Key was used for a different key",
+                ));
+            }
+            let age = now.saturating_sub(existing.created_at);
+            if existing.status != KeyStatus::Active || age > IDEMPOTENCY_WINDOW_SECONDS {
+                return Err(ApiError::invalid(
+                    "this Idempotency-Key's key is no longer active or is more than 24 hours \
+                     old; its key is not shown again",
+                ));
+            }
+            KeyRecord::clone(&existing)
+        }
+        Err(e) => return Err(e.into()),
+    };
     state.refresh_keys().await;
-    tracing::info!(key_id = %record.id, workspace = %record.workspace, "key created");
     let mut view = KeyView::from(&record);
     view.key = Some(new_key.value);
     Ok((StatusCode::CREATED, Json(view)))
@@ -266,7 +309,7 @@ pub(super) async fn rotate(
     let new_key = match idempotency_key {
         Some(idem) => format::derive(
             old.environment,
-            &state.rotation_secret,
+            &state.idempotency_secret,
             &[b"rotate", old.id.as_bytes(), idem.as_bytes()],
         ),
         None => format::generate(old.environment),

@@ -49,10 +49,10 @@ pub struct AdminState {
     rotation_grace_seconds: u64,
     /// SHA-256 of the admin token, compared in constant time.
     token_digest: [u8; 32],
-    /// What idempotent rotations derive successor keys from: drawn from the admin token, so
-    /// it is never in the store (whose data alone must not yield a key) and is the same on
-    /// every replica.
-    rotation_secret: [u8; 32],
+    /// What keys created or rotated with an `Idempotency-Key` are derived from: drawn from
+    /// the admin token, so it is never in the store (whose data alone must not yield a key)
+    /// and is the same on every replica.
+    idempotency_secret: [u8; 32],
     /// Set on SIGTERM: `/readyz` answers 503.
     draining: Draining,
 }
@@ -65,7 +65,7 @@ impl AdminState {
             keys,
             rotation_grace_seconds,
             token_digest: Sha256::digest(admin_token.as_bytes()).into(),
-            rotation_secret: derived_secret(admin_token, b"svcgate key rotation"),
+            idempotency_secret: derived_secret(admin_token, b"svcgate idempotent keys"),
             draining: Draining::default(),
         }
     }

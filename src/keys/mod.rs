@@ -289,7 +289,13 @@ pub struct KeyParams {
 /// Generates a key and its record. The value is returned once and never stored.
 pub fn issue(params: KeyParams, now: u64) -> (NewKey, KeyRecord) {
     let key = format::generate(params.environment);
-    let record = KeyRecord {
+    let record = record_of(params, &key, now);
+    (key, record)
+}
+
+/// The record of a new key whose value is `key` (see [`format::derive`]).
+pub fn record_of(params: KeyParams, key: &NewKey, now: u64) -> KeyRecord {
+    KeyRecord {
         id: crate::ids::new_id("key"),
         workspace: params.workspace,
         name: params.name,
@@ -306,8 +312,7 @@ pub fn issue(params: KeyParams, now: u64) -> (NewKey, KeyRecord) {
         rotated_to: None,
         predecessors: Vec::new(),
         scoped: None,
-    };
-    (key, record)
+    }
 }
 
 /// A scoped token minted from `parent` (whose digest is `parent_hash`): its value (shown
