@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::ids::unix_now;
 use crate::keys::scopes::is_valid_scope;
 use crate::keys::MAX_GRACE_SECONDS;
-use crate::keys::{self, format, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
+use crate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
 use crate::metering::Credits;
 use crate::store::{Rotation, StoreError};
 
@@ -107,14 +107,11 @@ pub(super) async fn create(
     }
     state.require_workspace(&body.workspace).await?;
     let idempotency_key = idempotency_key(&headers)?;
-    let new_key = match &idempotency_key {
-        Some(idem) => format::derive(
-            body.environment,
-            &state.idempotency_secret,
-            &[b"create", body.workspace.as_bytes(), idem.as_bytes()],
-        ),
-        None => format::generate(body.environment),
-    };
+    let new_key = state.new_key(
+        body.environment,
+        idempotency_key.as_deref(),
+        [b"create", body.workspace.as_bytes()],
+    );
     let now = unix_now();
     let params = KeyParams {
         workspace: body.workspace,
@@ -306,14 +303,11 @@ pub(super) async fn rotate(
         .key_by_id(&id)
         .await?
         .ok_or_else(|| no_such_key(&id))?;
-    let new_key = match idempotency_key {
-        Some(idem) => format::derive(
-            old.environment,
-            &state.idempotency_secret,
-            &[b"rotate", old.id.as_bytes(), idem.as_bytes()],
-        ),
-        None => format::generate(old.environment),
-    };
+    let new_key = state.new_key(
+        old.environment,
+        idempotency_key.as_deref(),
+        [b"rotate", old.id.as_bytes()],
+    );
     let now = unix_now();
     let successor = keys::successor(&old, &new_key, now);
     let record = match state

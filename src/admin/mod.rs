@@ -24,7 +24,8 @@ use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
 use crate::ids::request_id;
-use crate::keys::format::redact;
+use crate::keys::format::{self, redact, NewKey};
+use crate::keys::Environment;
 use crate::proxy::respond::REQUEST_ID;
 use crate::shutdown::Draining;
 use crate::store::{KeyCache, Store};
@@ -67,6 +68,24 @@ impl AdminState {
             token_digest: Sha256::digest(admin_token.as_bytes()).into(),
             idempotency_secret: derived_secret(admin_token, b"svcgate idempotent keys"),
             draining: Draining::default(),
+        }
+    }
+
+    /// A new key's value: random, or with an idempotency key derived from it and `context`
+    /// (what the key is for), so a retry gets the same value on any replica.
+    fn new_key(
+        &self,
+        environment: Environment,
+        idempotency_key: Option<&str>,
+        context: [&[u8]; 2],
+    ) -> NewKey {
+        match idempotency_key {
+            Some(idem) => format::derive(
+                environment,
+                &self.idempotency_secret,
+                &[context[0], context[1], idem.as_bytes()],
+            ),
+            None => format::generate(environment),
         }
     }
 
