@@ -1102,6 +1102,22 @@ scope = "Chat"
     }
 
     #[test]
+    fn the_promised_defaults_hold() {
+        // The seed's retry schedule (1 m, 5 m, 30 m, 2 h, 12 h) and delivery timeout, and the
+        // SPEC's ports, without a file.
+        let config = Config::load(None, env(&[])).unwrap();
+        assert_eq!(
+            config.webhooks.retry_schedule_seconds,
+            [60, 300, 1_800, 7_200, 43_200]
+        );
+        assert_eq!(config.webhooks.timeout_seconds, 10);
+        assert_eq!(config.keys.rotation_grace_seconds, 86_400);
+        assert_eq!(config.server.listen, "0.0.0.0:8080");
+        assert_eq!(config.server.metrics_listen, "0.0.0.0:9090");
+        assert!(config.cors.allowed_origins.is_empty());
+    }
+
+    #[test]
     fn smtp_settings_that_cannot_work_are_refused() {
         let smtp_problems = |vars: &[(&str, &str)]| -> Vec<(String, String)> {
             match Config::load(None, env(vars)) {

@@ -301,6 +301,24 @@ async fn a_rotated_key_works_until_its_grace_period_ends() {
 }
 
 #[tokio::test]
+async fn a_rotation_without_a_grace_period_gets_the_configured_one() {
+    let gw = Gateway::builder()
+        .toml("[keys]\nrotation_grace_seconds = 120")
+        .start()
+        .await;
+    let (id, _) = gw.create_key("live", &["models:read"]).await;
+    let before = svcgate::ids::unix_now();
+    let resp = rotate(&gw, &id, serde_json::json!({}), None).await;
+    assert_eq!(resp.status(), 201);
+    let old = gw.admin_get(&format!("/admin/v1/keys/{id}")).await;
+    let grace_until = old["grace_until"].as_u64().unwrap();
+    assert!(
+        (before + 120..=svcgate::ids::unix_now() + 120).contains(&grace_until),
+        "{old}"
+    );
+}
+
+#[tokio::test]
 async fn a_retried_rotation_with_an_idempotency_key_returns_the_same_key() {
     let ns = TestNamespace::new();
     let (gw, other) = replicas(&ns).await;

@@ -412,6 +412,52 @@ async fn rate_limits_answer_429_with_headers_and_are_shared_by_replicas() {
 }
 
 #[tokio::test]
+async fn test_keys_have_limits_of_their_own() {
+    let gw = Gateway::builder()
+        .toml(
+            "[limits]\nlive_requests_per_minute = 2\nlive_burst = 2\n\
+             test_requests_per_minute = 4\ntest_burst = 4\n",
+        )
+        .start()
+        .await;
+    let (_, live) = gw.create_key("live", &["chat.completions:create"]).await;
+    let (_, test) = gw.create_key("test", &["chat.completions:create"]).await;
+    for _ in 0..2 {
+        assert_eq!(gw.chat(&live).await.status(), 200);
+    }
+    assert_error(gw.chat(&live).await, 429, "rate_limit_error").await;
+    let first = gw.chat(&test).await;
+    assert_eq!(first.headers()["ratelimit-limit"], "4");
+    for _ in 0..3 {
+        assert_eq!(gw.chat(&test).await.status(), 200);
+    }
+    assert_error(gw.chat(&test).await, 429, "rate_limit_error").await;
+}
+
+#[tokio::test]
+async fn a_refused_budget_is_counted_by_reason() {
+    let gw = Gateway::builder().start().await;
+    let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    set_key_budget(&gw, &id, 0.5).await;
+    assert_eq!(gw.chat(&key).await.status(), 200);
+    assert_error(gw.chat(&key).await, 402, "budget_exceeded").await;
+    let counted = eventually(Duration::from_secs(5), || async {
+        let text = gw
+            .http
+            .get(format!("{}/metrics", gw.metrics))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.contains(r#"svcgate_policy_rejections_total{reason="budget_key"} 1"#)
+    })
+    .await;
+    assert!(counted.is_some(), "the 402 is counted as budget_key");
+}
+
+#[tokio::test]
 async fn a_key_in_the_path_is_cut_to_its_last_four_in_answers_and_audit_records() {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder().live(live.addr).start().await;
