@@ -68,6 +68,9 @@ pub struct ServerConfig {
     pub upgrade_sock: String,
     /// How long an idle client connection stays open between requests (seconds).
     pub keepalive_timeout_seconds: u64,
+    /// Load balancers or ingress proxies (addresses or CIDR blocks) whose `X-Forwarded-For`
+    /// names the client in audit records; none by default (the peer is the client).
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +85,7 @@ impl Default for ServerConfig {
             shutdown_timeout_seconds: 5,
             upgrade_sock: "/tmp/svcgate_upgrade.sock".into(),
             keepalive_timeout_seconds: 60,
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -663,6 +667,17 @@ impl Config {
             problems.push(Problem::new("smtp.from", "not an e-mail address"));
         }
         problems.extend(validate_smtp(&self.smtp));
+        if let Some(bad) = self
+            .server
+            .trusted_proxies
+            .iter()
+            .find(|p| crate::proxy::client_ip::parse(p).is_none())
+        {
+            problems.push(Problem::new(
+                "server.trusted_proxies",
+                format!("'{bad}' is not an address or CIDR block"),
+            ));
+        }
         for origin in &self.cors.allowed_origins {
             if !crate::proxy::cors::is_valid_origin(origin) {
                 problems.push(Problem::new(

@@ -11,6 +11,7 @@ use crate::admin::{self, AdminService, AdminState};
 use crate::config::{Config, StoreKind, DEMO_ADMIN_TOKEN};
 use crate::metering::Meter;
 use crate::metrics;
+use crate::proxy::client_ip::TrustedProxies;
 use crate::proxy::cors::Cors;
 use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
@@ -133,7 +134,8 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         server_cfg.keepalive_timeout_seconds,
         draining.clone(),
     )
-    .with_cors(Cors::new(&config.cors.allowed_origins));
+    .with_cors(Cors::new(&config.cors.allowed_origins))
+    .with_trusted_proxies(TrustedProxies::new(&server_cfg.trusted_proxies));
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
         gateway,

@@ -141,6 +141,37 @@ async fn a_revoked_key_still_in_use_is_audited_with_who_used_it() {
 }
 
 #[tokio::test]
+async fn behind_a_trusted_proxy_the_audited_address_is_the_forwarded_client() {
+    for (trusted, expected) in [("[\"127.0.0.1/32\"]", "203.0.113.7"), ("[]", "127.0.0.1")] {
+        let gw = Gateway::builder()
+            .server(&format!("trusted_proxies = {trusted}"))
+            .start()
+            .await;
+        let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;
+        let resp = gw
+            .request(Method::POST, "/v1/chat/completions")
+            .bearer_auth(&key)
+            .header("X-Forwarded-For", "198.51.100.9, 203.0.113.7")
+            .json(&json!({"model": "m"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let query = format!("workspace={DEMO_WS}&key_id={id}");
+        eventually(Duration::from_secs(5), || async {
+            audit(&gw, &query).await.len() == 1
+        })
+        .await
+        .expect("audited");
+        assert_eq!(
+            audit(&gw, &query).await[0]["client_ip"],
+            expected,
+            "trusted_proxies = {trusted}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_spent_key_budget_gets_402_before_the_backend() {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder().live(live.addr).start().await;

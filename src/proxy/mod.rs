@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod client_ip;
 pub mod cors;
 pub mod headers;
 pub mod listen;
@@ -43,6 +44,7 @@ use crate::metrics;
 use crate::shutdown::Draining;
 use crate::store::{KeyCache, Store};
 use auth::{Authenticated, Authenticator};
+use client_ip::TrustedProxies;
 use cors::Cors;
 use http::header::{
     ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_REQUEST_METHOD,
@@ -137,6 +139,8 @@ pub struct Gateway {
     draining: Draining,
     /// Browser origins let in.
     cors: Cors,
+    /// Proxies whose `X-Forwarded-For` names the client.
+    trusted_proxies: TrustedProxies,
 }
 
 /// What `request_filter` decided.
@@ -168,7 +172,14 @@ impl Gateway {
             keepalive_secs,
             draining,
             cors: Cors::default(),
+            trusted_proxies: TrustedProxies::default(),
         }
+    }
+
+    /// Believes `X-Forwarded-For` from `proxies` for the client's address.
+    pub fn with_trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
+        self.trusted_proxies = proxies;
+        self
     }
 
     /// Lets browser pages from `cors`'s origins call the API.
@@ -731,10 +742,13 @@ impl Gateway {
             model: ctx.model.take(),
             status,
             credits: cost,
-            client_ip: session
-                .client_addr()
-                .and_then(|a| a.as_inet())
-                .map(|a| a.ip()),
+            client_ip: self.trusted_proxies.client(
+                session
+                    .client_addr()
+                    .and_then(|a| a.as_inet())
+                    .map(|a| a.ip()),
+                &req.headers,
+            ),
             latency_ms: elapsed.as_millis() as u64,
         });
     }

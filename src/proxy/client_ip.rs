@@ -1,0 +1,133 @@
+//! The client's address, for the audit record, when svcgate runs behind load balancers or an
+//! ingress: the peer is then the proxy, and the client is in `X-Forwarded-For`.
+//!
+//! `X-Forwarded-For` is believed only from peers in `[server] trusted_proxies`, and only as far
+//! as trusted proxies wrote it: reading from the right, each proxy appends the address it saw,
+//! so the first address that is not a trusted proxy is the client (whatever a client put to
+//! the left of it is its own claim). With no trusted proxies the peer is the client.
+
+use http::{HeaderMap, HeaderName};
+use ipnet::IpNet;
+use std::net::IpAddr;
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// The proxies whose `X-Forwarded-For` is believed.
+#[derive(Debug, Clone, Default)]
+pub struct TrustedProxies {
+    nets: Vec<IpNet>,
+}
+
+impl TrustedProxies {
+    /// From `[server] trusted_proxies` (validated: addresses or CIDR blocks).
+    pub fn new(entries: &[String]) -> Self {
+        Self {
+            nets: entries.iter().filter_map(|e| parse(e)).collect(),
+        }
+    }
+
+    fn trusts(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.nets.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client of a request from `peer` with `headers` (read only when the peer is a
+    /// trusted proxy: nothing is looked up on the common path).
+    pub fn client(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<IpAddr> {
+        let peer = peer?;
+        if self.nets.is_empty() || !self.trusts(peer) {
+            return Some(peer);
+        }
+        let mut client = peer;
+        for value in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
+            let Ok(text) = value.to_str() else {
+                return Some(client);
+            };
+            for hop in text.rsplit(',') {
+                let Ok(ip) = hop.trim().parse::<IpAddr>() else {
+                    // Not an address (`unknown`, a port, garbage): stop at what was proven.
+                    return Some(client);
+                };
+                client = ip.to_canonical();
+                if !self.trusts(client) {
+                    return Some(client);
+                }
+            }
+        }
+        Some(client)
+    }
+}
+
+/// An address (`10.0.0.7`) or a CIDR block (`10.0.0.0/8`).
+pub fn parse(entry: &str) -> Option<IpNet> {
+    entry
+        .parse::<IpNet>()
+        .ok()
+        .or_else(|| entry.parse::<IpAddr>().ok().map(IpNet::from))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(trusted: &[&str], peer: &str, xff: &[&str]) -> String {
+        let trusted: Vec<String> = trusted.iter().map(|s| s.to_string()).collect();
+        let mut headers = HeaderMap::new();
+        for v in xff {
+            headers.append(&X_FORWARDED_FOR, v.parse().unwrap());
+        }
+        TrustedProxies::new(&trusted)
+            .client(Some(peer.parse().unwrap()), &headers)
+            .unwrap()
+            .to_string()
+    }
+
+    #[test]
+    fn forwarded_addresses_are_believed_only_from_trusted_proxies() {
+        // No trusted proxies, or an untrusted peer: the peer, whatever the header says.
+        assert_eq!(client(&[], "10.0.0.5", &["203.0.113.7"]), "10.0.0.5");
+        assert_eq!(
+            client(&["10.0.0.0/8"], "198.51.100.1", &["203.0.113.7"]),
+            "198.51.100.1"
+        );
+        // A trusted ingress: the address it appended.
+        assert_eq!(
+            client(&["10.0.0.0/8"], "10.0.0.5", &["203.0.113.7"]),
+            "203.0.113.7"
+        );
+        // A client's own claim to the left of what the ingress saw is not believed.
+        assert_eq!(
+            client(&["10.0.0.0/8"], "10.0.0.5", &["1.2.3.4, 203.0.113.7"]),
+            "203.0.113.7"
+        );
+        // Two trusted hops, over two header lines.
+        assert_eq!(
+            client(
+                &["10.0.0.0/8", "192.0.2.10"],
+                "10.0.0.5",
+                &["203.0.113.7", "192.0.2.10"]
+            ),
+            "203.0.113.7"
+        );
+        // Garbage stops the walk at the last proven address; a missing header leaves the peer.
+        assert_eq!(
+            client(&["10.0.0.0/8"], "10.0.0.5", &["unknown"]),
+            "10.0.0.5"
+        );
+        assert_eq!(client(&["10.0.0.0/8"], "10.0.0.5", &[]), "10.0.0.5");
+        // IPv4-mapped peers are matched as IPv4.
+        assert_eq!(
+            client(&["127.0.0.1"], "::ffff:127.0.0.1", &["203.0.113.7"]),
+            "203.0.113.7"
+        );
+    }
+
+    #[test]
+    fn entries_are_addresses_or_blocks() {
+        assert!(parse("10.0.0.0/8").is_some());
+        assert!(parse("127.0.0.1").is_some());
+        assert!(parse("fd00::/8").is_some());
+        assert!(parse("10.0.0.0/33").is_none());
+        assert!(parse("ingress").is_none());
+    }
+}
