@@ -189,11 +189,18 @@ enum KeysCommand {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
-    /// List the keys of a workspace.
+    /// List the keys of a workspace, a page at a time (`has_more`: ask again with
+    /// `--starting-after` the last id shown).
     List {
         /// Workspace (`ws_…`).
         #[arg(long)]
         workspace: String,
+        /// Keys per page (1 to 1000; the server's default is 100).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// The last key id of the previous page.
+        #[arg(long)]
+        starting_after: Option<String>,
     },
     /// Show one key.
     Show {
@@ -416,9 +423,20 @@ fn keys(
                 None => request,
             }
         }
-        KeysCommand::List { workspace } => client
-            .get(format!("{base}/admin/v1/keys"))
-            .query(&[("workspace", workspace)]),
+        KeysCommand::List {
+            workspace,
+            limit,
+            starting_after,
+        } => {
+            let mut query = vec![("workspace", workspace)];
+            if let Some(limit) = limit {
+                query.push(("limit", limit.to_string()));
+            }
+            if let Some(after) = starting_after {
+                query.push(("starting_after", after));
+            }
+            client.get(format!("{base}/admin/v1/keys")).query(&query)
+        }
         KeysCommand::Show { id } => client.get(format!("{base}/admin/v1/keys/{id}")),
         KeysCommand::Revoke { id } => client.post(format!("{base}/admin/v1/keys/{id}/revoke")),
         KeysCommand::Rotate {

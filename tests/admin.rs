@@ -335,3 +335,64 @@ async fn reading_an_unknown_workspace_is_not_found_on_both_stores() {
         assert_eq!(usage["workspace"], ws.as_str());
     }
 }
+
+#[tokio::test]
+async fn key_lists_come_a_page_at_a_time() {
+    let ns = TestNamespace::new();
+    for gw in [Gateway::builder().start().await, on_redis(&ns).await] {
+        let ws = gw.create_workspace().await;
+        let mut created = Vec::new();
+        for _ in 0..5 {
+            created.push(gw.create_key_in(&ws, "live", &["models:read"]).await.0);
+        }
+        let mut seen = Vec::new();
+        let mut after: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let mut path = format!("/admin/v1/keys?workspace={ws}&limit=2");
+            if let Some(a) = &after {
+                path.push_str(&format!("&starting_after={a}"));
+            }
+            let body = gw.admin_get(&path).await;
+            let ids: Vec<String> = body["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| k["id"].as_str().unwrap().to_string())
+                .collect();
+            assert!(ids.len() <= 2);
+            pages += 1;
+            seen.extend(ids.clone());
+            if body["has_more"] == false {
+                break;
+            }
+            after = ids.last().cloned();
+        }
+        assert_eq!(pages, 3);
+        assert_eq!(seen.len(), 5);
+        let mut sorted_seen = seen.clone();
+        sorted_seen.sort();
+        let mut sorted_created = created.clone();
+        sorted_created.sort();
+        assert_eq!(sorted_seen, sorted_created, "every key once");
+
+        // A cursor from another workspace, and limits out of range, are 400s.
+        let other = gw.create_workspace().await;
+        let (foreign, _) = gw.create_key_in(&other, "live", &["models:read"]).await;
+        for query in [
+            format!("starting_after={foreign}"),
+            "limit=0".to_string(),
+            "limit=1001".to_string(),
+        ] {
+            let resp = gw
+                .admin_request(
+                    Method::GET,
+                    &format!("/admin/v1/keys?workspace={ws}&{query}"),
+                )
+                .send()
+                .await
+                .unwrap();
+            assert_error(resp, 400, "invalid_request_error").await;
+        }
+    }
+}

@@ -61,7 +61,7 @@ async fn keys_are_found_every_way(store: Arc<dyn Store>) {
     assert_eq!(*store.key_by_hash(&a.hash).await.unwrap().unwrap(), a);
     assert_eq!(*store.key_by_id(&b.id).await.unwrap().unwrap(), b);
     let listed: Vec<String> = store
-        .keys_in_workspace(&ws)
+        .keys_in_workspace(&ws, None, usize::MAX)
         .await
         .unwrap()
         .iter()
@@ -74,7 +74,11 @@ async fn keys_are_found_every_way(store: Arc<dyn Store>) {
         .unwrap()
         .is_none());
     assert!(store.key_by_id("key_missing").await.unwrap().is_none());
-    assert!(store.keys_in_workspace("ws_none").await.unwrap().is_empty());
+    assert!(store
+        .keys_in_workspace("ws_none", None, usize::MAX)
+        .await
+        .unwrap()
+        .is_empty());
     assert!(matches!(
         store.insert_key(&a).await,
         Err(StoreError::Conflict(_))
@@ -233,7 +237,11 @@ async fn rotation_is_atomic_and_idempotent(store: Arc<dyn Store>) {
         successor
     );
     assert_eq!(
-        store.keys_in_workspace(&old.workspace).await.unwrap().len(),
+        store
+            .keys_in_workspace(&old.workspace, None, usize::MAX)
+            .await
+            .unwrap()
+            .len(),
         2
     );
     let changes = store.key_changes_since(start).await.unwrap();

@@ -163,11 +163,22 @@ pub(super) async fn create(
 #[serde(deny_unknown_fields)]
 pub(super) struct ListQuery {
     workspace: Option<String>,
+    /// Keys per page: 1 to [`MAX_PAGE`], default [`DEFAULT_PAGE`].
+    limit: Option<usize>,
+    /// The id of the last key of the previous page.
+    starting_after: Option<String>,
 }
+
+/// Keys per page when the request names no `limit`.
+const DEFAULT_PAGE: usize = 100;
+/// Most keys per page.
+const MAX_PAGE: usize = 1_000;
 
 #[derive(Serialize)]
 pub(super) struct KeyList {
     data: Vec<KeyView>,
+    /// Whether keys follow this page: ask again with `starting_after` the last one's id.
+    has_more: bool,
 }
 
 pub(super) async fn list(
@@ -178,9 +189,28 @@ pub(super) async fn list(
         .workspace
         .ok_or_else(|| ApiError::invalid("the query parameter 'workspace' is required"))?;
     state.require_workspace(&workspace).await?;
-    let keys = state.store.keys_in_workspace(&workspace).await?;
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::invalid(format!("limit must be 1 to {MAX_PAGE}")));
+    }
+    if let Some(after) = &query.starting_after {
+        // A cursor must be one of this workspace's keys (not a token, not another's key).
+        let known = state.store.key_by_id(after).await?;
+        if !known.is_some_and(|k| k.workspace == workspace && k.scoped.is_none()) {
+            return Err(ApiError::invalid(
+                "starting_after must be the id of a key of this workspace",
+            ));
+        }
+    }
+    let mut keys = state
+        .store
+        .keys_in_workspace(&workspace, query.starting_after.as_deref(), limit + 1)
+        .await?;
+    let has_more = keys.len() > limit;
+    keys.truncate(limit);
     Ok(Json(KeyList {
         data: keys.iter().map(|k| KeyView::from(&**k)).collect(),
+        has_more,
     }))
 }
 

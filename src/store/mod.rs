@@ -154,8 +154,14 @@ pub trait Store: Send + Sync + 'static {
     /// A key by id.
     async fn key_by_id(&self, id: &str) -> Result<Option<Arc<KeyRecord>>, StoreError>;
 
-    /// Every key of a workspace, oldest first.
-    async fn keys_in_workspace(&self, workspace: &str) -> Result<Vec<Arc<KeyRecord>>, StoreError>;
+    /// A workspace's keys, oldest first: at most `limit`, those after key `after` (which must
+    /// be one of them) or from the first.
+    async fn keys_in_workspace(
+        &self,
+        workspace: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Arc<KeyRecord>>, StoreError>;
 
     /// Applies `change` to the key atomically and returns the new record, or `None` if there is
     /// no such key. The id, workspace and hash of a key never change.

@@ -208,7 +208,12 @@ impl Store for MemoryStore {
         Ok(self.read().keys.get(id).cloned())
     }
 
-    async fn keys_in_workspace(&self, workspace: &str) -> Result<Vec<Arc<KeyRecord>>, StoreError> {
+    async fn keys_in_workspace(
+        &self,
+        workspace: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Arc<KeyRecord>>, StoreError> {
         let mut keys: Vec<_> = self
             .read()
             .keys
@@ -217,7 +222,11 @@ impl Store for MemoryStore {
             .cloned()
             .collect();
         keys.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        Ok(keys)
+        let start = match after {
+            Some(id) => keys.iter().position(|k| k.id == id).map_or(0, |i| i + 1),
+            None => 0,
+        };
+        Ok(keys.into_iter().skip(start).take(limit).collect())
     }
 
     async fn update_key(
@@ -714,7 +723,7 @@ mod tests {
         assert_eq!(*store.key_by_hash(&a.hash).await.unwrap().unwrap(), a);
         assert_eq!(*store.key_by_id(&b.id).await.unwrap().unwrap(), b);
         let ids: Vec<_> = store
-            .keys_in_workspace(DEMO_WORKSPACE)
+            .keys_in_workspace(DEMO_WORKSPACE, None, usize::MAX)
             .await
             .unwrap()
             .iter()

@@ -635,10 +635,29 @@ impl Store for RedisStore {
         }
     }
 
-    async fn keys_in_workspace(&self, workspace: &str) -> Result<Vec<Arc<KeyRecord>>, StoreError> {
+    async fn keys_in_workspace(
+        &self,
+        workspace: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Arc<KeyRecord>>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         let mut conn = self.conn();
+        let index = self.layout.workspace_keys(workspace);
+        // Ordered by creation time, then id: a key's rank is a stable cursor.
+        let start = match after {
+            Some(id) => {
+                let rank: Option<isize> = conn.zrank(&index, id).await.map_err(unavailable)?;
+                rank.map_or(0, |r| r + 1)
+            }
+            None => 0,
+        };
+        let limit = isize::try_from(limit).unwrap_or(isize::MAX);
+        let stop = start.saturating_add(limit - 1);
         let ids: Vec<String> = conn
-            .zrange(self.layout.workspace_keys(workspace), 0, -1)
+            .zrange(&index, start, stop)
             .await
             .map_err(unavailable)?;
         if ids.is_empty() {
