@@ -221,14 +221,21 @@ impl Gateway {
             Handler::MintToken => {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let store = self.store.as_ref();
-                let rate = ctx.answer_headers();
-                Box::pin(tokens::mint(session, caller, store, &ctx.request_id, &rate)).await?;
+                let headers = ctx.answer_headers();
+                Box::pin(tokens::mint(
+                    session,
+                    caller,
+                    store,
+                    &ctx.request_id,
+                    &headers,
+                ))
+                .await?;
                 Ok(Admission::Answer)
             }
             Handler::Webhooks(op) => {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let (store, insecure) = (self.store.as_ref(), self.allow_insecure_targets);
-                let rate = ctx.answer_headers();
+                let headers = ctx.answer_headers();
                 Box::pin(webhooks::handle(
                     session,
                     op,
@@ -236,7 +243,7 @@ impl Gateway {
                     store,
                     insecure,
                     &ctx.request_id,
-                    &rate,
+                    &headers,
                 ))
                 .await?;
                 Ok(Admission::Answer)
@@ -244,7 +251,7 @@ impl Gateway {
             Handler::Listen => {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let (auth, store) = (&self.auth, self.store.as_ref());
-                let rate = ctx.answer_headers();
+                let headers = ctx.answer_headers();
                 Box::pin(listen::stream(
                     session,
                     caller,
@@ -252,7 +259,7 @@ impl Gateway {
                     route,
                     store,
                     &ctx.request_id,
-                    &rate,
+                    &headers,
                 ))
                 .await?;
                 Ok(Admission::Answer)
