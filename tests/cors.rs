@@ -19,14 +19,20 @@ fn preflight(gw: &Gateway, origin: &str, method: &str, path: &str) -> reqwest::R
         )
 }
 
-#[tokio::test]
-async fn an_allowed_origin_gets_preflights_and_reads_answers_with_a_scoped_token() {
+/// A gateway that lets `APP` in, in front of a recording backend.
+async fn app_gateway() -> (Gateway, RecordingUpstream) {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder()
         .live(live.addr)
         .toml(&format!("[cors]\nallowed_origins = [\"{APP}\"]"))
         .start()
         .await;
+    (gw, live)
+}
+
+#[tokio::test]
+async fn an_allowed_origin_gets_preflights_and_reads_answers_with_a_scoped_token() {
+    let (gw, live) = app_gateway().await;
 
     // The preflight needs no credentials (browsers send none) and names what may be sent.
     let resp = preflight(&gw, APP, "POST", "/v1/chat/completions")
@@ -82,12 +88,7 @@ async fn an_allowed_origin_gets_preflights_and_reads_answers_with_a_scoped_token
 
 #[tokio::test]
 async fn live_keys_are_refused_from_a_browser_and_other_origins_get_no_preflight() {
-    let live = RecordingUpstream::start("live").await;
-    let gw = Gateway::builder()
-        .live(live.addr)
-        .toml(&format!("[cors]\nallowed_origins = [\"{APP}\"]"))
-        .start()
-        .await;
+    let (gw, live) = app_gateway().await;
     let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
     let from_browser = gw
         .request(Method::POST, "/v1/chat/completions")

@@ -536,16 +536,7 @@ async fn metrics_count_requests_and_auth_failures() {
     assert_eq!(gw.chat(&key).await.status(), 200);
     assert_eq!(gw.chat("svc_live_nope").await.status(), 401);
     // A request is counted in its logging phase, just after its answer went out.
-    let scrape = || async {
-        gw.http
-            .get(format!("{}/metrics", gw.metrics))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let scrape = || gw.metrics_text();
     let counted = |text: &str| {
         text.contains(
             r#"svcgate_requests_total{environment="live",route="/v1/chat/completions",status="200"} 1"#,

@@ -473,16 +473,9 @@ async fn a_refused_budget_is_counted_by_reason() {
     assert_eq!(gw.chat(&key).await.status(), 200);
     assert_error(gw.chat(&key).await, 402, "budget_exceeded").await;
     let counted = eventually(Duration::from_secs(5), || async {
-        let text = gw
-            .http
-            .get(format!("{}/metrics", gw.metrics))
-            .send()
+        gw.metrics_text()
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.contains(r#"svcgate_policy_rejections_total{reason="budget_key"} 1"#)
+            .contains(r#"svcgate_policy_rejections_total{reason="budget_key"} 1"#)
     })
     .await;
     assert!(counted.is_some(), "the 402 is counted as budget_key");

@@ -28,15 +28,7 @@ fn sample(metrics: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)
 }
 
 async fn scrape(gw: &Gateway) -> prometheus_parse::Scrape {
-    let text = gw
-        .http
-        .get(format!("{}/metrics", gw.metrics))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics_text().await;
     prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
         .expect("/metrics is Prometheus text")
 }

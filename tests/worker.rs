@@ -745,12 +745,8 @@ async fn the_pause_mail_survives_a_relay_outage_and_a_restart() {
     assert!(mail.data.contains("Last error: HTTP 500"), "{}", mail.data);
     // Sent once, and removed: nothing is pending, nothing else is sent.
     let drained = eventually(Duration::from_secs(10), || async {
-        reqwest::get(format!("{}/metrics", gw.metrics))
+        gw.metrics_text()
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
             .contains("svcgate_webhook_pause_notices_pending 0")
     })
     .await;
@@ -807,14 +803,7 @@ async fn webhook_metrics_report_outcomes_and_the_queue() {
     publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
     received(&receiver, "/ok", 1, Duration::from_secs(10)).await;
     received(&receiver, "/down", 1, Duration::from_secs(10)).await;
-    let metrics = || async {
-        reqwest::get(format!("{}/metrics", s.gw.metrics))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let metrics = || s.gw.metrics_text();
     let reported = eventually(Duration::from_secs(10), || async {
         let text = metrics().await;
         text.contains("svcgate_webhook_queue_depth 1")

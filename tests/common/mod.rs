@@ -423,6 +423,18 @@ impl Gateway {
         Worker { child, log_path }
     }
 
+    /// The Prometheus text on the metrics listener now.
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.metrics))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// The process's log output so far.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
