@@ -126,6 +126,17 @@ async fn received(receiver: &Receiver, path: &str, n: usize, limit: Duration) ->
     seen
 }
 
+/// The event ids `receiver` got at `path`, sorted, repeats kept.
+fn event_ids(receiver: &Receiver, path: &str) -> Vec<String> {
+    let mut ids: Vec<String> = receiver
+        .received(path)
+        .iter()
+        .map(|r| header(r, "service-event-id").to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
 fn header<'a>(r: &'a Received, name: &str) -> &'a str {
     r.headers
         .get(name)
@@ -661,12 +672,7 @@ async fn a_recreated_consumer_group_delivers_entries_that_were_pending_when_redi
     let c = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
     received(&receiver, "/hook", 3, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut ids: Vec<String> = receiver
-        .received("/hook")
-        .iter()
-        .map(|r| header(r, "service-event-id").to_string())
-        .collect();
-    ids.sort();
+    let ids = event_ids(&receiver, "/hook");
     let mut want = vec![a, b, c];
     want.sort();
     assert_eq!(ids, want, "A delivered after all, and each event once");
@@ -921,12 +927,7 @@ async fn several_workers_share_the_work_and_deliver_each_event_once() {
     }
     received(&receiver, "/hook", 40, Duration::from_secs(15)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut ids: Vec<String> = receiver
-        .received("/hook")
-        .iter()
-        .map(|r| header(r, "service-event-id").to_string())
-        .collect();
-    ids.sort();
+    let ids = event_ids(&receiver, "/hook");
     published.sort();
     assert_eq!(ids, published, "every event once, none twice");
     for w in &workers {
