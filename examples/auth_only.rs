@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use svcgate::config::default_routes;
 use svcgate::proxy::auth::{Authenticated, Authenticator};
+use svcgate::proxy::client_ip::TrustedProxies;
 use svcgate::proxy::routes::RouteTable;
 use svcgate::proxy::{policy, upstream};
 use svcgate::store::{CacheConfig, KeyCache, RedisStore};
@@ -61,13 +62,18 @@ impl ProxyHttp for AuthOnly {
 
     async fn upstream_request_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         req: &mut RequestHeader,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         match ctx {
             Some((caller, request_id)) => {
-                upstream::set_identity_headers(req, &caller.key, request_id)
+                let peer = session
+                    .client_addr()
+                    .and_then(|a| a.as_inet())
+                    .map(|a| a.ip());
+                let forwarded_for = TrustedProxies::default().forwarded_for(peer, &req.headers);
+                upstream::set_identity_headers(req, &caller.key, request_id, forwarded_for)
             }
             None => Ok(()),
         }

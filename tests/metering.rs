@@ -142,8 +142,19 @@ async fn a_revoked_key_still_in_use_is_audited_with_who_used_it() {
 
 #[tokio::test]
 async fn behind_a_trusted_proxy_the_audited_address_is_the_forwarded_client() {
-    for (trusted, expected) in [("[\"127.0.0.1/32\"]", "203.0.113.7"), ("[]", "127.0.0.1")] {
+    // (trusted proxies, audited client, X-Forwarded-For the backend gets)
+    for (trusted, expected, forwarded) in [
+        (
+            "[\"127.0.0.1/32\"]",
+            "203.0.113.7",
+            "198.51.100.9, 203.0.113.7, 127.0.0.1",
+        ),
+        // An untrusted peer's list is its own claim: the backend gets the peer alone.
+        ("[]", "127.0.0.1", "127.0.0.1"),
+    ] {
+        let live = RecordingUpstream::start("live").await;
         let gw = Gateway::builder()
+            .live(live.addr)
             .server(&format!("trusted_proxies = {trusted}"))
             .start()
             .await;
@@ -151,12 +162,16 @@ async fn behind_a_trusted_proxy_the_audited_address_is_the_forwarded_client() {
         let resp = gw
             .request(Method::POST, "/v1/chat/completions")
             .bearer_auth(&key)
-            .header("X-Forwarded-For", "198.51.100.9, 203.0.113.7")
+            .header("X-Forwarded-For", "198.51.100.9")
+            .header("X-Forwarded-For", "203.0.113.7")
             .json(&json!({"model": "m"}))
             .send()
             .await
             .unwrap();
         assert_eq!(resp.status(), 200);
+        let seen = &live.requests()[0].headers;
+        let values: Vec<_> = seen.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(values, [forwarded], "trusted_proxies = {trusted}");
         let query = format!("workspace={DEMO_WS}&key_id={id}");
         eventually(Duration::from_secs(5), || async {
             audit(&gw, &query).await.len() == 1

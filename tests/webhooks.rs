@@ -121,7 +121,7 @@ async fn endpoints_are_kept_apart_by_workspace_and_environment() {
     .json()
     .await
     .unwrap();
-    assert_eq!(created["environment"], "test");
+    assert_eq!(created["environment"], "test", "{created}");
     let id = created["id"].as_str().unwrap();
     for key in [&live, &other] {
         let list: Value = call(&gw, key, Method::GET, "/v1/webhooks", None)

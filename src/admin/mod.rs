@@ -9,6 +9,7 @@ mod keys;
 mod leaks;
 mod metering;
 mod service;
+mod webhooks;
 mod workspaces;
 
 use axum::extract::{Request, State};
@@ -135,6 +136,20 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/workspaces/{id}/projects/{project}/budget",
             put(metering::set_project_budget),
+        )
+        .route("/workspaces/{id}/webhooks", get(webhooks::list))
+        .route("/workspaces/{id}/webhooks/{endpoint}", get(webhooks::show))
+        .route(
+            "/workspaces/{id}/webhooks/{endpoint}/deliveries",
+            get(webhooks::deliveries),
+        )
+        .route(
+            "/workspaces/{id}/webhooks/{endpoint}/resume",
+            post(webhooks::resume),
+        )
+        .route(
+            "/workspaces/{id}/webhooks/{endpoint}/replay",
+            post(webhooks::replay),
         )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()

@@ -5,12 +5,20 @@
 //! as trusted proxies wrote it: reading from the right, each proxy appends the address it saw,
 //! so the first address that is not a trusted proxy is the client (whatever a client put to
 //! the left of it is its own claim). With no trusted proxies the peer is the client.
+//!
+//! The backend gets an `X-Forwarded-For` the gateway vouches for ([`TrustedProxies::forwarded_for`]):
+//! what trusted proxies wrote, then the peer, as nginx's `$proxy_add_x_forwarded_for` and Envoy
+//! write it. From a peer that is not trusted, the list starts afresh with the peer: a backend
+//! behind the sidecar sees only the gateway's address as its own peer, and must not take a
+//! client's claim for the gateway's word.
 
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
+use std::io::Write;
 use std::net::IpAddr;
 
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Forwarded-For`, read for the audit record and rewritten for the backend.
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// The proxies whose `X-Forwarded-For` is believed.
 #[derive(Debug, Clone, Default)]
@@ -55,6 +63,28 @@ impl TrustedProxies {
             }
         }
         Some(client)
+    }
+
+    /// The `X-Forwarded-For` to send the backend for a request from `peer`: the header as
+    /// trusted proxies wrote it with the peer appended, or the peer alone. `None` (the header is
+    /// dropped) when the peer has no IP address. Unless the peer is trusted, one allocation.
+    pub fn forwarded_for(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<HeaderValue> {
+        let peer = peer?.to_canonical();
+        if !self.nets.is_empty() && self.trusts(peer) {
+            let mut list = Vec::with_capacity(64);
+            for value in headers.get_all(&X_FORWARDED_FOR) {
+                list.extend_from_slice(value.as_bytes());
+                list.extend_from_slice(b", ");
+            }
+            write!(list, "{peer}").ok()?;
+            return HeaderValue::from_maybe_shared(bytes::Bytes::from(list)).ok();
+        }
+        // The longest IPv6 text is 45 bytes (`ffff:…:255.255.255.255`).
+        let mut buf = [0u8; 48];
+        let mut cursor = &mut buf[..];
+        write!(cursor, "{peer}").ok()?;
+        let written = 48 - cursor.len();
+        HeaderValue::from_bytes(&buf[..written]).ok()
     }
 }
 
@@ -120,6 +150,51 @@ mod tests {
             client(&["127.0.0.1"], "::ffff:127.0.0.1", &["203.0.113.7"]),
             "203.0.113.7"
         );
+    }
+
+    fn forwarded(trusted: &[&str], peer: &str, xff: &[&str]) -> String {
+        let trusted: Vec<String> = trusted.iter().map(|s| s.to_string()).collect();
+        let mut headers = HeaderMap::new();
+        for v in xff {
+            headers.append(&X_FORWARDED_FOR, v.parse().unwrap());
+        }
+        let value = TrustedProxies::new(&trusted)
+            .forwarded_for(Some(peer.parse().unwrap()), &headers)
+            .unwrap();
+        value.to_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn the_backend_gets_a_forwarded_list_the_gateway_vouches_for() {
+        // An untrusted peer's own list is dropped: the peer starts it afresh.
+        assert_eq!(forwarded(&[], "198.51.100.1", &["1.2.3.4"]), "198.51.100.1");
+        assert_eq!(
+            forwarded(&["10.0.0.0/8"], "198.51.100.1", &["1.2.3.4"]),
+            "198.51.100.1"
+        );
+        assert_eq!(forwarded(&[], "198.51.100.1", &[]), "198.51.100.1");
+        // A trusted peer's list is kept, with the peer appended, over every header line.
+        assert_eq!(
+            forwarded(&["10.0.0.0/8"], "10.0.0.5", &["203.0.113.7"]),
+            "203.0.113.7, 10.0.0.5"
+        );
+        assert_eq!(
+            forwarded(
+                &["10.0.0.0/8"],
+                "10.0.0.5",
+                &["1.2.3.4, 203.0.113.7", "10.0.0.9"]
+            ),
+            "1.2.3.4, 203.0.113.7, 10.0.0.9, 10.0.0.5"
+        );
+        assert_eq!(forwarded(&["10.0.0.0/8"], "10.0.0.5", &[]), "10.0.0.5");
+        // Addresses are written canonically; the longest IPv6 text fits.
+        assert_eq!(forwarded(&[], "::ffff:127.0.0.1", &[]), "127.0.0.1");
+        let long = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff";
+        assert_eq!(forwarded(&[], long, &["x"]), long);
+        // No address (a Unix socket): no header.
+        assert!(TrustedProxies::default()
+            .forwarded_for(None, &HeaderMap::new())
+            .is_none());
     }
 
     #[test]

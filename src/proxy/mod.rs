@@ -518,7 +518,7 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_request_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
@@ -526,7 +526,15 @@ impl ProxyHttp for Gateway {
             .caller
             .as_ref()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "forwarding without a key"))?;
-        upstream::set_identity_headers(upstream_request, &caller.key, &ctx.request_id)?;
+        let forwarded_for = self
+            .trusted_proxies
+            .forwarded_for(peer_ip(session), &upstream_request.headers);
+        upstream::set_identity_headers(
+            upstream_request,
+            &caller.key,
+            &ctx.request_id,
+            forwarded_for,
+        )?;
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
@@ -749,14 +757,13 @@ impl Gateway {
             model: ctx.model.take(),
             status,
             credits: cost,
-            client_ip: self.trusted_proxies.client(
-                session
-                    .client_addr()
-                    .and_then(|a| a.as_inet())
-                    .map(|a| a.ip()),
-                &req.headers,
-            ),
+            client_ip: self.trusted_proxies.client(peer_ip(session), &req.headers),
             latency_ms: elapsed.as_millis() as u64,
         });
     }
+}
+
+/// The IP address of the connection's peer; `None` over a Unix socket.
+fn peer_ip(session: &Session) -> Option<std::net::IpAddr> {
+    session.client_addr()?.as_inet().map(|a| a.ip())
 }

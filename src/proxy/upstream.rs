@@ -10,6 +10,7 @@ use pingora::http::RequestHeader;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use std::time::Duration;
 
+use super::client_ip::X_FORWARDED_FOR;
 use super::headers::{edit_request_headers, id_value};
 use crate::config::{resolve, UpstreamConfig};
 use crate::keys::{CachedKey, Environment};
@@ -85,11 +86,13 @@ impl Upstreams {
 
 /// Rewrites the request for the backend: drops the credential, states who is calling. For a
 /// scoped token, `Service-Key-Id` names the parent key (the one billed) and `Service-Token-Id`
-/// the token. Header names go out without the client's capitalization ([`super::headers`]).
+/// the token. `X-Forwarded-For` becomes `forwarded_for` ([`super::client_ip`]), or goes.
+/// Header names go out without the client's capitalization ([`super::headers`]).
 pub fn set_identity_headers(
     req: &mut RequestHeader,
     key: &CachedKey,
     request_id: &str,
+    forwarded_for: Option<HeaderValue>,
 ) -> pingora::Result<()> {
     let [workspace, key_id, environment, request, token] = &IDENTITY_HEADERS;
     drop_lookalikes(req);
@@ -106,13 +109,21 @@ pub fn set_identity_headers(
         ),
         (request, id_value(request_id)?),
     ];
-    // A client's own `Service-Token-Id` goes; a token's is replaced by the insert.
-    let removed: &[&HeaderName] = match token_id {
-        Some(_) => &[&AUTHORIZATION],
-        None => &[&AUTHORIZATION, token],
+    // A client's own `Service-Token-Id` goes; a token's is replaced by the insert. So does
+    // `X-Forwarded-For`, unless the gateway has one to send.
+    let removed: &[&HeaderName] = match (token_id.is_some(), forwarded_for.is_some()) {
+        (false, false) => &[&AUTHORIZATION, token, &X_FORWARDED_FOR],
+        (false, true) => &[&AUTHORIZATION, token],
+        (true, false) => &[&AUTHORIZATION, &X_FORWARDED_FOR],
+        (true, true) => &[&AUTHORIZATION],
     };
     let token = token_id.map(|t| (token, t));
-    edit_request_headers(req, removed, &mut identity.into_iter().chain(token))
+    let forwarded = forwarded_for.map(|v| (&X_FORWARDED_FOR, v));
+    edit_request_headers(
+        req,
+        removed,
+        &mut identity.into_iter().chain(token).chain(forwarded),
+    )
 }
 
 /// Drops client headers that backends may read as the gateway's own: CGI, WSGI and Rack turn

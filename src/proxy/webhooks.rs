@@ -2,18 +2,16 @@
 //! a test key sees and creates only test-mode endpoints, which get only test-mode events.
 
 use pingora::proxy::Session;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::auth::Authenticated;
 use super::body::read_bounded;
 use super::respond;
 use crate::error::ApiError;
-use crate::events::RETENTION_SECS;
-use crate::ids::{new_id, unix_millis, unix_now};
-use crate::keys::Environment;
+use crate::ids::{new_id, unix_now};
 use crate::store::Store;
-use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED};
 use crate::webhooks::endpoint::{check_filter, check_url, new_secret, Endpoint, EndpointStatus};
+use crate::webhooks::manage::{self, EndpointView, ReplayInput};
 
 /// Largest accepted request body.
 const BODY_LIMIT: usize = 16 * 1024;
@@ -39,90 +37,6 @@ pub enum WebhookOp {
     Deliveries,
     /// `POST /v1/webhooks/{id}/replay`
     Replay,
-}
-
-/// An endpoint as the API shows it; the secret only in the answer that created it.
-#[derive(Serialize)]
-struct EndpointView<'a> {
-    id: &'a str,
-    url: &'a str,
-    events: &'a [String],
-    status: EndpointStatus,
-    environment: Environment,
-    created_at: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    secret: Option<&'a str>,
-}
-
-impl<'a> EndpointView<'a> {
-    fn of(e: &'a Endpoint) -> Self {
-        Self {
-            id: &e.id,
-            url: &e.url,
-            events: &e.events,
-            status: e.status,
-            environment: e.environment,
-            created_at: e.created_at,
-            secret: None,
-        }
-    }
-}
-
-/// A delivery as the API shows it: the event's id and type, not its payload.
-#[derive(Serialize)]
-struct DeliveryView<'a> {
-    id: &'a str,
-    event_id: &'a str,
-    event_type: &'a str,
-    status: &'static str,
-    attempts: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    next_attempt_at: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    last_attempt: Option<AttemptView<'a>>,
-    replay: bool,
-    created_at: u64,
-}
-
-#[derive(Serialize)]
-struct AttemptView<'a> {
-    at: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status_code: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'a str>,
-    duration_ms: u64,
-}
-
-impl<'a> DeliveryView<'a> {
-    fn of(d: &'a Delivery) -> Self {
-        Self {
-            id: &d.id,
-            event_id: &d.event.id,
-            event_type: &d.event.event_type,
-            status: d.status.as_str(),
-            attempts: d.attempts,
-            next_attempt_at: d.next_attempt_ms.map(|ms| ms / 1000),
-            last_attempt: d.last_attempt.as_ref().map(|a| AttemptView {
-                at: a.at_ms / 1000,
-                status_code: a.status_code,
-                error: a.error.as_deref(),
-                duration_ms: a.duration_ms,
-            }),
-            replay: d.replay,
-            created_at: d.created_ms / 1000,
-        }
-    }
-}
-
-/// `POST /v1/webhooks/{id}/replay`: one event, or every event since a time.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReplayInput {
-    #[serde(default)]
-    event_id: Option<String>,
-    #[serde(default)]
-    since: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -154,20 +68,14 @@ pub async fn handle(
         .nth(3)
         .unwrap_or_default()
         .to_string();
-    let mine = |e: &Endpoint| e.environment == environment;
-    let not_found = || endpoint_not_found(&id);
-    let find = || caller_endpoint(store, workspace, environment, &id);
+    let mine = |e: &&Endpoint| e.environment == environment;
+    let find = || manage::find(store, workspace, Some(environment), &id);
     let (status, body) = match op {
         WebhookOp::List => {
             let all = store.endpoints(workspace).await?;
-            let views: Vec<EndpointView> = all
-                .iter()
-                .filter(|e| mine(e))
-                .map(EndpointView::of)
-                .collect();
             (
                 200,
-                serde_json::to_vec(&serde_json::json!({ "data": views })),
+                serde_json::to_vec(&manage::list_body(all.iter().filter(mine))),
             )
         }
         WebhookOp::Create => {
@@ -193,84 +101,67 @@ pub async fn handle(
                 created_at: unix_now(),
             };
             store.create_endpoint(&endpoint).await?;
-            let mut view = EndpointView::of(&endpoint);
-            view.secret = Some(&endpoint.secret);
-            (201, serde_json::to_vec(&view))
+            (
+                201,
+                serde_json::to_vec(&EndpointView::with_secret(&endpoint)),
+            )
         }
         WebhookOp::Get => {
             let e = find().await?;
             (200, serde_json::to_vec(&EndpointView::of(&e)))
         }
-        WebhookOp::Update | WebhookOp::Resume => {
-            let input = if op == WebhookOp::Update {
-                let input = read_input(session).await?;
-                let url = match &input.url {
-                    Some(u) => Some(
-                        check_url(u, allow_insecure)
-                            .await
-                            .map_err(ApiError::invalid)?
-                            .to_string(),
-                    ),
-                    None => None,
-                };
-                if let Some(events) = &input.events {
-                    check_events(events)?;
-                }
-                Some((url, input.events))
-            } else {
-                None
+        WebhookOp::Update => {
+            let input = read_input(session).await?;
+            let url = match &input.url {
+                Some(u) => Some(
+                    check_url(u, allow_insecure)
+                        .await
+                        .map_err(ApiError::invalid)?
+                        .to_string(),
+                ),
+                None => None,
             };
+            if let Some(events) = &input.events {
+                check_events(events)?;
+            }
             find().await?;
             let updated = store
-                .update_endpoint(workspace, &id, &|e: &mut Endpoint| match &input {
-                    Some((url, events)) => {
-                        if let Some(url) = url {
-                            e.url = url.clone();
-                        }
-                        if let Some(events) = events {
-                            e.events = events.clone();
-                        }
+                .update_endpoint(workspace, &id, &|e: &mut Endpoint| {
+                    if let Some(url) = &url {
+                        e.url = url.clone();
                     }
-                    None => e.status = EndpointStatus::Active,
+                    if let Some(events) = &input.events {
+                        e.events = events.clone();
+                    }
                 })
                 .await?
-                .ok_or_else(not_found)?;
+                .ok_or_else(|| manage::not_found(&id))?;
             (200, serde_json::to_vec(&EndpointView::of(&updated)))
+        }
+        WebhookOp::Resume => {
+            let resumed = manage::resume(store, &find().await?).await?;
+            (200, serde_json::to_vec(&EndpointView::of(&resumed)))
         }
         WebhookOp::Deliveries => {
             let endpoint = find().await?;
-            let limit = deliveries_limit(session.req_header().uri.query())?;
-            let deliveries = store.deliveries(&endpoint.id, limit).await?;
-            let views: Vec<DeliveryView> = deliveries.iter().map(DeliveryView::of).collect();
+            let limit = manage::deliveries_limit(query_param(session, "limit").as_deref())?;
             (
                 200,
-                serde_json::to_vec(&serde_json::json!({ "data": views })),
+                serde_json::to_vec(&manage::deliveries(store, &endpoint, limit).await?),
             )
         }
         WebhookOp::Replay => {
             let input: ReplayInput = read_json(session).await?;
             let endpoint = find().await?;
-            if endpoint.status == EndpointStatus::Paused {
-                return Err(ApiError::invalid(
-                    "the endpoint is paused; resume it before replaying",
-                ));
-            }
-            let (replayed, truncated) = replay(store, &endpoint, input).await?;
-            let ids: Vec<&str> = replayed.iter().map(|d| d.id.as_str()).collect();
             (
                 202,
-                serde_json::to_vec(&serde_json::json!({
-                    "endpoint": endpoint.id,
-                    "replayed": replayed.len(),
-                    "delivery_ids": ids,
-                    "truncated": truncated,
-                })),
+                serde_json::to_vec(&manage::replay(store, &endpoint, input).await?),
             )
         }
         WebhookOp::Delete => {
             find().await?;
             if !store.delete_endpoint(workspace, &id).await? {
-                return Err(not_found());
+                return Err(manage::not_found(&id));
             }
             (
                 200,
@@ -289,106 +180,12 @@ pub async fn handle(
     .map_err(|_| ApiError::Upstream("could not write the response".into()))
 }
 
-/// The caller's endpoint `id`: it must belong to the caller's workspace and environment.
-async fn caller_endpoint(
-    store: &dyn Store,
-    workspace: &str,
-    environment: Environment,
-    id: &str,
-) -> Result<Endpoint, ApiError> {
-    store
-        .endpoints(workspace)
-        .await?
-        .into_iter()
-        .find(|e| e.id == id && e.environment == environment)
-        .ok_or_else(|| endpoint_not_found(id))
-}
-
-fn endpoint_not_found(id: &str) -> ApiError {
-    ApiError::not_found(format!("no webhook endpoint '{}'", truncate(id)))
-}
-
-/// Most events one replay queues.
-const REPLAY_MAX: usize = 10_000;
-/// Deliveries listed by default, and at most.
-const LISTED_DEFAULT: usize = 50;
-
-/// Queues the replay asked for; answers the new deliveries, and whether `REPLAY_MAX` cut the
-/// list short.
-async fn replay(
-    store: &dyn Store,
-    endpoint: &Endpoint,
-    input: ReplayInput,
-) -> Result<(Vec<Delivery>, bool), ApiError> {
-    let now = unix_now();
-    let oldest = now.saturating_sub(RETENTION_SECS);
-    let (events, truncated) = match (input.event_id, input.since) {
-        (Some(event_id), None) => {
-            let event = store
-                .event(&event_id)
-                .await?
-                .filter(|e| {
-                    e.workspace == endpoint.workspace
-                        && e.environment == endpoint.environment
-                        && e.created >= oldest
-                })
-                .ok_or_else(|| {
-                    ApiError::not_found(format!(
-                        "no event '{}' in the last 30 days",
-                        truncate(&event_id)
-                    ))
-                })?;
-            if !endpoint.wants(&event.event_type) {
-                return Err(ApiError::invalid(format!(
-                    "the endpoint does not subscribe to {}",
-                    event.event_type
-                )));
-            }
-            (vec![event], false)
-        }
-        (None, Some(since)) => {
-            if since < oldest || since > now {
-                return Err(ApiError::invalid(
-                    "since must be a unix time within the last 30 days",
-                ));
-            }
-            let events = store
-                .events_since(&endpoint.workspace, endpoint.environment, since, REPLAY_MAX)
-                .await?;
-            let truncated = events.len() == REPLAY_MAX;
-            let wanted = events
-                .into_iter()
-                .filter(|e| endpoint.wants(&e.event_type))
-                .collect();
-            (wanted, truncated)
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                "give either event_id or since (a unix time)",
-            ))
-        }
-    };
-    let now_ms = unix_millis();
-    let deliveries: Vec<Delivery> = events
-        .iter()
-        .map(|e| Delivery::new(e, &endpoint.workspace, &endpoint.id, now_ms, true))
-        .collect();
-    store.enqueue_deliveries(&[], &[], &deliveries).await?;
-    Ok((deliveries, truncated))
-}
-
-/// `?limit=N` of the deliveries listing: 1 to the number kept.
-fn deliveries_limit(query: Option<&str>) -> Result<usize, ApiError> {
-    let Some((_, value)) = url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
-        .find(|(k, _)| k == "limit")
-    else {
-        return Ok(LISTED_DEFAULT);
-    };
-    value
-        .parse::<usize>()
-        .ok()
-        .filter(|n| (1..=DELIVERIES_LISTED).contains(n))
-        .ok_or_else(|| ApiError::invalid(format!("limit must be 1-{DELIVERIES_LISTED}")))
+/// The first value of the query parameter `name`.
+fn query_param(session: &Session, name: &str) -> Option<String> {
+    let query = session.req_header().uri.query()?;
+    url::form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
 }
 
 async fn read_input(session: &mut Session) -> Result<EndpointInput, ApiError> {
@@ -418,8 +215,4 @@ fn check_events(events: &[String]) -> Result<(), ApiError> {
         .iter()
         .try_for_each(|f| check_filter(f))
         .map_err(ApiError::invalid)
-}
-
-fn truncate(id: &str) -> String {
-    id.chars().take(64).collect()
 }

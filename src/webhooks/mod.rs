@@ -2,6 +2,7 @@
 //!
 //! - [`endpoint`]: where a workspace wants its events (URL rules, event filters);
 //! - [`delivery`]: one event on its way to one endpoint, its attempts and retry schedule;
+//! - [`manage`]: what the customers' and the operators' APIs do with an endpoint;
 //! - [`signature`]: the signing scheme and the receiver-side [`verify`];
 //! - [`sender`]: one signed POST, guarded against server-side request forgery;
 //! - [`mail`]: e-mail to workspace admins when an endpoint is paused;
@@ -12,6 +13,7 @@
 pub mod delivery;
 pub mod endpoint;
 pub mod mail;
+pub mod manage;
 pub mod notice;
 pub mod sender;
 pub mod signature;

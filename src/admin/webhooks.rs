@@ -1,0 +1,76 @@
+//! `/admin/v1/workspaces/{ws}/webhooks…`: the operators' view of a workspace's webhook
+//! endpoints, in both environments: list and show them (never their secrets), list an
+//! endpoint's deliveries, resume a paused endpoint, replay events. Creating, changing and
+//! deleting endpoints stays with the customer (`/v1/webhooks`), who holds their secrets.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http::StatusCode;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::extract::{JsonBody, PathParams, QueryParams};
+use super::AdminState;
+use crate::error::ApiError;
+use crate::webhooks::manage::{self, EndpointView, ReplayInput};
+
+/// `GET /admin/v1/workspaces/{ws}/webhooks`
+pub(super) async fn list(
+    State(state): State<AdminState>,
+    PathParams(workspace): PathParams<String>,
+) -> Result<Json<Value>, ApiError> {
+    state.require_workspace(&workspace).await?;
+    let all = state.store.endpoints(&workspace).await?;
+    Ok(Json(manage::list_body(all.iter())))
+}
+
+/// `GET /admin/v1/workspaces/{ws}/webhooks/{id}`
+pub(super) async fn show(
+    State(state): State<AdminState>,
+    PathParams((workspace, id)): PathParams<(String, String)>,
+) -> Result<Response, ApiError> {
+    let endpoint = manage::find(&*state.store, &workspace, None, &id).await?;
+    Ok(Json(EndpointView::of(&endpoint)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeliveriesParams {
+    limit: Option<String>,
+}
+
+/// `GET /admin/v1/workspaces/{ws}/webhooks/{id}/deliveries?limit=N`
+pub(super) async fn deliveries(
+    State(state): State<AdminState>,
+    PathParams((workspace, id)): PathParams<(String, String)>,
+    QueryParams(params): QueryParams<DeliveriesParams>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = manage::deliveries_limit(params.limit.as_deref())?;
+    let endpoint = manage::find(&*state.store, &workspace, None, &id).await?;
+    Ok(Json(
+        manage::deliveries(&*state.store, &endpoint, limit).await?,
+    ))
+}
+
+/// `POST /admin/v1/workspaces/{ws}/webhooks/{id}/resume`
+pub(super) async fn resume(
+    State(state): State<AdminState>,
+    PathParams((workspace, id)): PathParams<(String, String)>,
+) -> Result<Response, ApiError> {
+    let endpoint = manage::find(&*state.store, &workspace, None, &id).await?;
+    let resumed = manage::resume(&*state.store, &endpoint).await?;
+    tracing::info!(workspace, endpoint = %resumed.id, "webhook endpoint resumed by an operator");
+    Ok(Json(EndpointView::of(&resumed)).into_response())
+}
+
+/// `POST /admin/v1/workspaces/{ws}/webhooks/{id}/replay` with `{"event_id"}` or `{"since"}`
+pub(super) async fn replay(
+    State(state): State<AdminState>,
+    PathParams((workspace, id)): PathParams<(String, String)>,
+    JsonBody(input): JsonBody<ReplayInput>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let endpoint = manage::find(&*state.store, &workspace, None, &id).await?;
+    let queued = manage::replay(&*state.store, &endpoint, input).await?;
+    Ok((StatusCode::ACCEPTED, Json(queued)))
+}
