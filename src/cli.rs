@@ -54,8 +54,58 @@ enum Command {
         #[command(subcommand)]
         command: EventsCommand,
     },
+    /// Look after a workspace's webhook endpoints through the admin API: deliveries, resume,
+    /// replay.
+    Webhooks {
+        #[command(flatten)]
+        admin: AdminArgs,
+        /// Workspace (`ws_…`).
+        #[arg(long, global = true, value_parser = parse_id)]
+        workspace: Option<String>,
+        #[command(subcommand)]
+        command: WebhooksCommand,
+    },
     /// Forward the workspace's webhook events to a local URL, signed as production signs them.
     Listen(ListenArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum WebhooksCommand {
+    /// List the workspace's endpoints, both environments.
+    List,
+    /// Show one endpoint.
+    Show {
+        /// Endpoint id (`we_…`).
+        #[arg(value_parser = parse_id)]
+        id: String,
+    },
+    /// An endpoint's latest deliveries, newest first.
+    Deliveries {
+        /// Endpoint id (`we_…`).
+        #[arg(value_parser = parse_id)]
+        id: String,
+        /// How many (1 to 1000; the server's default is 50).
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Make a paused endpoint active again (what it missed is not resent: replay it).
+    Resume {
+        /// Endpoint id (`we_…`).
+        #[arg(value_parser = parse_id)]
+        id: String,
+    },
+    /// Deliver one event again, or every event the endpoint subscribes to since a time.
+    Replay {
+        /// Endpoint id (`we_…`).
+        #[arg(value_parser = parse_id)]
+        id: String,
+        /// The event (`evt_…`).
+        #[arg(long, conflicts_with = "since", required_unless_present = "since")]
+        event_id: Option<String>,
+        /// Unix time in seconds, within the last 30 days.
+        #[arg(long)]
+        since: Option<u64>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -118,12 +168,12 @@ fn parse_budget(raw: &str) -> Result<f64, String> {
     }
 }
 
-/// A key id goes into the admin API's URL path, so it is checked as one: letters, digits, `_`.
-fn parse_key_id(raw: &str) -> Result<String, String> {
+/// An id goes into the admin API's URL path, so it is checked as one: letters, digits, `_`.
+fn parse_id(raw: &str) -> Result<String, String> {
     let valid = !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
     match valid {
         true => Ok(raw.to_string()),
-        false => Err("a key id is letters, digits and `_` (key_…)".into()),
+        false => Err("an id is letters, digits and `_` (key_…, ws_…, we_…)".into()),
     }
 }
 
@@ -205,19 +255,19 @@ enum KeysCommand {
     /// Show one key.
     Show {
         /// Key id (`key_…`).
-        #[arg(value_parser = parse_key_id)]
+        #[arg(value_parser = parse_id)]
         id: String,
     },
     /// Revoke a key at once.
     Revoke {
         /// Key id (`key_…`).
-        #[arg(value_parser = parse_key_id)]
+        #[arg(value_parser = parse_id)]
         id: String,
     },
     /// Issue a successor key; the old one keeps working for the grace period.
     Rotate {
         /// Key id (`key_…`).
-        #[arg(value_parser = parse_key_id)]
+        #[arg(value_parser = parse_id)]
         id: String,
         /// Grace period in seconds (default: the server's `keys.rotation_grace_seconds`).
         #[arg(long)]
@@ -229,7 +279,7 @@ enum KeysCommand {
     /// End a rotated key's grace period now.
     EndGrace {
         /// Key id (`key_…`) of the rotated (old) key.
-        #[arg(value_parser = parse_key_id)]
+        #[arg(value_parser = parse_id)]
         id: String,
     },
 }
@@ -251,6 +301,13 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Events { admin, command } => {
             call_admin(&admin, |client, base| events(client, base, command))
         }
+        Command::Webhooks {
+            admin,
+            workspace,
+            command,
+        } => call_admin(&admin, |client, base| {
+            webhooks(client, base, workspace, command)
+        }),
         Command::Listen(args) => listen(args),
     }
 }
@@ -457,6 +514,39 @@ fn keys(
             }
         }
         KeysCommand::EndGrace { id } => client.post(format!("{base}/admin/v1/keys/{id}/end-grace")),
+    })
+}
+
+fn webhooks(
+    client: &reqwest::Client,
+    base: &str,
+    workspace: Option<String>,
+    command: WebhooksCommand,
+) -> Result<reqwest::RequestBuilder, String> {
+    let workspace = workspace.ok_or("--workspace is required")?;
+    let base = format!("{base}/admin/v1/workspaces/{workspace}/webhooks");
+    Ok(match command {
+        WebhooksCommand::List => client.get(base),
+        WebhooksCommand::Show { id } => client.get(format!("{base}/{id}")),
+        WebhooksCommand::Deliveries { id, limit } => {
+            let query: Vec<(&str, String)> = limit
+                .map(|l| ("limit", l.to_string()))
+                .into_iter()
+                .collect();
+            client.get(format!("{base}/{id}/deliveries")).query(&query)
+        }
+        WebhooksCommand::Resume { id } => client.post(format!("{base}/{id}/resume")),
+        WebhooksCommand::Replay {
+            id,
+            event_id,
+            since,
+        } => {
+            let body = match (event_id, since) {
+                (Some(event_id), _) => json!({ "event_id": event_id }),
+                (None, since) => json!({ "since": since }),
+            };
+            client.post(format!("{base}/{id}/replay")).json(&body)
+        }
     })
 }
 

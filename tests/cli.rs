@@ -65,6 +65,137 @@ async fn keys_cli_creates_lists_shows_and_revokes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
 }
 
+fn run_webhooks(gw: &Gateway, args: &[&str]) -> std::process::Output {
+    svcgate_command()
+        .args([
+            "webhooks",
+            "--admin-url",
+            &gw.admin,
+            "--admin-token",
+            ADMIN_TOKEN,
+        ])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The JSON a successful CLI call printed.
+fn printed(out: &std::process::Output) -> Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn webhooks_cli_lists_deliveries_resumes_and_replays() {
+    let gw = Gateway::builder()
+        .toml("[webhooks]\nallow_insecure_targets = true\n")
+        .start()
+        .await;
+    let (_, key) = gw
+        .create_key("live", &["webhooks:read", "webhooks:write"])
+        .await;
+    let receiver = Receiver::start().await;
+    let created = call(
+        &gw,
+        &key,
+        reqwest::Method::POST,
+        "/v1/webhooks",
+        Some(serde_json::json!({"url": receiver.url("/hook"), "events": ["agent.run.*"]})),
+    )
+    .await;
+    assert_eq!(created.status(), 201);
+    let id = created.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let event = printed(
+        &svcgate_command()
+            .args([
+                "events",
+                "--admin-url",
+                &gw.admin,
+                "--admin-token",
+                ADMIN_TOKEN,
+            ])
+            .args(["trigger", "agent.run.completed", "--workspace", DEMO_WS])
+            .output()
+            .unwrap(),
+    );
+    let event_id = event["id"].as_str().unwrap();
+    eventually(Duration::from_secs(10), || async {
+        receiver.received("/hook").len() == 1
+    })
+    .await
+    .expect("delivered");
+
+    let listed = printed(&run_webhooks(&gw, &["list", "--workspace", DEMO_WS]));
+    assert_eq!(listed["data"][0]["id"], id.as_str());
+    let shown = printed(&run_webhooks(&gw, &["--workspace", DEMO_WS, "show", &id]));
+    assert_eq!(shown["status"], "active");
+    let listed = printed(&run_webhooks(
+        &gw,
+        &["deliveries", &id, "--limit", "5", "--workspace", DEMO_WS],
+    ));
+    assert_eq!(listed["data"][0]["event_id"], event_id);
+    let resumed = printed(&run_webhooks(&gw, &["resume", &id, "--workspace", DEMO_WS]));
+    assert_eq!(resumed["status"], "active");
+    let replayed = printed(&run_webhooks(
+        &gw,
+        &[
+            "replay",
+            &id,
+            "--event-id",
+            event_id,
+            "--workspace",
+            DEMO_WS,
+        ],
+    ));
+    assert_eq!(replayed["replayed"], 1);
+    eventually(Duration::from_secs(10), || async {
+        receiver.received("/hook").len() == 2
+    })
+    .await
+    .expect("replayed");
+
+    // Refused: no workspace, neither or both of --event-id and --since, an id that is no id,
+    // an unknown event.
+    for args in [
+        &["list"][..],
+        &["replay", &id, "--workspace", DEMO_WS],
+        &[
+            "replay",
+            &id,
+            "--event-id",
+            event_id,
+            "--since",
+            "1",
+            "--workspace",
+            DEMO_WS,
+        ],
+        &["show", "../keys", "--workspace", DEMO_WS],
+    ] {
+        let out = run_webhooks(&gw, args);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    let out = run_webhooks(
+        &gw,
+        &[
+            "replay",
+            &id,
+            "--event-id",
+            "evt_nope",
+            "--workspace",
+            DEMO_WS,
+        ],
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_found (404)"));
+}
+
 #[tokio::test]
 async fn keys_cli_with_a_wrong_token_fails_cleanly() {
     let gw = Gateway::builder().start().await;
