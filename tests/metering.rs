@@ -656,6 +656,78 @@ async fn the_audit_log_records_who_did_what_and_never_a_secret() {
 }
 
 #[tokio::test]
+async fn the_audit_log_is_read_page_by_page() {
+    let ns = TestNamespace::new();
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    for _ in 0..5 {
+        assert_eq!(gw.chat(&key).await.status(), 200);
+    }
+    eventually(Duration::from_secs(5), || async {
+        audit(&gw, &format!("workspace={ws}")).await.len() == 5
+    })
+    .await
+    .expect("audited");
+    let everything = audit(&gw, &format!("workspace={ws}")).await;
+
+    let mut pages = Vec::new();
+    let mut query = format!("workspace={ws}&limit=2");
+    loop {
+        let page = gw.admin_get(&format!("/admin/v1/audit?{query}")).await;
+        pages.push(page["data"].as_array().unwrap().len());
+        if page["has_more"] == false {
+            assert!(page.get("next_cursor").is_none(), "{page}");
+            break;
+        }
+        let cursor = page["next_cursor"].as_str().unwrap().to_string();
+        query = format!("workspace={ws}&limit=2&cursor={cursor}");
+        let last = page["data"].as_array().unwrap().last().unwrap().clone();
+        assert!(cursor.ends_with(last["request_id"].as_str().unwrap()));
+    }
+    assert_eq!(pages, [2, 2, 1]);
+    // Page by page is the whole listing, in its order.
+    let mut paged = Vec::new();
+    let mut cursor = String::new();
+    while paged.len() < 5 {
+        let page = gw
+            .admin_get(&format!("/admin/v1/audit?workspace={ws}&limit=2{cursor}"))
+            .await;
+        paged.extend(page["data"].as_array().unwrap().iter().cloned());
+        cursor = format!(
+            "&cursor={}",
+            page["next_cursor"].as_str().unwrap_or_default()
+        );
+    }
+    assert_eq!(paged, everything);
+
+    for bad in [
+        "",
+        "1",
+        "x_req_1",
+        "1_key_1",
+        "1_req_",
+        "1_req_a-b",
+        "99999999999999999999_req_1",
+    ] {
+        let resp = gw
+            .admin_request(
+                Method::GET,
+                &format!("/admin/v1/audit?workspace={ws}&cursor={bad}"),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_error(resp, 400, "invalid_request_error").await;
+    }
+}
+
+#[tokio::test]
 async fn a_body_larger_than_the_sniffing_window_reaches_the_backend_intact() {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder().live(live.addr).start().await;

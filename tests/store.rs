@@ -9,7 +9,7 @@ use svcgate::events::Event;
 use svcgate::ids::{new_id, unix_now};
 use svcgate::keys::KeyHash;
 use svcgate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes, Workspace};
-use svcgate::metering::audit::{AuditQuery, AuditRecord};
+use svcgate::metering::audit::{AuditCursor, AuditQuery, AuditRecord};
 use svcgate::store::{ClaimRequest, ClaimedDelivery, MemoryStore, RedisStore, Store, StoreError};
 use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus};
 use svcgate::webhooks::endpoint::{Endpoint, EndpointStatus};
@@ -819,10 +819,8 @@ async fn audit_reads_the_newest_records_whichever_batch_holds_them(store: Arc<dy
     store.append_audit(&older).await.unwrap();
     let query = |limit| AuditQuery {
         workspace: ws.clone(),
-        key_id: None,
-        project: None,
-        since: None,
         limit,
+        ..AuditQuery::default()
     };
     let times = |records: Vec<AuditRecord>| records.iter().map(|r| r.time_ms).collect::<Vec<_>>();
     let got = times(store.audit(&query(5)).await.unwrap());
@@ -830,6 +828,48 @@ async fn audit_reads_the_newest_records_whichever_batch_holds_them(store: Arc<dy
     let all = times(store.audit(&query(10)).await.unwrap());
     assert_eq!(all.len(), 10);
     assert_eq!(&all[..3], &got[..3]);
+}
+
+async fn audit_pages_after_a_cursor_hold_every_record_once(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let now = unix_now() * 1000;
+    // Three records in one millisecond (a page may end among them), then a batch of older
+    // records written after the newer ones, as a spool written back after an outage is.
+    let mut newest: Vec<AuditRecord> = (0..3).map(|_| audit_record(&ws, now - 10)).collect();
+    newest.extend((0..4).map(|i| audit_record(&ws, now - 20 - i)));
+    let older: Vec<AuditRecord> = (0..6).map(|i| audit_record(&ws, now - 5_000 - i)).collect();
+    store.append_audit(&newest).await.unwrap();
+    store.append_audit(&older).await.unwrap();
+    let mut want: Vec<AuditRecord> = newest.iter().chain(&older).cloned().collect();
+    AuditRecord::sort_listing(&mut want);
+    let want: Vec<String> = want.iter().map(|r| r.request_id.to_string()).collect();
+
+    for limit in [1, 2, 3, 4, 13] {
+        let mut got = Vec::new();
+        let mut cursor: Option<AuditCursor> = None;
+        loop {
+            let page = store
+                .audit(&AuditQuery {
+                    workspace: ws.clone(),
+                    cursor: cursor.clone(),
+                    limit,
+                    ..AuditQuery::default()
+                })
+                .await
+                .unwrap();
+            assert!(page.len() <= limit);
+            let Some(last) = page.last() else { break };
+            // A cursor goes to the client as text and comes back.
+            let text = AuditCursor::after(last).to_string();
+            cursor = Some(text.parse().expect("a cursor reads back"));
+            got.extend(page.iter().map(|r| r.request_id.to_string()));
+            assert!(
+                got.len() <= want.len(),
+                "limit {limit}: a page repeats records"
+            );
+        }
+        assert_eq!(got, want, "limit {limit}");
+    }
 }
 
 macro_rules! store_suite {
@@ -872,6 +912,7 @@ store_suite!(
     events_since_filter_by_workspace_environment_and_time,
     claims_respect_due_times_leases_and_per_endpoint_caps,
     audit_reads_the_newest_records_whichever_batch_holds_them,
+    audit_pages_after_a_cursor_hold_every_record_once,
     a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has,
     struggling_endpoints_take_at_most_their_share_between_them,
     absurd_spend_saturates_and_never_jams_the_flushes,

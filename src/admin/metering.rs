@@ -9,7 +9,7 @@ use super::extract::{JsonBody, PathParams, QueryParams};
 use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::unix_now;
-use crate::metering::audit::{AuditQuery, AuditRecord};
+use crate::metering::audit::{AuditCursor, AuditQuery, AuditRecord};
 use crate::metering::month::{is_month, month_of};
 use crate::metering::Credits;
 
@@ -23,12 +23,17 @@ pub(super) struct AuditParams {
     key_id: Option<String>,
     project: Option<String>,
     since: Option<u64>,
+    cursor: Option<String>,
     limit: Option<usize>,
 }
 
 #[derive(Serialize)]
 pub(super) struct AuditPage {
     data: Vec<AuditRecord>,
+    /// Whether older records match too: ask again with `cursor` = `next_cursor`.
+    has_more: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
 pub(super) async fn audit(
@@ -46,16 +51,34 @@ pub(super) async fn audit(
     if params.since.is_some_and(|s| s.checked_mul(1000).is_none()) {
         return Err(ApiError::invalid("since must be a unix time in seconds"));
     }
+    let cursor = match params.cursor {
+        Some(text) => Some(text.parse::<AuditCursor>().map_err(|()| {
+            ApiError::invalid("cursor must be the next_cursor of an earlier page")
+        })?),
+        None => None,
+    };
     state.require_workspace(&workspace).await?;
+    // One more than asked for tells whether there are more.
     let query = AuditQuery {
         workspace,
         key_id: params.key_id,
         project: params.project,
         since: params.since,
-        limit,
+        cursor,
+        limit: limit + 1,
     };
-    let data = state.store.audit(&query).await?;
-    Ok(Json(AuditPage { data }))
+    let mut data = state.store.audit(&query).await?;
+    let has_more = data.len() > limit;
+    data.truncate(limit);
+    let next_cursor = match (has_more, data.last()) {
+        (true, Some(last)) => Some(AuditCursor::after(last).to_string()),
+        _ => None,
+    };
+    Ok(Json(AuditPage {
+        data,
+        has_more,
+        next_cursor,
+    }))
 }
 
 #[derive(Deserialize)]

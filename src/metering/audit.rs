@@ -67,6 +67,69 @@ pub struct AuditRecord {
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
+impl AuditRecord {
+    /// Where the record stands in a listing, which runs newest first: by arrival, and among
+    /// records of the same millisecond by request id, so every page of a listing is the same.
+    pub fn position(&self) -> (u64, &str) {
+        (self.time_ms, &self.request_id)
+    }
+
+    /// Sorts `records` as a listing shows them: newest first.
+    pub fn sort_listing(records: &mut [AuditRecord]) {
+        records.sort_unstable_by(|a, b| b.position().cmp(&a.position()));
+    }
+}
+
+/// Where a page of a listing ended: the records after it are older. Shown to clients as
+/// `<unix ms>_<request id>` (`next_cursor`), taken back as `cursor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditCursor {
+    time_ms: u64,
+    request_id: CompactString,
+}
+
+impl AuditCursor {
+    /// The cursor after `record`.
+    pub fn after(record: &AuditRecord) -> Self {
+        Self {
+            time_ms: record.time_ms,
+            request_id: record.request_id.clone(),
+        }
+    }
+
+    /// Whether `record` comes after the cursor in a listing (is older).
+    fn passes(&self, record: &AuditRecord) -> bool {
+        record.position() < (self.time_ms, &*self.request_id)
+    }
+}
+
+impl std::fmt::Display for AuditCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}_{}", self.time_ms, self.request_id)
+    }
+}
+
+impl std::str::FromStr for AuditCursor {
+    type Err = ();
+
+    /// `<unix ms>_req_<id>`, as [`Display`](std::fmt::Display) writes it.
+    fn from_str(s: &str) -> Result<Self, ()> {
+        let (time, id) = s.split_once('_').ok_or(())?;
+        let time_ms: u64 = time.parse().map_err(|_| ())?;
+        let random = id.strip_prefix("req_").ok_or(())?;
+        if random.is_empty()
+            || random.len() > 64
+            || !random.bytes().all(|b| b.is_ascii_alphanumeric())
+        {
+            return Err(());
+        }
+        Ok(Self {
+            time_ms,
+            request_id: id.into(),
+        })
+    }
+}
+
 /// A filter for reading the log back.
 #[derive(Debug, Clone, Default)]
 pub struct AuditQuery {
@@ -78,7 +141,9 @@ pub struct AuditQuery {
     pub project: Option<String>,
     /// Only records at or after this unix second.
     pub since: Option<u64>,
-    /// At most this many, newest first.
+    /// Only records after this point of the listing (older than the last page's last).
+    pub cursor: Option<AuditCursor>,
+    /// At most this many, newest first ([`AuditRecord::sort_listing`]).
     pub limit: usize,
 }
 
@@ -93,6 +158,7 @@ impl AuditQuery {
             && self
                 .since
                 .is_none_or(|s| record.time_ms >= s.saturating_mul(1000))
+            && self.cursor.as_ref().is_none_or(|c| c.passes(record))
     }
 }
 

@@ -495,7 +495,7 @@ impl Store for MemoryStore {
             return Ok(Vec::new());
         };
         let mut out: Vec<AuditRecord> = log.iter().filter(|r| query.matches(r)).cloned().collect();
-        out.sort_by_key(|r| std::cmp::Reverse(r.time_ms));
+        AuditRecord::sort_listing(&mut out);
         out.truncate(query.limit);
         Ok(out)
     }

@@ -961,7 +961,9 @@ impl Store for RedisStore {
         // Entries come newest-written first, but replicas write their batches at different
         // times: an entry written earlier can hold newer records. A batch is written after
         // every record in it arrived, so once `limit` records are held, an entry written before
-        // the oldest of them holds none that belongs in the answer.
+        // the oldest of them holds none that belongs in the answer. A page after a cursor reads
+        // from the newest entry too: a batch written later may hold older records (spooled
+        // through an outage, or sent by a replica whose writer was behind).
         let mut cutoff_ms: Option<u64> = None;
         'pages: loop {
             let page = self.stream_range("XREVRANGE", &key, &end, "-", 100).await?;
@@ -982,8 +984,7 @@ impl Store for RedisStore {
                     break 'pages;
                 }
                 let json: String = entry.get("records").unwrap_or_default();
-                let mut batch: Vec<AuditRecord> = serde_json::from_str(&json).unwrap_or_default();
-                batch.sort_by_key(|r| std::cmp::Reverse(r.time_ms));
+                let batch: Vec<AuditRecord> = serde_json::from_str(&json).unwrap_or_default();
                 // A batch whose acknowledgement was lost is written again: show it once.
                 out.extend(
                     batch
@@ -991,14 +992,14 @@ impl Store for RedisStore {
                         .filter(|r| query.matches(r) && seen.insert(r.request_id.clone())),
                 );
                 if out.len() >= query.limit {
-                    out.sort_by_key(|r| std::cmp::Reverse(r.time_ms));
+                    AuditRecord::sort_listing(&mut out);
                     out.truncate(query.limit);
                     cutoff_ms = out.last().map(|r| r.time_ms);
                 }
                 end = format!("({}", entry.id);
             }
         }
-        out.sort_by_key(|r| std::cmp::Reverse(r.time_ms));
+        AuditRecord::sort_listing(&mut out);
         out.truncate(query.limit);
         Ok(out)
     }
