@@ -519,3 +519,46 @@ async fn a_client_that_hangs_up_ends_its_stream_at_once() {
     .await;
     assert!(ended.is_some(), "{}", gw.logs());
 }
+
+#[tokio::test]
+async fn a_key_holds_at_most_five_streams_open_at_once() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw
+        .create_key("live", &["webhooks:read", "tokens:create"])
+        .await;
+    let open = |key: String| {
+        let request = gw
+            .request(Method::GET, "/v1/webhooks/listen")
+            .bearer_auth(key);
+        async move { request.send().await.unwrap() }
+    };
+    let mut streams = Vec::new();
+    for _ in 0..5 {
+        let mut resp = open(key.clone()).await;
+        assert_eq!(resp.status(), 200);
+        resp.chunk().await.unwrap().expect("the session event");
+        streams.push(resp);
+    }
+    let refused = open(key.clone()).await;
+    assert_eq!(refused.headers()["retry-after"], "5");
+    let body = assert_error(refused, 429, "rate_limit_error").await;
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("5 listen streams"));
+    // A scoped token counts as its parent key.
+    let token = gw
+        .mint_token(&key, json!({"scopes": ["webhooks:read"]}))
+        .await;
+    assert_error(open(token).await, 429, "rate_limit_error").await;
+    // Another key is not held back.
+    let (_, other) = gw.create_key("live", READ).await;
+    assert_eq!(open(other).await.status(), 200);
+    // A stream that ends frees its place.
+    streams.pop();
+    let reopened = eventually(Duration::from_secs(5), || async {
+        open(key.clone()).await.status() == 200
+    })
+    .await;
+    assert!(reopened.is_some(), "{}", gw.logs());
+}

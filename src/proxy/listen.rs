@@ -7,12 +7,18 @@
 //! signature, computed here, so the CLI forwards what production would send and no secret
 //! travels after the first event. The stream ends with an `error` event carrying the SPEC
 //! error body when the store fails, the key stops being valid or the gateway shuts down.
+//!
+//! Each stream holds a Redis connection of its own (a blocking read), so a replica holds at
+//! most [`STREAMS_PER_KEY`] open for one key (a scoped token counts as its parent) and
+//! [`STREAMS_PER_REPLICA`] in all; one more gets a 429 ([`OpenStreams`]).
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, TRANSFER_ENCODING};
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::auth::{Authenticated, Authenticator};
@@ -37,6 +43,72 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// A client that takes longer than this to accept a write is gone.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Most streams one key may hold open on one replica: a developer's terminal or three.
+pub const STREAMS_PER_KEY: usize = 5;
+/// Most streams one replica holds open (each holds a Redis connection).
+pub const STREAMS_PER_REPLICA: usize = 1_000;
+/// The `Retry-After` of a refused stream.
+const STREAMS_RETRY_AFTER_SECS: u64 = 5;
+
+/// The streams open on this replica, per key.
+#[derive(Default)]
+pub struct OpenStreams {
+    /// Open streams per key id (entries go when their count does).
+    per_key: Mutex<HashMap<String, usize>>,
+}
+
+/// One open stream, counted until dropped.
+pub struct StreamSlot<'a> {
+    streams: &'a OpenStreams,
+    key_id: String,
+}
+
+impl OpenStreams {
+    /// Counts a new stream of `key_id`, or refuses it with a 429 when the key or the replica
+    /// holds as many as allowed.
+    pub fn open(&self, key_id: &str) -> Result<StreamSlot<'_>, ApiError> {
+        let mut per_key = self.per_key.lock().unwrap_or_else(PoisonError::into_inner);
+        let total: usize = per_key.values().sum();
+        let mine = per_key.get(key_id).copied().unwrap_or(0);
+        let refusal = if mine >= STREAMS_PER_KEY {
+            Some(format!(
+                "at most {STREAMS_PER_KEY} listen streams per key may be open at once; close one"
+            ))
+        } else if total >= STREAMS_PER_REPLICA {
+            Some("this gateway holds as many listen streams as it can; retry shortly".into())
+        } else {
+            None
+        };
+        if let Some(message) = refusal {
+            return Err(ApiError::RateLimited {
+                message: message.into(),
+                retry_after_secs: STREAMS_RETRY_AFTER_SECS,
+            });
+        }
+        per_key.insert(key_id.to_string(), mine + 1);
+        Ok(StreamSlot {
+            streams: self,
+            key_id: key_id.to_string(),
+        })
+    }
+}
+
+impl Drop for StreamSlot<'_> {
+    fn drop(&mut self) {
+        let mut per_key = self
+            .streams
+            .per_key
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = per_key.get_mut(&self.key_id) {
+            *count -= 1;
+            if *count == 0 {
+                per_key.remove(&self.key_id);
+            }
+        }
+    }
+}
+
 /// What a stream forwards: the caller's workspace and environment, and the filters.
 struct Selection<'a> {
     workspace: &'a str,
@@ -56,9 +128,9 @@ impl Selection<'_> {
     }
 }
 
-/// Streams the caller's events until the client goes away, the store fails, the key is no
-/// longer allowed on `route`, or the gateway shuts down. Errors before the first byte are
-/// answered by the caller as usual.
+/// Streams the caller's events (the caller holds its [`StreamSlot`]) until the client goes
+/// away, the store fails, the key is no longer allowed on `route`, or the gateway shuts down.
+/// Errors before the first byte are answered by the caller as usual.
 pub async fn stream(
     session: &mut Session,
     caller: &Authenticated,
@@ -260,6 +332,43 @@ fn frame(name: &str, json: &str) -> String {
 mod tests {
     use super::*;
     use crate::keys::Environment;
+
+    fn refused(result: Result<StreamSlot<'_>, ApiError>) -> bool {
+        matches!(result, Err(ApiError::RateLimited { .. }))
+    }
+
+    #[test]
+    fn streams_are_capped_per_key_and_per_replica_and_freed_when_they_end() {
+        let streams = OpenStreams::default();
+        let mut held: Vec<StreamSlot> = (0..STREAMS_PER_KEY)
+            .map(|_| streams.open("key_a").unwrap())
+            .collect();
+        assert!(refused(streams.open("key_a")));
+        // Another key is not held back by this one's.
+        let other = streams.open("key_b").unwrap();
+        // A stream that ends gives its place back.
+        held.pop();
+        held.push(streams.open("key_a").unwrap());
+        assert!(refused(streams.open("key_a")));
+        drop(held);
+        drop(other);
+        assert!(
+            streams.per_key.lock().unwrap().is_empty(),
+            "counts are forgotten"
+        );
+
+        // The replica's cap, over many keys.
+        let many: Vec<StreamSlot> = (0..STREAMS_PER_REPLICA)
+            .map(|i| {
+                streams
+                    .open(&format!("key_{}", i / STREAMS_PER_KEY))
+                    .unwrap()
+            })
+            .collect();
+        assert!(refused(streams.open("key_new")));
+        drop(many);
+        assert!(streams.open("key_new").is_ok());
+    }
 
     #[test]
     fn filters_are_checked_names_or_wildcards() {

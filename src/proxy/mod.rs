@@ -141,6 +141,8 @@ pub struct Gateway {
     cors: Cors,
     /// Proxies whose `X-Forwarded-For` names the client.
     trusted_proxies: TrustedProxies,
+    /// The `svcgate listen` streams open here.
+    listen_streams: listen::OpenStreams,
 }
 
 /// What `request_filter` decided.
@@ -173,6 +175,7 @@ impl Gateway {
             draining,
             cors: Cors::default(),
             trusted_proxies: TrustedProxies::default(),
+            listen_streams: listen::OpenStreams::default(),
         }
     }
 
@@ -250,6 +253,7 @@ impl Gateway {
             }
             Handler::Listen => {
                 let caller = ctx.caller.as_ref().expect("authorized");
+                let _slot = self.listen_streams.open(caller.key.billed_key_id())?;
                 let (auth, store) = (&self.auth, self.store.as_ref());
                 let headers = ctx.answer_headers();
                 Box::pin(listen::stream(
