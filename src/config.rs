@@ -126,9 +126,51 @@ pub struct StoreConfig {
     pub tls_cert_file: Option<String>,
     /// The PEM private key of `tls_cert_file`.
     pub tls_key_file: Option<String>,
+    /// `host:port` of Redis Sentinels: the store then uses the master they name
+    /// (`sentinel_master`) and follows it through failovers; `url` gives the credentials,
+    /// database and TLS, and the node used until a Sentinel answers.
+    pub sentinels: Vec<String>,
+    /// The name the Sentinels monitor the master under (`sentinel monitor <name> …`).
+    pub sentinel_master: Option<String>,
+    /// `requirepass` of the Sentinels, if they have one.
+    pub sentinel_password: Option<String>,
 }
 
 impl StoreConfig {
+    /// The Sentinels to follow, if any are set.
+    pub fn sentinels(&self) -> Option<crate::store::Sentinels> {
+        if self.sentinels.is_empty() {
+            return None;
+        }
+        Some(crate::store::Sentinels {
+            addresses: self.sentinels.clone(),
+            master: self.sentinel_master.clone().unwrap_or_default(),
+            password: self.sentinel_password.clone(),
+        })
+    }
+
+    fn validate_sentinels(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        for address in &self.sentinels {
+            if let Err(e) = crate::store::sentinel_address(address) {
+                problems.push(Problem::new("store.sentinels", e));
+            }
+        }
+        let master = self.sentinel_master.as_deref().filter(|m| !m.is_empty());
+        match (self.sentinels.is_empty(), master) {
+            (false, None) => problems.push(Problem::new(
+                "store.sentinel_master",
+                "the name the Sentinels monitor the master under is required with store.sentinels",
+            )),
+            (true, Some(_)) => problems.push(Problem::new(
+                "store.sentinel_master",
+                "needs store.sentinels",
+            )),
+            _ => {}
+        }
+        problems
+    }
+
     /// The key cache settings.
     pub fn cache(&self) -> crate::store::CacheConfig {
         crate::store::CacheConfig {
@@ -192,6 +234,9 @@ impl Default for StoreConfig {
             tls_ca_file: None,
             tls_cert_file: None,
             tls_key_file: None,
+            sentinels: Vec::new(),
+            sentinel_master: None,
+            sentinel_password: None,
         }
     }
 }
@@ -694,6 +739,7 @@ impl Config {
             if let Err(problem) = self.store.tls() {
                 problems.push(problem);
             }
+            problems.extend(self.store.validate_sentinels());
         }
         if self.store.sync_interval_ms == 0 {
             problems.push(Problem::new(
@@ -945,6 +991,8 @@ fn is_optional_string(section: &str, key: &str) -> bool {
             | ("store", "tls_ca_file")
             | ("store", "tls_cert_file")
             | ("store", "tls_key_file")
+            | ("store", "sentinel_master")
+            | ("store", "sentinel_password")
     )
 }
 
@@ -988,6 +1036,62 @@ mod tests {
         assert!(c.upstream.live.is_none());
         assert_eq!(c.keys.rotation_grace_seconds, 86_400);
         assert_eq!(c.routes(), default_routes());
+    }
+
+    #[test]
+    fn sentinels_need_a_master_name_and_host_port_addresses() {
+        let f = |extra: &str| {
+            file(&format!(
+                "[server]\nadmin_token = \"a-long-admin-token\"\n[store]\nkind = \"redis\"\n{extra}"
+            ))
+        };
+        let ok =
+            f("sentinels = [\"10.0.0.1:26379\", \"s.db.svc:26379\"]\nsentinel_master = \"m\"\n");
+        let c = Config::load(Some(ok.path()), env(&[])).unwrap();
+        let sentinels = c.store.sentinels().unwrap();
+        assert_eq!(sentinels.addresses.len(), 2);
+        assert_eq!(sentinels.master, "m");
+        // From the environment, as Kubernetes would set them.
+        let c = Config::load(
+            Some(f("").path()),
+            env(&[
+                ("SVCGATE_STORE_SENTINELS", "[\"10.0.0.1:26379\"]"),
+                ("SVCGATE_STORE_SENTINEL_MASTER", "mymaster"),
+                ("SVCGATE_STORE_SENTINEL_PASSWORD", "12345"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.store.sentinels().unwrap().password.as_deref(),
+            Some("12345")
+        );
+        assert!(Config::load(Some(f("").path()), env(&[]))
+            .unwrap()
+            .store
+            .sentinels()
+            .is_none());
+        for (bad, key) in [
+            (
+                "sentinels = [\"10.0.0.1:26379\"]\n",
+                "store.sentinel_master",
+            ),
+            (
+                "sentinels = [\"10.0.0.1:26379\"]\nsentinel_master = \"\"\n",
+                "store.sentinel_master",
+            ),
+            ("sentinel_master = \"m\"\n", "store.sentinel_master"),
+            (
+                "sentinels = [\"10.0.0.1\"]\nsentinel_master = \"m\"\n",
+                "store.sentinels",
+            ),
+            (
+                "sentinels = [\"h:0\"]\nsentinel_master = \"m\"\n",
+                "store.sentinels",
+            ),
+        ] {
+            let found = problems(Config::load(Some(f(bad).path()), env(&[])).unwrap_err());
+            assert!(found.iter().any(|p| p.key == key), "{bad}: {found:?}");
+        }
     }
 
     #[test]

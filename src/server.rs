@@ -230,10 +230,16 @@ fn connect_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
                 .store
                 .tls()
                 .map_err(|p| StartError::Config(format!("{}: {}", p.key, p.reason)))?;
+            let sentinels = config.store.sentinels();
             Arc::new(
-                RedisStore::connect_with_tls(&config.store.url, &config.store.namespace, tls)
-                    .map_err(|e| StartError::Config(format!("store.url: {e}")))?
-                    .with_audit_retention_days(config.metering.audit_retention_days),
+                RedisStore::connect_with(
+                    &config.store.url,
+                    &config.store.namespace,
+                    tls,
+                    sentinels.as_ref(),
+                )
+                .map_err(|e| StartError::Config(format!("store.url: {e}")))?
+                .with_audit_retention_days(config.metering.audit_retention_days),
             )
         }
     })

@@ -37,7 +37,11 @@
 //! script, atomically, on Redis Cluster too. At about 500 bytes a key, one slot holds millions
 //! of keys; high-volume counters go to other slots.
 
+mod connection;
 mod webhooks;
+
+use connection::Connections;
+pub use connection::{sentinel_address, Sentinels};
 
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
@@ -375,8 +379,7 @@ return out
 
 /// Workspaces and keys in Redis.
 pub struct RedisStore {
-    client: redis::Client,
-    conn: ConnectionManager,
+    connections: Arc<Connections>,
     layout: Layout,
     changed: Arc<Notify>,
     audit_retention_secs: u64,
@@ -397,32 +400,41 @@ impl RedisStore {
         namespace: &str,
         tls: Option<redis::TlsCertificates>,
     ) -> Result<Self, StoreError> {
-        let client = match tls {
-            Some(certificates) => redis::Client::build_with_tls(url, certificates),
-            None => redis::Client::open(url),
-        }
-        .map_err(|e| StoreError::Unavailable(format!("bad Redis URL or TLS files: {e}")))?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(500)))
-            .set_response_timeout(Some(Duration::from_millis(500)))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(2));
-        let conn =
-            ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(unavailable)?;
+        Self::connect_with(url, namespace, tls, None)
+    }
+
+    /// [`connect_with_tls`](Self::connect_with_tls), and with `sentinels`, to the master they
+    /// name, followed through failovers (`url` then gives the credentials, database and TLS,
+    /// and the node to start with).
+    pub fn connect_with(
+        url: &str,
+        namespace: &str,
+        tls: Option<redis::TlsCertificates>,
+        sentinels: Option<&Sentinels>,
+    ) -> Result<Self, StoreError> {
+        let client = connection::client_for(url, tls.clone())?;
+        let connections = match sentinels {
+            Some(sentinels) => Connections::via_sentinels(client, sentinels, tls)?,
+            None => Connections::direct(client)?,
+        };
         let layout = Layout::new(namespace);
         let changed = Arc::new(Notify::new());
         tokio::spawn(listen_for_changes(
-            client.clone(),
+            Arc::downgrade(&connections),
             layout.channel(),
             changed.clone(),
         ));
         Ok(Self {
-            client,
-            conn,
+            connections,
             layout,
             changed,
             audit_retention_secs: 30 * 86_400,
         })
+    }
+
+    /// Where the store's connections go now (`host:port`): the master, with Sentinels.
+    pub fn address(&self) -> String {
+        self.connections.address()
     }
 
     /// Keeps audit records for `days` (default 30).
@@ -432,7 +444,7 @@ impl RedisStore {
     }
 
     fn conn(&self) -> ConnectionManager {
-        self.conn.clone()
+        self.connections.manager()
     }
 
     async fn update(
@@ -523,21 +535,40 @@ impl RedisStore {
 }
 
 /// Subscribes to the change channel and wakes the key cache for every message, and once after
-/// every (re)subscription so anything missed while disconnected is caught up.
-async fn listen_for_changes(client: redis::Client, channel: String, changed: Arc<Notify>) {
+/// every (re)subscription so anything missed while disconnected is caught up. Resubscribes on
+/// the new master when Sentinel moves it; ends with the store.
+async fn listen_for_changes(
+    connections: std::sync::Weak<Connections>,
+    channel: String,
+    changed: Arc<Notify>,
+) {
     use futures_util::StreamExt;
     let mut backoff = Duration::from_millis(100);
     loop {
+        let Some((client, mut moved)) = connections.upgrade().map(|c| (c.client(), c.moved()))
+        else {
+            return;
+        };
+        moved.mark_unchanged();
         match client.get_async_pubsub().await {
             Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
                 Ok(()) => {
                     backoff = Duration::from_millis(100);
                     changed.notify_one();
                     let mut messages = pubsub.on_message();
-                    while messages.next().await.is_some() {
-                        changed.notify_one();
+                    loop {
+                        tokio::select! {
+                            message = messages.next() => match message {
+                                Some(_) => changed.notify_one(),
+                                None => {
+                                    tracing::warn!("key change subscription lost; reconnecting");
+                                    break;
+                                }
+                            },
+                            // The master moved, or the store is gone.
+                            _ = moved.changed() => break,
+                        }
                     }
-                    tracing::warn!("key change subscription lost; reconnecting");
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot subscribe to key changes"),
             },

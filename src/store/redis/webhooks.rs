@@ -288,7 +288,8 @@ impl RedisStore {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_millis(500)))
             .set_response_timeout(None);
-        self.client
+        self.connections
+            .client()
             .get_multiplexed_async_connection_with_config(&config)
             .await
             .map_err(unavailable)

@@ -1,0 +1,244 @@
+//! Which Redis the store talks to: the one `store.url` names, or the master that a set of
+//! Redis Sentinels names, followed through failovers.
+//!
+//! With Sentinels, a watcher asks them every second which node is the master. When the answer
+//! changes (a failover), the store's connections move to the new master: the shared connection
+//! is replaced, blocking readers and the change subscription reconnect. Until a Sentinel has
+//! answered once, `store.url`'s own host is used, so a replica starts (not ready) while the
+//! Sentinels are down, as it does while Redis is.
+
+use arc_swap::ArcSwap;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{Client, ConnectionAddr, TlsCertificates};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+use crate::store::StoreError;
+
+/// How often the Sentinels are asked where the master is.
+const SENTINEL_POLL: Duration = Duration::from_secs(1);
+
+/// The Sentinels that name the store's master.
+#[derive(Debug, Clone)]
+pub struct Sentinels {
+    /// `host:port` of each Sentinel.
+    pub addresses: Vec<String>,
+    /// The name the Sentinels monitor the master under.
+    pub master: String,
+    /// `requirepass` of the Sentinels, if they have one.
+    pub password: Option<String>,
+}
+
+/// One Redis node and the store's shared connection to it.
+struct Node {
+    client: Client,
+    manager: ConnectionManager,
+}
+
+impl Node {
+    fn new(client: Client) -> Result<Self, StoreError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(500)))
+            .set_response_timeout(Some(Duration::from_millis(500)))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(2));
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        Ok(Self { client, manager })
+    }
+}
+
+/// The node the store uses now, and a signal each time it changes.
+pub(super) struct Connections {
+    node: ArcSwap<Node>,
+    moved: watch::Sender<u64>,
+}
+
+impl Connections {
+    /// Connections to `client`'s node, for good.
+    pub fn direct(client: Client) -> Result<Arc<Self>, StoreError> {
+        Ok(Arc::new(Self {
+            node: ArcSwap::from_pointee(Node::new(client)?),
+            moved: watch::Sender::new(0),
+        }))
+    }
+
+    /// Connections to the master `sentinels` name, starting with `client`'s node (`store.url`,
+    /// whose credentials, database and TLS the master's connections also use). Must run
+    /// inside the Tokio runtime: it starts the watcher.
+    pub fn via_sentinels(
+        client: Client,
+        sentinels: &Sentinels,
+        tls: Option<TlsCertificates>,
+    ) -> Result<Arc<Self>, StoreError> {
+        let sentinel = sentinel_client(&client, sentinels, tls.clone())?;
+        let this = Self::direct(client)?;
+        tokio::spawn(follow_master(Arc::downgrade(&this), sentinel));
+        Ok(this)
+    }
+
+    /// The shared connection (multiplexed; reconnects by itself).
+    pub fn manager(&self) -> ConnectionManager {
+        self.node.load().manager.clone()
+    }
+
+    /// A client for connections of their own (blocking reads, subscriptions).
+    pub fn client(&self) -> Client {
+        self.node.load().client.clone()
+    }
+
+    /// Changes each time the master moves: whoever holds a connection of its own reconnects.
+    pub fn moved(&self) -> watch::Receiver<u64> {
+        self.moved.subscribe()
+    }
+
+    /// Where the store's connections go now (`host:port`).
+    pub fn address(&self) -> String {
+        self.node
+            .load()
+            .client
+            .get_connection_info()
+            .addr()
+            .to_string()
+    }
+
+    fn switch_to(&self, client: Client) -> Result<(), StoreError> {
+        self.node.store(Arc::new(Node::new(client)?));
+        self.moved.send_modify(|n| *n += 1);
+        Ok(())
+    }
+}
+
+/// A Sentinel client that hands out clients for the master with `client`'s settings.
+fn sentinel_client(
+    client: &Client,
+    sentinels: &Sentinels,
+    tls: Option<TlsCertificates>,
+) -> Result<SentinelClient, StoreError> {
+    let bad = |e: redis::RedisError| StoreError::Unavailable(format!("Sentinel settings: {e}"));
+    let addresses = sentinels
+        .addresses
+        .iter()
+        .map(|a| sentinel_address(a))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(StoreError::Unavailable)?;
+    let info = client.get_connection_info();
+    let redis = info.redis_settings();
+    let mut builder =
+        SentinelClientBuilder::new(addresses, &sentinels.master, SentinelServerType::Master)
+            .map_err(bad)?
+            .set_client_to_redis_db(redis.db());
+    if let Some(username) = redis.username() {
+        builder = builder.set_client_to_redis_username(username);
+    }
+    if let Some(password) = redis.password() {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if let ConnectionAddr::TcpTls { insecure, .. } = info.addr() {
+        builder = builder.set_client_to_redis_tls_mode(match insecure {
+            true => redis::TlsMode::Insecure,
+            false => redis::TlsMode::Secure,
+        });
+        if let Some(certificates) = tls {
+            builder = builder.set_client_to_redis_certificates(certificates);
+        }
+    }
+    if let Some(password) = &sentinels.password {
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    builder.build().map_err(bad)
+}
+
+/// `host:port` of a Sentinel.
+pub fn sentinel_address(address: &str) -> Result<ConnectionAddr, String> {
+    let (host, port) = address
+        .rsplit_once(':')
+        .filter(|(host, _)| !host.is_empty())
+        .ok_or_else(|| format!("'{address}' is not host:port"))?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("'{address}' has no valid port"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Ok(ConnectionAddr::Tcp(host.to_string(), port))
+}
+
+/// Asks the Sentinels where the master is, every [`SENTINEL_POLL`], and moves the store's
+/// connections when it moves. Ends with the store.
+async fn follow_master(connections: std::sync::Weak<Connections>, mut sentinel: SentinelClient) {
+    let mut unreachable_logged = false;
+    loop {
+        let Some(this) = connections.upgrade() else {
+            return;
+        };
+        match tokio::time::timeout(SENTINEL_POLL * 2, sentinel.async_get_client()).await {
+            Ok(Ok(master)) => {
+                unreachable_logged = false;
+                let address = master.get_connection_info().addr().to_string();
+                tracing::debug!(master = %address, "Sentinel names the Redis master");
+                if address != this.address() {
+                    tracing::warn!(master = %address, was = %this.address(), "Redis master moved (Sentinel); reconnecting");
+                    if let Err(e) = this.switch_to(master) {
+                        tracing::error!(error = %e, "cannot connect to the new Redis master");
+                    }
+                }
+            }
+            Ok(Err(e)) if !unreachable_logged => {
+                unreachable_logged = true;
+                tracing::warn!(error = %e, "no Sentinel names a Redis master; keeping the current one");
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "no Sentinel names a Redis master"),
+            Err(_) if !unreachable_logged => {
+                unreachable_logged = true;
+                tracing::warn!("the Sentinels do not answer; keeping the current Redis master");
+            }
+            Err(_) => {}
+        }
+        drop(this);
+        tokio::time::sleep(SENTINEL_POLL).await;
+    }
+}
+
+/// `store.url` read as a client (its host is where a store with Sentinels starts).
+pub fn client_for(url: &str, tls: Option<TlsCertificates>) -> Result<Client, StoreError> {
+    match tls {
+        Some(certificates) => Client::build_with_tls(url, certificates),
+        None => Client::open(url),
+    }
+    .map_err(|e| StoreError::Unavailable(format!("bad Redis URL or TLS files: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinel_addresses_are_host_and_port() {
+        assert_eq!(
+            sentinel_address("10.0.0.1:26379").unwrap(),
+            ConnectionAddr::Tcp("10.0.0.1".into(), 26379)
+        );
+        assert_eq!(
+            sentinel_address("redis-sentinel.db.svc:26379").unwrap(),
+            ConnectionAddr::Tcp("redis-sentinel.db.svc".into(), 26379)
+        );
+        assert_eq!(
+            sentinel_address("[::1]:26379").unwrap(),
+            ConnectionAddr::Tcp("::1".into(), 26379)
+        );
+        for bad in [
+            "",
+            "host",
+            ":26379",
+            "host:",
+            "host:0",
+            "host:70000",
+            "host:x",
+        ] {
+            assert!(sentinel_address(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The Redis store behind Sentinel: a real master, a replica and a Sentinel of the test's own;
+//! the gateway finds the master through the Sentinel and follows it through a failover.
+
+mod common;
+
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MASTER_NAME: &str = "svcgate-test";
+
+/// A `redis-server` (or Sentinel) on a port of its own, killed on drop.
+struct Node {
+    child: Option<Child>,
+    port: u16,
+}
+
+impl Node {
+    async fn start(port: u16, args: &[&str]) -> Self {
+        let child = Command::new("redis-server")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (.ci/install)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self {
+            child: Some(child),
+            port,
+        }
+    }
+
+    async fn redis(port: u16, extra: &[&str]) -> Self {
+        let port_text = port.to_string();
+        let mut args = vec!["--port", &port_text, "--bind", "127.0.0.1"];
+        args.extend(["--save", "", "--appendonly", "no"]);
+        args.extend(extra);
+        Self::start(port, &args).await
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        cmd.query_async(&mut conn).await
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The master's port as the Sentinel names it.
+async fn master_port(sentinel: &Node) -> Option<u16> {
+    let addr: Vec<String> = sentinel
+        .query(
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(MASTER_NAME),
+        )
+        .await
+        .ok()?;
+    addr.get(1)?.parse().ok()
+}
+
+/// Polls `check` until it gives a value or `limit` passes.
+async fn until_some<T, F, Fut>(limit: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(value) = check().await {
+            return Some(value);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// Creates a key through the admin API, retried while the store finds its feet.
+async fn key_in(gw: &Gateway, ws: &str) -> Option<String> {
+    let resp = gw
+        .admin_request(Method::POST, "/admin/v1/keys")
+        .json(
+            &json!({"workspace": ws, "environment": "live", "scopes": ["chat.completions:create"]}),
+        )
+        .send()
+        .await
+        .ok()?;
+    if resp.status() != 201 {
+        eprintln!(
+            "key creation: {} {}",
+            resp.status(),
+            resp.text().await.unwrap_or_default()
+        );
+        return None;
+    }
+    let body: Value = resp.json().await.ok()?;
+    body["key"].as_str().map(str::to_string)
+}
+
+#[tokio::test]
+async fn the_store_follows_the_master_sentinel_names_through_a_failover() {
+    let [master_at, replica_at, sentinel_at] = free_ports::<3>();
+    let mut master = Node::redis(master_at, &["--repl-diskless-sync-delay", "0"]).await;
+    let master_port_text = master_at.to_string();
+    let replica = Node::redis(replica_at, &["--replicaof", "127.0.0.1", &master_port_text]).await;
+    let synced = eventually(Duration::from_secs(10), || async {
+        let info: String = replica
+            .query(redis::cmd("INFO").arg("replication"))
+            .await
+            .unwrap();
+        info.contains("master_link_status:up")
+    })
+    .await;
+    assert!(synced.is_some(), "the replica did not sync");
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {sentinel_at}\nbind 127.0.0.1\ndir {}\n\
+             sentinel monitor {MASTER_NAME} 127.0.0.1 {master_at} 1\n\
+             sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+             sentinel failover-timeout {MASTER_NAME} 3000\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let sentinel = Node::start(sentinel_at, &[conf.to_str().unwrap(), "--sentinel"]).await;
+    assert_eq!(master_port(&sentinel).await, Some(master_at));
+
+    // `store.url` names the replica: the gateway must find the master through the Sentinel
+    // to write at all.
+    let ns = TestNamespace::new();
+    let gw = Gateway::builder()
+        .redis(&format!("redis://127.0.0.1:{replica_at}/0"), &ns.name)
+        .log_filter("info,svcgate::store=debug")
+        .store_settings(&format!(
+            "sentinels = [\"127.0.0.1:{sentinel_at}\"]\nsentinel_master = \"{MASTER_NAME}\""
+        ))
+        .start()
+        .await;
+    let ws = until_some(Duration::from_secs(10), || async {
+        let resp = gw
+            .admin_request(Method::POST, "/admin/v1/workspaces")
+            .json(&json!({"name": "sentinel", "admin_emails": ["ops@example.com"]}))
+            .send()
+            .await
+            .ok()?;
+        let body: Value = resp.json().await.ok()?;
+        body["id"].as_str().map(str::to_string)
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "no workspace written through the Sentinel's master\n{}",
+            gw.logs()
+        )
+    });
+    let before = until_some(Duration::from_secs(5), || key_in(&gw, &ws))
+        .await
+        .expect("a key written to the master");
+    assert_eq!(gw.chat(&before).await.status(), 200);
+    // It went to the master; the master dies once the replica has it (replication is
+    // asynchronous: what the replica lacks at a failover is lost, as with any Redis failover).
+    let written: i64 = master.query(&redis::cmd("DBSIZE")).await.unwrap();
+    assert!(written > 0);
+    let replicated: i64 = master
+        .query(redis::cmd("WAIT").arg(1).arg(5000))
+        .await
+        .unwrap();
+    assert_eq!(replicated, 1);
+
+    // The master dies; the Sentinel promotes the replica; writes go there.
+    master.kill();
+    let promoted = eventually(Duration::from_secs(20), || async {
+        master_port(&sentinel).await == Some(replica_at)
+    })
+    .await;
+    assert!(promoted.is_some(), "the Sentinel did not fail over");
+    let after = until_some(Duration::from_secs(10), || key_in(&gw, &ws))
+        .await
+        .unwrap_or_else(|| panic!("no key written after the failover\n{}", gw.logs()));
+    assert_eq!(gw.chat(&after).await.status(), 200);
+    assert_eq!(gw.chat(&before).await.status(), 200);
+    let readiness = gw.request(Method::GET, "/readyz").send().await.unwrap();
+    assert_eq!(readiness.status(), 200);
+    assert!(gw.logs().contains("Redis master moved"), "{}", gw.logs());
+    drop(replica);
+}
