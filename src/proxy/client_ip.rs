@@ -67,7 +67,7 @@ impl TrustedProxies {
 
     /// The `X-Forwarded-For` to send the backend for a request from `peer`: the header as
     /// trusted proxies wrote it with the peer appended, or the peer alone. `None` (the header is
-    /// dropped) when the peer has no IP address. Unless the peer is trusted, one allocation.
+    /// dropped) when the peer has no IP address. From an untrusted peer, no allocation as a rule.
     pub fn forwarded_for(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<HeaderValue> {
         let peer = peer?.to_canonical();
         if !self.nets.is_empty() && self.trusts(peer) {
@@ -79,13 +79,34 @@ impl TrustedProxies {
             write!(list, "{peer}").ok()?;
             return HeaderValue::from_maybe_shared(bytes::Bytes::from(list)).ok();
         }
+        peer_value(peer)
+    }
+}
+
+thread_local! {
+    /// The last peer this thread wrote, and its header value: a sidecar's peers are a few
+    /// ingress and node addresses, so most requests reuse it (a shared buffer's count goes up)
+    /// instead of formatting the address into a new one.
+    static LAST_PEER: std::cell::RefCell<Option<(IpAddr, HeaderValue)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `peer` as a header value.
+fn peer_value(peer: IpAddr) -> Option<HeaderValue> {
+    LAST_PEER.with_borrow_mut(|last| {
+        if let Some((_, value)) = last.as_ref().filter(|(ip, _)| *ip == peer) {
+            return Some(value.clone());
+        }
         // The longest IPv6 text is 45 bytes (`ffff:…:255.255.255.255`).
         let mut buf = [0u8; 48];
         let mut cursor = &mut buf[..];
         write!(cursor, "{peer}").ok()?;
         let written = 48 - cursor.len();
-        HeaderValue::from_bytes(&buf[..written]).ok()
-    }
+        let value =
+            HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(&buf[..written])).ok()?;
+        *last = Some((peer, value.clone()));
+        Some(value)
+    })
 }
 
 /// An address (`10.0.0.7`) or a CIDR block (`10.0.0.0/8`).
