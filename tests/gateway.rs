@@ -605,6 +605,31 @@ async fn a_route_parameter_that_is_a_dot_segment_or_hides_a_slash_is_404_and_nev
 }
 
 #[tokio::test]
+async fn a_project_named_in_connection_still_reaches_the_backend() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder().live(live.addr).start().await;
+    let (_, key) = gw
+        .create_key("live", &["chat.completions:create", "models:read"])
+        .await;
+    // A client that names `Service-Project` in `Connection` (hop-by-hop, so dropped by the
+    // proxy) is charged to the project; the backend must still be told which.
+    let answer = raw(
+        &gw,
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Service-Project: team-a\r\nConnection: close, Service-Project\r\n\
+             Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+        ),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let seen = live.requests();
+    assert_eq!(seen[0].headers["service-project"], "team-a");
+    assert_eq!(seen[0].headers.get_all("service-project").iter().count(), 1);
+    assert_eq!(live.requests().len(), 1);
+}
+
+#[tokio::test]
 async fn a_401_carries_a_bearer_challenge_and_two_authorization_headers_are_refused() {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder().live(live.addr).start().await;

@@ -656,6 +656,29 @@ async fn the_audit_log_records_who_did_what_and_never_a_secret() {
 }
 
 #[tokio::test]
+async fn the_simulator_audits_at_most_256_characters_of_a_model() {
+    let gw = Gateway::builder().start().await;
+    let (id, key) = gw.create_key("test", &["chat.completions:create"]).await;
+    let long = "m".repeat(5_000);
+    let resp = gw
+        .request(Method::POST, "/v1/chat/completions")
+        .bearer_auth(&key)
+        .json(&json!({"model": long}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let query = format!("workspace={DEMO_WS}&key_id={id}");
+    eventually(Duration::from_secs(5), || async {
+        audit(&gw, &query).await.len() == 1
+    })
+    .await
+    .expect("audited");
+    let record = &audit(&gw, &query).await[0];
+    assert_eq!(record["model"].as_str().unwrap(), &long[..256]);
+}
+
+#[tokio::test]
 async fn the_audit_log_is_read_page_by_page() {
     let ns = TestNamespace::new();
     let gw = Gateway::builder()

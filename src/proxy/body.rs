@@ -31,7 +31,7 @@ pub fn sniff_model(prefix: &[u8], complete: bool) -> Option<CompactString> {
         if let Some(model) = first.strip_prefix(MODEL).and_then(plain_string_value) {
             return Some(CompactString::from(model));
         }
-        return top_level_model(prefix).map(|model| truncate_chars(model, 256));
+        return top_level_model(prefix).map(|model| truncate_chars(model, MODEL_CHARS));
     }
     let start = prefix.windows(MODEL.len()).position(|w| w == MODEL)? + MODEL.len();
     plain_string_value(&prefix[start..]).map(CompactString::from)
@@ -106,7 +106,11 @@ fn top_level_model(body: &[u8]) -> Option<CompactString> {
 }
 
 /// `s` cut to its first `max` characters.
-fn truncate_chars(mut s: CompactString, max: usize) -> CompactString {
+/// Most characters of a `model` kept for the audit record.
+pub const MODEL_CHARS: usize = 256;
+
+/// `s` cut to its first `max` characters.
+pub fn truncate_chars(mut s: CompactString, max: usize) -> CompactString {
     if let Some((end, _)) = s.char_indices().nth(max) {
         s.truncate(end);
     }

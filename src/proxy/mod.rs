@@ -392,7 +392,10 @@ impl Gateway {
         };
         ctx.billable = true;
         ctx.reported_credits = Some(price);
-        ctx.model = summary.model.map(CompactString::from);
+        // Test keys are free and reach the simulator: the audit keeps what it keeps of any model.
+        ctx.model = summary
+            .model
+            .map(|m| body::truncate_chars(CompactString::from(m), body::MODEL_CHARS));
         let mut extra = ctx.answer_headers();
         extra.push(("Service-Credits", price.to_string()));
         respond::json(session, 200, body, &ctx.request_id, &extra)
@@ -539,6 +542,16 @@ impl ProxyHttp for Gateway {
             &ctx.request_id,
             forwarded_for,
         )?;
+        // Pingora drops the headers a client names in `Connection` before this filter: the
+        // project the gateway charged must still reach the backend (SPEC §5.6).
+        if let Some(project) = &ctx.project {
+            if !upstream_request.headers.contains_key(&SERVICE_PROJECT) {
+                let value = HeaderValue::from_str(project).map_err(|_| {
+                    Error::explain(ErrorType::InternalError, "project is no header value")
+                })?;
+                upstream_request.insert_header(&SERVICE_PROJECT, value)?;
+            }
+        }
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
@@ -563,7 +576,7 @@ impl ProxyHttp for Gateway {
                 .headers
                 .get(&SERVICE_MODEL)
                 .and_then(|v| v.to_str().ok())
-                .map(|m| m.chars().take(256).collect::<CompactString>());
+                .map(|m| m.chars().take(body::MODEL_CHARS).collect::<CompactString>());
         }
         let cors = ctx.cors_origin.clone().map(|origin| {
             // The backend's own CORS headers would contradict or repeat the gateway's.
@@ -644,6 +657,11 @@ impl ProxyHttp for Gateway {
                 ApiError::invalid("the request body did not arrive in time")
             }
             (ErrorSource::Downstream, _) => ApiError::invalid("malformed request"),
+            // Pingora could not make the client's `Host` or target into the backend's (a `Host`
+            // with `@`, say): the client's input, not the backend's failure.
+            (ErrorSource::Internal, ErrorType::InvalidHTTPHeader) => {
+                ApiError::invalid("the request's Host or target cannot be forwarded")
+            }
             // The backend gave up waiting for a body the client stopped sending.
             (ErrorSource::Upstream, ErrorType::ReadTimedout) if !session.is_body_done() => {
                 ApiError::invalid("the request body did not arrive in time")

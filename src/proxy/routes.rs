@@ -191,16 +191,23 @@ impl RouteTable {
 }
 
 /// Whether a path parameter names something, the same way for the gateway and any backend: not
-/// empty, not `.` or `..`, and no `%2e`, `%2f` or `%5c` (an encoded dot, slash or backslash).
+/// empty, not `.` or `..`; no `;` (Tomcat, Jetty and Spring read `..;` as `..`) and no `\`
+/// (some servers read it as `/`); and no `%2e`, `%2f`, `%5c` or `%3b` (an encoded dot, slash,
+/// backslash or semicolon), nor `%25` (an encoded `%`, which a backend that decodes twice
+/// turns into any of those).
 fn is_plain_segment(value: &str) -> bool {
     if value.is_empty() || value == "." || value == ".." {
         return false;
     }
-    !value.as_bytes().windows(3).any(|w| {
+    let bytes = value.as_bytes();
+    if bytes.iter().any(|&b| b == b';' || b == b'\\') {
+        return false;
+    }
+    !bytes.windows(3).any(|w| {
         w[0] == b'%'
             && matches!(
                 (w[1], w[2].to_ascii_lowercase()),
-                (b'2', b'e' | b'f') | (b'5', b'c')
+                (b'2', b'e' | b'f' | b'5') | (b'5', b'c') | (b'3', b'b')
             )
     })
 }
@@ -258,6 +265,14 @@ mod tests {
             "/v1/agents/runs/%2E./approve",
             "/v1/agents/runs/..%2F..%2Fmodels/approve",
             "/v1/agents/runs/a%5cb/approve",
+            // Read as `..` by Tomcat, Jetty and Spring; as `/` by some servers; and what a
+            // backend that decodes twice turns into `..`.
+            "/v1/agents/runs/..;/approve",
+            "/v1/agents/runs/.;/approve",
+            "/v1/agents/runs/run;jsessionid=1/approve",
+            "/v1/agents/runs/..%3b/approve",
+            "/v1/agents/runs/a\\b/approve",
+            "/v1/agents/runs/%252e%252e/approve",
         ] {
             assert!(t.find(&Method::POST, path).is_none(), "{path}");
         }

@@ -134,6 +134,13 @@ impl KeyCache {
                     self.unknown.insert(*hash, Instant::now());
                 }
             }
+            // A sync that began after the check above bumps the generation and then removes
+            // what changed, so it may have removed the hash before the insert: look again and
+            // take back what may be stale (a revoked key would otherwise stay cached here).
+            if self.generation.load(Ordering::Acquire) != generation {
+                self.known.remove(hash);
+                self.unknown.remove(hash);
+            }
         }
         Ok((record, CacheOutcome::Miss))
     }
