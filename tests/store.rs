@@ -248,6 +248,49 @@ async fn rotation_is_atomic_and_idempotent(store: Arc<dyn Store>) {
     assert_eq!(changes.changed, Some(vec![old.hash, successor.hash]));
 }
 
+async fn a_flush_reads_back_every_project_budget_and_the_watched_projects_spend(
+    store: Arc<dyn Store>,
+) {
+    use svcgate::metering::usage::{UsageFlush, WorkspaceFlush};
+    let ws = new_id("ws");
+    store
+        .set_project_budget(&ws, "web", Some(5_000))
+        .await
+        .unwrap();
+    store
+        .set_project_budget(&ws, "batch", Some(7_000))
+        .await
+        .unwrap();
+    let flush = UsageFlush {
+        id: new_id("flush"),
+        month: "2026-11".into(),
+        now: 0,
+        workspaces: vec![WorkspaceFlush {
+            workspace: ws.clone(),
+            total: 30,
+            projects: [("web".to_string(), 10), ("made-up".to_string(), 20)].into(),
+            watch_projects: vec!["web".into()],
+            event_id: new_id("evt"),
+            ..Default::default()
+        }],
+        rate: Vec::new(),
+    };
+    let totals = &store.flush_usage(&flush).await.unwrap().workspaces[&ws];
+    // Every budget, watched or not: a project without one needs no reading.
+    assert_eq!(totals.project_budgets.len(), 2);
+    assert_eq!(totals.project_budgets["batch"], 7_000);
+    // The spend of watched projects only; the others are charged, not read.
+    assert_eq!(totals.projects.len(), 1);
+    assert_eq!(totals.projects["web"], 10);
+    store.set_project_budget(&ws, "web", None).await.unwrap();
+    let next = UsageFlush {
+        id: new_id("flush"),
+        ..flush.clone()
+    };
+    let totals = &store.flush_usage(&next).await.unwrap().workspaces[&ws];
+    assert_eq!(totals.project_budgets.keys().collect::<Vec<_>>(), ["batch"]);
+}
+
 async fn a_usage_batch_is_added_once_however_often_it_is_sent(store: Arc<dyn Store>) {
     use svcgate::metering::usage::{UsageFlush, WorkspaceFlush};
     let ws = new_id("ws");
@@ -907,6 +950,7 @@ store_suite!(
     rotation_is_atomic_and_idempotent,
     a_rotation_keeps_a_change_made_after_its_successor_was_built,
     a_usage_batch_is_added_once_however_often_it_is_sent,
+    a_flush_reads_back_every_project_budget_and_the_watched_projects_spend,
     the_event_log_is_consumed_once_and_reclaimed_from_dead_consumers,
     a_tail_sees_only_events_logged_after_it_started,
     events_since_filter_by_workspace_environment_and_time,

@@ -151,7 +151,7 @@ pub struct WorkspaceTotals {
     /// Spend per watched project.
     #[serde(default)]
     pub projects: HashMap<String, i64>,
-    /// Budgets of watched projects that have one.
+    /// Every project budget of the workspace.
     #[serde(default)]
     pub project_budgets: HashMap<String, i64>,
 }
@@ -378,6 +378,19 @@ impl Usage {
         let ws = &*key.workspace;
         let billed = key.billed_key_id();
         let now = ledger.flushes;
+        // A project's spend is read back only if it has a budget. Every flush reads all of a
+        // workspace's project budgets, so once it has been read a project with none needs
+        // nothing: a client making up project names costs no reads and no extra flushes.
+        let budgeted = project.filter(|p| {
+            ledger
+                .totals
+                .get(ws)
+                .is_none_or(|t| t.project_budgets.contains_key(*p))
+                || self
+                    .configured_project_budgets
+                    .get(ws)
+                    .is_some_and(|projects| projects.contains_key(*p))
+        });
         let watched = match ledger.watched.get_mut(ws) {
             Some(w) => w,
             None => ledger.watched.entry(ws.to_string()).or_default(),
@@ -390,7 +403,7 @@ impl Usage {
                 touch(&mut watched.keys, peer, now);
             }
         }
-        if let Some(p) = project {
+        if let Some(p) = budgeted {
             touch(&mut watched.projects, p, now);
         }
         let totals = ledger.totals.get(ws);
@@ -416,9 +429,9 @@ impl Usage {
                 verdict = Verdict::Spent(BudgetScope::Key);
             }
         }
-        if let (Some(p), Verdict::Within) = (project, verdict) {
-            // A project's budget, like its total, is read with it (a configured one applies
-            // until then).
+        if let (Some(p), Verdict::Within) = (budgeted, verdict) {
+            // A project's budget is read with the workspace's (a configured one applies until
+            // then), its total once it is watched.
             let base = totals.and_then(|t| t.projects.get(p).copied());
             known &= base.is_some();
             let budget = totals
@@ -780,11 +793,13 @@ mod tests {
             usage.check(&k, KeyBudget::of(&k), Some("q")),
             Verdict::Within
         );
-        // A project no flush has read yet is unknown, its budget included.
-        assert!(matches!(
+        // Once the workspace's budgets are read, a project without one needs no reading: made
+        // up names are neither watched nor a reason to flush.
+        assert_eq!(
             usage.check(&k, KeyBudget::of(&k), Some("r")),
-            Verdict::Unknown { .. }
-        ));
+            Verdict::Within
+        );
+        assert!(!usage.ledger().watched["ws_1"].projects.contains_key("r"));
         usage.charge(&k, Some("q"), Credits::from_micros(1), now_ms());
         assert_eq!(
             usage.check(&k, KeyBudget::of(&k), Some("q")),

@@ -391,9 +391,9 @@ impl Store for MemoryStore {
                 totals
                     .projects
                     .insert(p.clone(), row.projects.get(p).copied().unwrap_or(0));
-                if let Some(b) = budgets.and_then(|b| b.get(p)) {
-                    totals.project_budgets.insert(p.clone(), *b);
-                }
+            }
+            if let Some(budgets) = budgets {
+                totals.project_budgets.extend(budgets.clone());
             }
             if let Some(ws) = inner.workspaces.get(&w.workspace) {
                 if let Some(credits) = ws.monthly_credits {

@@ -232,9 +232,9 @@ for _, w in ipairs(b.workspaces) do
   for _, id in ipairs(w.watch_keys) do res.keys[id] = redis.call('HGET', h, 'key:' .. id) or '0' end
   for _, name in ipairs(w.watch_projects) do
     res.projects[name] = redis.call('HGET', h, 'project:' .. name) or '0'
-    local budget = redis.call('HGET', p .. ':budgets:' .. w.workspace, name)
-    if budget then res.project_budgets[name] = budget end
   end
+  local budgets = redis.call('HGETALL', p .. ':budgets:' .. w.workspace)
+  for i = 1, #budgets, 2 do res.project_budgets[budgets[i]] = budgets[i + 1] end
   local raw = redis.call('GET', p .. ':ws:' .. w.workspace)
   if raw then
     local ws = cjson.decode(raw)
