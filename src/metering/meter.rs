@@ -15,7 +15,8 @@ use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit};
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
 use super::usage::{
-    BudgetScope, KeyBudget, PendingSpend, RateFlush, SpendByMonth, Usage, UsageFlush, Verdict,
+    BudgetScope, KeyBudget, PendingSpend, RateFlush, SpendByMonth, SpendSpool, Usage, UsageFlush,
+    Verdict,
 };
 use crate::error::ApiError;
 use crate::keys::{CachedKey, Environment};
@@ -322,7 +323,7 @@ impl Meter {
     }
 
     fn spool_spend(&self) {
-        let unflushed = self.usage.unflushed();
+        let unflushed = self.usage.spool();
         if unflushed.is_empty() {
             return;
         }
@@ -345,9 +346,16 @@ impl Meter {
         let Ok(bytes) = std::fs::read(&path) else {
             return;
         };
-        // Spooled by month since session 9; a spool of an earlier version holds one month's
-        // spend by workspace, the month it was written in.
-        let spooled = serde_json::from_slice::<SpendByMonth>(&bytes).or_else(|e| {
+        // With the batch in flight kept apart since session 11; by month since session 9; a
+        // spool of an earlier version holds one month's spend by workspace, the month it was
+        // written in.
+        let spooled = serde_json::from_slice::<SpendSpool>(&bytes).or_else(|_| {
+            serde_json::from_slice::<SpendByMonth>(&bytes).map(|pending| SpendSpool {
+                batch: None,
+                pending,
+            })
+        });
+        let spooled = spooled.or_else(|e| {
             serde_json::from_slice::<HashMap<String, PendingSpend>>(&bytes)
                 .map(|spend| {
                     let written = std::fs::metadata(&path)
@@ -355,13 +363,16 @@ impl Meter {
                         .ok()
                         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                         .map_or_else(crate::ids::unix_now, |d| d.as_secs());
-                    SpendByMonth::from([(month_of(written), spend)])
+                    SpendSpool {
+                        batch: None,
+                        pending: SpendByMonth::from([(month_of(written), spend)]),
+                    }
                 })
                 .map_err(|_| e)
         });
         match spooled {
-            Ok(spend) => {
-                self.usage.restore(spend);
+            Ok(spool) => {
+                self.usage.restore_spool(spool);
                 tracing::info!(path = %path.display(), "spooled spend restored");
                 if let Err(e) = std::fs::remove_file(&path) {
                     tracing::error!(error = %e, "cannot remove the spend spool");

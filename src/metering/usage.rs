@@ -170,6 +170,26 @@ pub struct RateTotals {
 /// Unflushed spend by month (`YYYY-MM`) and workspace: what a shutdown spools.
 pub type SpendByMonth = HashMap<String, HashMap<String, PendingSpend>>;
 
+/// What a shutdown spools of unflushed spend: the batch the store may already have taken (its
+/// answer lost), kept with its id so the store adds it once, and the spend no batch holds.
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpendSpool {
+    /// The batch in flight, every part with its month.
+    #[serde(default)]
+    pub batch: Option<(String, Vec<WorkspaceFlush>)>,
+    /// The rest, by month and workspace.
+    #[serde(default)]
+    pub pending: SpendByMonth,
+}
+
+impl SpendSpool {
+    /// Whether there is nothing to keep.
+    pub fn is_empty(&self) -> bool {
+        self.batch.is_none() && self.pending.is_empty()
+    }
+}
+
 /// Spend of one workspace not yet flushed.
 #[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingSpend {
@@ -244,6 +264,24 @@ impl Ledger {
         // What is in flight was spent in the month that ended: not this month's spend.
         self.in_flight.clear();
     }
+}
+
+/// The spend of a batch's parts, by month (every part has one) and workspace.
+fn spend_of(parts: &[WorkspaceFlush]) -> SpendByMonth {
+    let mut all = SpendByMonth::new();
+    for w in parts {
+        let spend = PendingSpend {
+            total: w.total,
+            keys: w.keys.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            projects: w.projects.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        };
+        all.entry(w.month.clone().unwrap_or_default())
+            .or_default()
+            .entry(w.workspace.clone())
+            .or_default()
+            .add(&spend);
+    }
+    all
 }
 
 /// [`WorkspaceTotals`] as the ledger keeps them, in [`FastMap`]s.
@@ -628,6 +666,49 @@ impl Usage {
         all
     }
 
+    /// What to spool at shutdown ([`SpendSpool`]).
+    pub fn spool(&self) -> SpendSpool {
+        let ledger = self.ledger();
+        let mut pending = SpendByMonth::new();
+        let mut put = |month: &str, ws: &str, spend: &PendingSpend| {
+            if spend.total != 0 || !spend.keys.is_empty() || !spend.projects.is_empty() {
+                let months = pending.entry(month.to_string()).or_default();
+                months.entry(ws.to_string()).or_default().add(spend);
+            }
+        };
+        for (ws, spend) in &ledger.pending {
+            put(&ledger.month, ws, spend);
+        }
+        for ((month, ws), spend) in &ledger.pending_other {
+            put(month, ws, spend);
+        }
+        // A part without a month is the month of the flush it went out with.
+        let batch = ledger.in_flight_batch.clone().map(|(id, mut parts)| {
+            for part in &mut parts {
+                part.month.get_or_insert_with(|| ledger.month.clone());
+            }
+            (id, parts)
+        });
+        SpendSpool { batch, pending }
+    }
+
+    /// Takes back what [`spool`](Self::spool) kept: the batch goes out first, under its id (the
+    /// store adds a batch it has already taken nothing), then the rest.
+    pub fn restore_spool(&self, spool: SpendSpool) {
+        if let Some(batch) = spool.batch {
+            let mut ledger = self.ledger();
+            match &ledger.in_flight_batch {
+                None => ledger.in_flight_batch = Some(batch),
+                // Not at a start: send it as new spend behind the batch under way.
+                Some(_) => {
+                    drop(ledger);
+                    self.restore(spend_of(&batch.1));
+                }
+            }
+        }
+        self.restore(spool.pending);
+    }
+
     /// Adds spend recovered from the spool, each to its month.
     pub fn restore(&self, spend: SpendByMonth) {
         let mut ledger = self.ledger();
@@ -869,6 +950,38 @@ mod tests {
         restored.restore(spooled);
         let (_, batch) = restored.begin_flush(&next);
         assert_eq!(part(&batch, &month).total, 5);
+    }
+
+    #[test]
+    fn a_batch_whose_answer_was_lost_is_spooled_with_its_id_and_goes_out_once() {
+        let usage = Usage::new(HashMap::new());
+        let k = key(None);
+        let month = this_month();
+        usage.charge(&k, Some("p"), Credits::from_micros(7), now_ms());
+        // The store may have taken this batch; its answer never came. Then more spend, and a
+        // shutdown while the store is down.
+        let (id, sent) = usage.begin_flush(&month);
+        usage.charge(&k, None, Credits::from_micros(3), now_ms());
+        let spooled = serde_json::to_vec(&usage.spool()).unwrap();
+
+        let restored = Usage::new(HashMap::new());
+        restored.restore_spool(serde_json::from_slice(&spooled).unwrap());
+        // The batch goes first, as it was (the store adds a batch id it knows nothing), with
+        // its month written down; the rest follows in a batch of its own.
+        let (retry_id, retried) = restored.begin_flush(&month);
+        assert_eq!(retry_id, id);
+        assert_eq!(retried.len(), 1);
+        assert_eq!(retried[0].total, 7);
+        assert_eq!(retried[0].projects["p"], 7);
+        assert_eq!(retried[0].event_id, sent[0].event_id);
+        assert_eq!(retried[0].month.as_deref(), Some(month.as_str()));
+        restored.finish_flush(&UsageSnapshot::default());
+        let (next_id, next) = restored.begin_flush(&month);
+        assert_ne!(next_id, id);
+        assert_eq!(next.iter().map(|w| w.total).sum::<i64>(), 3);
+        // Nothing left over: every micro-credit went out exactly once.
+        restored.finish_flush(&UsageSnapshot::default());
+        assert!(restored.spool().is_empty());
     }
 
     #[test]
