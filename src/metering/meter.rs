@@ -205,14 +205,13 @@ impl Meter {
         let month = month_of(now);
         let (id, workspaces) = self.usage.begin_flush(&month);
         let window = now / 60;
-        let mut rate: Vec<RateFlush> = self
-            .rate
-            .take_counts()
-            .into_iter()
+        let taken = self.rate.take_counts();
+        let mut rate: Vec<RateFlush> = taken
+            .iter()
             .map(|(key, window, count)| RateFlush {
                 key: key.to_string(),
-                window,
-                count,
+                window: *window,
+                count: *count,
             })
             .collect();
         // Keys used recently but not since the last flush still want fresh global counts.
@@ -249,8 +248,10 @@ impl Meter {
                 true
             }
             Err(e) => {
-                // The batch stays as it is and goes again, under the same id, next time.
+                // The batch stays as it is and goes again, under the same id, next time; so do
+                // the rate counts (a batch the store took despite the error adds them no more).
                 tracing::debug!(error = %e, "usage flush failed; it will be retried");
+                self.rate.give_back(&taken);
                 self.usage.flush_failed();
                 false
             }

@@ -218,6 +218,29 @@ impl RateLimiter {
         out
     }
 
+    /// Takes back counts a failed flush took ([`take_counts`](Self::take_counts)), so the
+    /// next flush sends them: other replicas would otherwise never count those requests.
+    /// Counts of a window older than what a key keeps are dropped.
+    pub fn give_back(&self, counts: &[(Arc<str>, u64, u64)]) {
+        for (key, window, count) in counts {
+            let Some(mut state) = self.keys.get_mut(&**key) else {
+                continue;
+            };
+            if *window == state.local_window {
+                // `take_counts` counted them as global already.
+                if state.global.window == *window {
+                    state.global.current = state.global.current.saturating_sub(*count);
+                }
+                state.local += count;
+            } else if *window + 1 == state.local_window
+                && (state.carried == 0 || state.carried_window == *window)
+            {
+                state.carried += count;
+                state.carried_window = *window;
+            }
+        }
+    }
+
     /// Records what the store says about a key's windows after a flush.
     pub fn set_global(&self, key: &str, counts: WindowCounts) {
         if let Some(mut state) = self.keys.get_mut(key) {
@@ -295,8 +318,18 @@ mod tests {
         assert_eq!(d.remaining, 0);
         assert!(d.reset_secs >= 1);
         // Taking the counts moves them to the flush.
-        assert_eq!(limiter.take_counts(), vec![(key.clone(), 1000, 4)]);
+        let taken = limiter.take_counts();
+        assert_eq!(taken, vec![(key.clone(), 1000, 4)]);
         assert!(limiter.take_counts().is_empty());
+        // A flush that failed gives them back: the next one sends them, and the limit here
+        // still counts each request once.
+        limiter.give_back(&taken);
+        assert!(!limiter.check("key_1", limit, now + 20).allowed);
+        assert_eq!(limiter.take_counts(), vec![(key.clone(), 1000, 4)]);
+        // Counts of the minute before go back as that minute's.
+        let taken = vec![(key.clone(), 999, 2)];
+        limiter.give_back(&taken);
+        assert_eq!(limiter.take_counts(), taken);
     }
 
     #[test]
