@@ -151,6 +151,8 @@ pub fn is_internal(ip: &IpAddr) -> bool {
                 || o[0] == 0
                 || (o[0] == 100 && (o[1] & 0xC0) == 64)
                 || (o[0] == 198 && (o[1] & 0xFE) == 18)
+                // IETF protocol assignments (192.0.0.0/24: DS-Lite, NAT64 discovery, …)
+                || (o[0] == 192 && o[1] == 0 && o[2] == 0)
                 || o[0] >= 240
         }
         IpAddr::V6(v6) => {
@@ -175,6 +177,12 @@ pub fn is_internal(ip: &IpAddr) -> bool {
                 || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1)
                 // 6to4 (2002::/16) carries its IPv4 address in bits 16 to 48.
                 || (s[0] == 0x2002 && embedded(s[1], s[2]))
+                // IPv4-translated (SIIT, ::ffff:0:a.b.c.d) carries it in its last 32 bits.
+                || (s[..6] == [0, 0, 0, 0, 0xffff, 0] && embedded(s[6], s[7]))
+                // Teredo (2001::/32) tunnels to an IPv4 address it hides (XORed) in its last
+                // 32 bits; documentation (2001:db8::/32); discard-only (100::/64).
+                || (s[0] == 0x2001 && (s[1] == 0 || s[1] == 0x0db8))
+                || s[..4] == [0x100, 0, 0, 0]
         }
     }
 }
@@ -229,6 +237,11 @@ mod tests {
             "https://[64:ff9b:1::5]/",
             "https://[2002:a00:5::1]/",
             "https://[fec0::1]/",
+            "https://[::ffff:0:a00:5]/",
+            "https://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/",
+            "https://[2001:db8::1]/",
+            "https://[100::1]/",
+            "https://192.0.0.8/",
             "https://0.0.0.0/",
             "https://localhost/hook",
             "http://example.com/hook",
@@ -244,6 +257,13 @@ mod tests {
             .await
             .is_ok());
         assert!(check_url("https://[2002:5db8:d822::1]/hook", false)
+            .await
+            .is_ok());
+        assert!(check_url("https://[::ffff:0:5db8:d822]/hook", false)
+            .await
+            .is_ok());
+        // Global unicast in 2001::/16 outside Teredo and documentation stays public.
+        assert!(check_url("https://[2001:4860::8888]/hook", false)
             .await
             .is_ok());
         assert!(check_url("http://127.0.0.1:9999/hook", true).await.is_ok());

@@ -102,12 +102,14 @@ impl Sender {
             .await
             .map_err(|e| self.describe(&e))?;
         let status = response.status().as_u16();
+        // The answer is its status (SPEC: a 2xx within the timeout). The body is read only so
+        // the connection can serve the next attempt; one that breaks off or stalls past the
+        // timeout costs the connection, not the delivery.
         let mut read = 0;
         while read < RESPONSE_READ_LIMIT {
             match response.chunk().await {
                 Ok(Some(chunk)) => read += chunk.len(),
-                Ok(None) => break,
-                Err(e) => return Err(self.describe(&e)),
+                Ok(None) | Err(_) => break,
             }
         }
         Ok(status)
@@ -170,6 +172,35 @@ mod tests {
             status: EndpointStatus::Active,
             created_at: 0,
         }
+    }
+
+    /// A 2xx is a success even when the body after it breaks off: the receiver has the event.
+    #[tokio::test]
+    async fn a_2xx_whose_body_breaks_off_is_a_success() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0; 64 * 1024];
+            let _ = conn.read(&mut buf).await;
+            // 100 bytes promised, 2 sent, then the connection closes.
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nok")
+                .await;
+        });
+        let sender = Sender::new(Duration::from_secs(2), true).unwrap();
+        let event = Event::new(
+            "agent.run.completed",
+            "ws_1",
+            Environment::Live,
+            "{}".parse().unwrap(),
+        );
+        let attempt = sender
+            .send(&endpoint(&format!("http://{addr}/hook")), &event)
+            .await;
+        assert_eq!(attempt.status_code, Some(200));
+        assert_eq!(attempt.error, None);
     }
 
     /// The guard holds at dial time, whatever the endpoint record says: an endpoint stored
