@@ -107,6 +107,43 @@ async fn updates_keep_identity_and_are_seen_by_hash(store: Arc<dyn Store>) {
         .is_none());
 }
 
+async fn a_change_that_changes_nothing_emits_nothing(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let k = key(&ws, 1);
+    store.insert_key(&k).await.unwrap();
+    let since = unix_now();
+    let revoke = |r: &mut KeyRecord| r.status = KeyStatus::Revoked;
+    // Two leak reports of one key, one after the other: the second finds it revoked.
+    let events: Vec<Event> = (0..2)
+        .map(|_| {
+            Event::new(
+                "key.auto_revoked",
+                &ws,
+                Environment::Live,
+                serde_json::json!({"key_id": k.id}),
+            )
+        })
+        .collect();
+    for event in &events {
+        let revoked = store
+            .update_key_emitting(&k.id, &revoke, event)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(revoked.status, KeyStatus::Revoked);
+    }
+    let logged = store
+        .events_since(&ws, Environment::Live, since, 100)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = logged.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [events[0].id.as_str()],
+        "key.auto_revoked once per key"
+    );
+}
+
 async fn concurrent_updates_lose_nothing(store: Arc<dyn Store>) {
     let k = key(&new_id("ws"), 1);
     store.insert_key(&k).await.unwrap();
@@ -945,6 +982,7 @@ store_suite!(
     workspaces_round_trip,
     keys_are_found_every_way,
     updates_keep_identity_and_are_seen_by_hash,
+    a_change_that_changes_nothing_emits_nothing,
     concurrent_updates_lose_nothing,
     changes_are_logged_by_epoch,
     rotation_is_atomic_and_idempotent,

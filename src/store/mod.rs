@@ -172,7 +172,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Option<Arc<KeyRecord>>, StoreError>;
 
     /// [`Store::update_key`], and in the same atomic step appends `event` to the event log:
-    /// either both happen or neither.
+    /// either both happen or neither. A change that changes nothing (the key was revoked
+    /// meanwhile, say, by a concurrent leak report) writes nothing and emits nothing.
     async fn update_key_emitting(
         &self,
         id: &str,

@@ -143,6 +143,10 @@ impl MemoryStore {
         next.id = current.id.clone();
         next.workspace = current.workspace.clone();
         next.hash = current.hash;
+        if next == **current {
+            // Nothing to write, and no event: whoever made it so emitted it.
+            return Ok(Some(current.clone()));
+        }
         let next = Arc::new(next);
         inner.keys.insert(id.to_string(), next.clone());
         inner.record_change(next.hash);

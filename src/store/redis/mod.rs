@@ -468,9 +468,13 @@ impl RedisStore {
             let current: KeyRecord = decode(&record_key, &raw)?;
             let mut next = current.clone();
             change(&mut next);
-            next.id = current.id;
-            next.workspace = current.workspace;
+            next.id = current.id.clone();
+            next.workspace = current.workspace.clone();
             next.hash = current.hash;
+            if next == current {
+                // Nothing to write, and no event: whoever made it so emitted it.
+                return Ok(Some(Arc::new(current)));
+            }
             let mut invocation = UPDATE_KEY.prepare_invoke();
             invocation
                 .key(&record_key)
