@@ -34,7 +34,8 @@ UPSTREAM=127.0.0.1:19000 PASS=127.0.0.1:18090 AUTH=127.0.0.1:18091
 GW=127.0.0.1:18080 ADMIN=127.0.0.1:18081 METRICS=127.0.0.1:19091
 TOKEN=load-bench-admin
 
-command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+command -v wrk >/dev/null || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq wrk; }
 cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example auth_only --example loadgen --example seed_keys
 rel=${CARGO_TARGET_DIR:-target}/release  # where cargo put the binaries
 

@@ -658,8 +658,16 @@ impl Config {
                 problems.push(Problem::new(*key, format!("same port as {other}")));
             }
         }
+        let placeholder = s.admin_token.to_ascii_lowercase().contains("change-me");
         if s.admin_token.trim().is_empty() {
             problems.push(Problem::new("server.admin_token", "must not be empty"));
+        } else if placeholder && self.store.kind == StoreKind::Redis {
+            // A shared store is production: a token copied from an example (the Secret's
+            // `CHANGE-ME-…`) is known to everyone, the model container next door included.
+            problems.push(Problem::new(
+                "server.admin_token",
+                "is a placeholder ('change-me'); set SVCGATE_SERVER_ADMIN_TOKEN to a random secret",
+            ));
         } else if s.admin_token == DEMO_ADMIN_TOKEN {
             if let Some((_, addr)) = listeners.iter().find(|(k, _)| *k == "server.admin_listen") {
                 if !addr.ip().is_loopback() {
@@ -694,6 +702,24 @@ impl Config {
             problems.push(Problem::new(
                 "webhooks.retry_schedule_seconds",
                 "at most 20 retries",
+            ));
+        }
+        // Retries of events the log still holds (30 days), each at least a second apart.
+        let schedule: u64 = w
+            .retry_schedule_seconds
+            .iter()
+            .fold(0, |sum, s| sum.saturating_add(*s));
+        if w.retry_schedule_seconds.contains(&0) || schedule > crate::events::RETENTION_SECS {
+            problems.push(Problem::new(
+                "webhooks.retry_schedule_seconds",
+                "each wait at least 1 s, all of them within 30 days",
+            ));
+        }
+        if self.metering.audit_retention_days == 0 {
+            // Every write would trim the whole audit log.
+            problems.push(Problem::new(
+                "metering.audit_retention_days",
+                "must be at least 1",
             ));
         }
         if w.timeout_seconds == 0 || w.timeout_seconds > 60 {
@@ -1142,6 +1168,41 @@ mod tests {
         let f = file("[server\n");
         let err = Config::load(Some(f.path()), env(&[])).unwrap_err();
         assert!(matches!(err, ConfigError::Syntax { .. }));
+    }
+
+    #[test]
+    fn placeholders_and_settings_that_lose_data_are_refused() {
+        let refused = |text: &str, key: &str| {
+            let f = file(text);
+            let found = problems(Config::load(Some(f.path()), env(&[])).unwrap_err());
+            assert!(found.iter().any(|p| p.key == key), "{text}: {found:?}");
+        };
+        // The Secret's placeholder, with a shared store: production.
+        refused(
+            "[server]\nadmin_token = \"CHANGE-ME-long-random-admin-token\"\n[store]\nkind = \"redis\"\n",
+            "server.admin_token",
+        );
+        refused("[store]\nkind = \"redis\"\n", "server.admin_token");
+        // The demo keeps its token on loopback.
+        assert!(Config::load(None, env(&[])).is_ok());
+        refused(
+            "[webhooks]\nretry_schedule_seconds = [60, 0]\n",
+            "webhooks.retry_schedule_seconds",
+        );
+        refused(
+            "[webhooks]\nretry_schedule_seconds = [2592000, 1]\n",
+            "webhooks.retry_schedule_seconds",
+        );
+        refused(
+            "[webhooks]\nretry_schedule_seconds = [9223372036854775807, 9223372036854775807]\n",
+            "webhooks.retry_schedule_seconds",
+        );
+        refused(
+            "[metering]\naudit_retention_days = 0\n",
+            "metering.audit_retention_days",
+        );
+        let ok = file("[webhooks]\nretry_schedule_seconds = []\n");
+        assert!(Config::load(Some(ok.path()), env(&[])).is_ok());
     }
 
     #[test]

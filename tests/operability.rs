@@ -151,6 +151,34 @@ fn raw_exchange(base: &str, request: &[u8]) -> String {
 }
 
 #[tokio::test]
+async fn health_probes_are_counted_apart_from_the_api() {
+    let gw = Gateway::builder().start().await;
+    for path in ["/healthz", "/readyz", "/readyz", "/nope"] {
+        gw.request(Method::GET, path).send().await.unwrap();
+    }
+    let text = gw.metrics_text().await;
+    let count = |route: &str, status: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with("svcgate_requests_total{")
+                    && l.contains(&format!("route=\"{route}\""))
+                    && l.contains(&format!("status=\"{status}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_string)
+    };
+    // A probe is not an API request: a 503 while draining must not read as the API's 5xx.
+    // (The harness probed `/readyz` too, while waiting for the gateway.)
+    let probes: u64 = count("probe", "200")
+        .unwrap_or_default()
+        .parse()
+        .unwrap_or(0);
+    assert!(probes >= 3, "{text}");
+    assert_eq!(count("unmatched", "404").as_deref(), Some("1"), "{text}");
+    assert_eq!(count("unmatched", "200"), None, "{text}");
+}
+
+#[tokio::test]
 async fn no_secret_reaches_the_log_even_at_debug_level() {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder()

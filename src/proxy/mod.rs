@@ -66,6 +66,9 @@ static RATELIMIT_RESET: http::HeaderName = http::HeaderName::from_static("rateli
 pub struct RequestCtx {
     /// `req_…`, on every response and forwarded request.
     pub request_id: RequestId,
+    /// A health probe (`/healthz`, `/readyz`): counted under the route `probe`, so a 503
+    /// while draining is not a 5xx of the API.
+    pub probe: bool,
     /// When the request arrived.
     pub started: Instant,
     /// The authenticated caller, once known.
@@ -410,6 +413,7 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<Admission, ApiError> {
         let path = session.req_header().uri.path();
+        ctx.probe = matches!(path, "/healthz" | "/readyz");
         let (status, body) = match path {
             "/healthz" => (200, br#"{"status":"ok"}"#.to_vec()),
             // Ready while it can check keys: the store answers, or it is away but the key
@@ -443,6 +447,7 @@ impl ProxyHttp for Gateway {
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx {
             request_id: request_id(),
+            probe: false,
             started: Instant::now(),
             caller: None,
             route: None,
@@ -722,6 +727,10 @@ impl ProxyHttp for Gateway {
             Some(r) => {
                 r.metrics.record_request(status, environment, elapsed);
                 &*r.template
+            }
+            None if ctx.probe => {
+                metrics::record_request("probe", status, "none", elapsed);
+                "probe"
             }
             None => {
                 let env = environment.map_or("none", Environment::as_str);
