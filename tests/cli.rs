@@ -7,10 +7,11 @@ use serde_json::Value;
 use std::process::Stdio;
 use std::time::Duration;
 
-fn run_keys(gw: &Gateway, args: &[&str]) -> std::process::Output {
+/// Runs `svcgate <command> …` against the gateway's admin API.
+fn run_admin_cli(gw: &Gateway, command: &str, args: &[&str]) -> std::process::Output {
     svcgate_command()
         .args([
-            "keys",
+            command,
             "--admin-url",
             &gw.admin,
             "--admin-token",
@@ -19,6 +20,10 @@ fn run_keys(gw: &Gateway, args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .unwrap()
+}
+
+fn run_keys(gw: &Gateway, args: &[&str]) -> std::process::Output {
+    run_admin_cli(gw, "keys", args)
 }
 
 #[tokio::test]
@@ -66,17 +71,7 @@ async fn keys_cli_creates_lists_shows_and_revokes() {
 }
 
 fn run_webhooks(gw: &Gateway, args: &[&str]) -> std::process::Output {
-    svcgate_command()
-        .args([
-            "webhooks",
-            "--admin-url",
-            &gw.admin,
-            "--admin-token",
-            ADMIN_TOKEN,
-        ])
-        .args(args)
-        .output()
-        .unwrap()
+    run_admin_cli(gw, "webhooks", args)
 }
 
 /// The JSON a successful CLI call printed.
@@ -112,19 +107,11 @@ async fn webhooks_cli_lists_deliveries_resumes_and_replays() {
         .as_str()
         .unwrap()
         .to_string();
-    let event = printed(
-        &svcgate_command()
-            .args([
-                "events",
-                "--admin-url",
-                &gw.admin,
-                "--admin-token",
-                ADMIN_TOKEN,
-            ])
-            .args(["trigger", "agent.run.completed", "--workspace", DEMO_WS])
-            .output()
-            .unwrap(),
-    );
+    let event = printed(&run_admin_cli(
+        &gw,
+        "events",
+        &["trigger", "agent.run.completed", "--workspace", DEMO_WS],
+    ));
     let event_id = event["id"].as_str().unwrap();
     eventually(Duration::from_secs(10), || async {
         receiver.received("/hook").len() == 1

@@ -25,14 +25,7 @@ impl Node {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server is installed (.ci/install)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_port(port, "redis-server").await;
         Self {
             child: Some(child),
             port,

@@ -9,7 +9,7 @@ use reqwest::Method;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `redis-server` listening only on a TLS port, killed on drop.
 struct TlsRedis {
@@ -32,14 +32,7 @@ impl TlsRedis {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server is installed (.ci/install)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_port(port, "redis-server").await;
         Self { child, port }
     }
 

@@ -917,6 +917,18 @@ pub fn expected_signature(secret: &str, timestamp: &str, body: &[u8]) -> String 
     hex::encode(mac.finalize().into_bytes())
 }
 
+/// Waits (at most 10 s) until something accepts connections on `127.0.0.1:port`.
+pub async fn wait_for_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "{what} did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Polls `check` until it returns true or `limit` passes; returns how long it took.
 pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> Option<Duration>
 where
