@@ -10,7 +10,9 @@ use svcgate::ids::{new_id, unix_now};
 use svcgate::keys::KeyHash;
 use svcgate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes, Workspace};
 use svcgate::metering::audit::{AuditCursor, AuditQuery, AuditRecord};
-use svcgate::store::{ClaimRequest, ClaimedDelivery, MemoryStore, RedisStore, Store, StoreError};
+use svcgate::store::{
+    AfterAttempt, ClaimRequest, ClaimedDelivery, MemoryStore, RedisStore, Store, StoreError,
+};
 use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus};
 use svcgate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use svcgate::webhooks::notice::PauseNotice;
@@ -573,7 +575,7 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
                     per_endpoint: 2,
                     busy: &busy,
                     struggling: &[],
-                    struggling_max: 0,
+                    struggling_max: 10,
                 })
                 .await
                 .unwrap()
@@ -605,33 +607,56 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
         .collect();
     let mut ok = of_a[0].clone();
     ok.succeed(attempt(now, Some(200)));
-    assert!(!store.save_delivery(&ok, None).await.unwrap());
-    let mut retry = of_a[1].clone();
-    retry.fail(attempt(now, Some(500)), &[Duration::from_secs(60)]);
-    store.save_delivery(&retry, None).await.unwrap();
+    let answered = AfterAttempt::Answered;
+    assert!(!store.save_delivery(&ok, answered).await.unwrap());
     // After the leases end, what is unfinished is due again (the worker died).
     let later = claim(now + 6_000, vec![]).await;
     let ids: Vec<&str> = later.iter().map(|c| c.delivery.id.as_str()).collect();
-    assert!(
-        !ids.contains(&ok.id.as_str()) && !ids.contains(&retry.id.as_str()),
-        "{ids:?}"
-    );
+    assert!(!ids.contains(&ok.id.as_str()), "{ids:?}");
     assert_eq!(
         later.len(),
-        2,
-        "A's third and B's first, leases over: {ids:?}"
+        3,
+        "A's second and third and B's first, leases over: {ids:?}"
     );
-    let retried = claim(now + 61_100, vec![]).await;
-    assert!(retried
+    assert!(later.iter().all(|c| c.failures == 0));
+    // A failure is due again at its retry time, and holds A's queue until then.
+    let mut retry = of_a[1].clone();
+    assert!(!retry.fail(
+        attempt(now + 6_000, Some(500)),
+        &[Duration::from_secs(60)],
+        0
+    ));
+    store
+        .save_delivery(&retry, AfterAttempt::Failing(1))
+        .await
+        .unwrap();
+    let held = claim(now + 11_100, vec![]).await;
+    assert!(
+        held.iter().all(|c| c.delivery.endpoint == b.id),
+        "A is held: {held:?}"
+    );
+    let retried = claim(now + 66_100, vec![]).await;
+    let of_a: Vec<&ClaimedDelivery> = retried
         .iter()
-        .any(|c| c.delivery.id == retry.id && c.delivery.attempts == 1));
+        .filter(|c| c.delivery.endpoint == a.id)
+        .collect();
+    assert_eq!(of_a.len(), 1, "the failed one alone: {retried:?}");
+    assert_eq!(
+        (
+            of_a[0].delivery.id.as_str(),
+            of_a[0].delivery.attempts,
+            of_a[0].failures
+        ),
+        (retry.id.as_str(), 1, 1)
+    );
 
     // The final failure pauses the endpoint, once.
     let mut dead = retry.clone();
-    assert!(dead.fail(attempt(now + 70_000, None), &[Duration::from_secs(60)]));
+    assert!(dead.fail(attempt(now + 70_000, None), &[Duration::from_secs(60)], 1));
     let notice = PauseNotice::new(&dead, now + 70_010);
-    assert!(store.save_delivery(&dead, Some(&notice)).await.unwrap());
-    assert!(!store.save_delivery(&dead, Some(&notice)).await.unwrap());
+    let pause = AfterAttempt::Pause(&notice);
+    assert!(store.save_delivery(&dead, pause).await.unwrap());
+    assert!(!store.save_delivery(&dead, pause).await.unwrap());
     let endpoints = store.endpoints(&ws).await.unwrap();
     let paused = endpoints.iter().find(|e| e.id == a.id).unwrap();
     assert_eq!(paused.status, EndpointStatus::Paused);
@@ -681,13 +706,19 @@ async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
     let mut dead = Delivery::new(&event(&ws, "agent.run.failed"), &ws, &a.id, now, false);
     let mut last = attempt(now, None);
     last.error = Some("connection refused".into());
-    assert!(dead.fail(last, &[]));
+    assert!(dead.fail(last, &[], 0));
 
     // Queued with the pause, once: a retried save (its reply was lost) queues nothing more.
     let notice = PauseNotice::new(&dead, now + 10);
-    assert!(store.save_delivery(&dead, Some(&notice)).await.unwrap());
+    assert!(store
+        .save_delivery(&dead, AfterAttempt::Pause(&notice))
+        .await
+        .unwrap());
     let again = PauseNotice::new(&dead, now + 20);
-    assert!(!store.save_delivery(&dead, Some(&again)).await.unwrap());
+    assert!(!store
+        .save_delivery(&dead, AfterAttempt::Pause(&again))
+        .await
+        .unwrap());
     assert_eq!(store.queue_stats().await.unwrap().pause_notices, 1);
     assert!(claim_notices(&store, now).await.is_empty(), "not due yet");
     let claimed = store
@@ -741,10 +772,16 @@ async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
         .await
         .unwrap();
     let second = PauseNotice::new(&dead, now + 80_000);
-    assert!(store.save_delivery(&dead, Some(&second)).await.unwrap());
+    assert!(store
+        .save_delivery(&dead, AfterAttempt::Pause(&second))
+        .await
+        .unwrap());
     store.delete_endpoint(&ws, &a.id).await.unwrap();
     let orphan = PauseNotice::new(&dead, now + 80_000);
-    assert!(!store.save_delivery(&dead, Some(&orphan)).await.unwrap());
+    assert!(!store
+        .save_delivery(&dead, AfterAttempt::Pause(&orphan))
+        .await
+        .unwrap());
     assert_eq!(claim_notices(&store, now + 90_000).await, [second.id]);
 }
 
@@ -862,6 +899,118 @@ async fn struggling_endpoints_take_at_most_their_share_between_them(store: Arc<d
         3,
         "the healthy endpoint is not held back"
     );
+}
+
+async fn a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_releases_it(
+    store: Arc<dyn Store>,
+) {
+    let ws = new_id("ws");
+    let a = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&a).await.unwrap();
+    let e = event(&ws, "agent.run.completed");
+    let now = 1_000_000u64;
+    let queued: Vec<Delivery> = (0..4)
+        .map(|i| Delivery::new(&e, &ws, &a.id, now + i, false))
+        .collect();
+    store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    let claim = |now_ms: u64, struggling_max: usize| {
+        let store = store.clone();
+        async move {
+            store
+                .claim_deliveries(&ClaimRequest {
+                    now_ms,
+                    lease: Duration::from_secs(5),
+                    max: 10,
+                    per_endpoint: 4,
+                    busy: &[],
+                    struggling: &[],
+                    struggling_max,
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let first = claim(now + 10, 10).await;
+    assert_eq!(first.len(), 4);
+    assert!(first.iter().all(|c| c.failures == 0));
+    let schedule = [Duration::from_secs(60), Duration::from_secs(300)];
+    let mut probe = first[0].delivery.clone();
+    assert!(!probe.fail(attempt(now + 10, Some(500)), &schedule, 0));
+    let retry_at = probe.next_attempt_ms.unwrap();
+    store
+        .save_delivery(&probe, AfterAttempt::Failing(1))
+        .await
+        .unwrap();
+
+    // Held: neither the others (their leases over) nor a new one go before the retry.
+    let late = [Delivery::new(&e, &ws, &a.id, now + 100, false)];
+    store.enqueue_deliveries(&[], &[], &late).await.unwrap();
+    assert!(claim(now + 6_000, 10).await.is_empty());
+    assert!(claim(retry_at - 1, 10).await.is_empty());
+    assert_eq!(
+        store.queue_stats().await.unwrap().oldest_due_ms,
+        Some(retry_at),
+        "nothing of a held endpoint is overdue before its retry"
+    );
+    // Then the failed one goes first and alone, as a struggling endpoint's.
+    assert!(claim(retry_at, 0).await.is_empty(), "no struggling room");
+    let retried = claim(retry_at, 10).await;
+    assert_eq!(retried.len(), 1, "{retried:?}");
+    assert_eq!(
+        (retried[0].delivery.id.as_str(), retried[0].failures),
+        (probe.id.as_str(), 1)
+    );
+    assert!(claim(retry_at + 1, 10).await.is_empty(), "one in flight");
+
+    // It fails again: the next step. An attempt that was in flight before the hold and fails
+    // late counts one failure and leaves the longer hold as it is.
+    assert!(!probe.fail(attempt(retry_at, None), &schedule, 1));
+    let second_retry = probe.next_attempt_ms.unwrap();
+    store
+        .save_delivery(&probe, AfterAttempt::Failing(2))
+        .await
+        .unwrap();
+    let mut straggler = first[1].delivery.clone();
+    assert!(!straggler.fail(attempt(retry_at + 2, None), &schedule, 0));
+    store
+        .save_delivery(&straggler, AfterAttempt::Failing(1))
+        .await
+        .unwrap();
+    assert!(claim(second_retry - 1, 10).await.is_empty());
+    let retried = claim(second_retry, 10).await;
+    assert_eq!(
+        retried
+            .iter()
+            .map(|c| (c.delivery.id.as_str(), c.failures))
+            .collect::<Vec<_>>(),
+        [(probe.id.as_str(), 2)]
+    );
+
+    // It answers: the whole queue is due again, at the endpoint's cap.
+    let mut answered = probe.clone();
+    answered.succeed(attempt(second_retry, Some(200)));
+    store
+        .save_delivery(&answered, AfterAttempt::Answered)
+        .await
+        .unwrap();
+    let released = claim(second_retry + 1, 10).await;
+    assert_eq!(released.len(), 4, "{released:?}");
+    assert!(released.iter().all(|c| c.failures == 0));
+    assert!(released.iter().all(|c| c.delivery.id != probe.id));
+
+    // A hold on an endpoint that is deleted is dropped: its queue is skipped at full speed.
+    let mut failed = released[0].delivery.clone();
+    assert!(!failed.fail(attempt(second_retry + 1, None), &schedule, 0));
+    store
+        .save_delivery(&failed, AfterAttempt::Failing(1))
+        .await
+        .unwrap();
+    assert!(store.delete_endpoint(&ws, &a.id).await.unwrap());
+    let skipped = claim(second_retry + 70_000, 10).await;
+    assert_eq!(skipped.len(), 4, "{skipped:?}");
+    assert!(skipped
+        .iter()
+        .all(|c| c.endpoint.is_none() && c.failures == 0));
 }
 
 /// An audit record of `workspace` that arrived at `time_ms`.
@@ -997,6 +1146,7 @@ store_suite!(
     audit_pages_after_a_cursor_hold_every_record_once,
     a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has,
     struggling_endpoints_take_at_most_their_share_between_them,
+    a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_releases_it,
     absurd_spend_saturates_and_never_jams_the_flushes,
     a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed,
     an_entry_fanned_out_twice_queues_its_deliveries_once

@@ -298,6 +298,85 @@ async fn failures_are_retried_on_schedule_then_the_endpoint_pauses_and_admins_ar
     assert_eq!(listed[0]["replay"], true);
 }
 
+#[tokio::test]
+async fn an_endpoint_that_is_down_gets_one_attempt_per_retry_whatever_its_backlog() {
+    let s = setup("[1, 1]", 2, false).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/down", &[Reply::Status(500)]);
+    let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/down"), &["agent.run.*"]).await;
+    let started = Instant::now();
+    for _ in 0..8 {
+        publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    }
+    let paused = eventually(Duration::from_secs(15), || async {
+        endpoint_status(&s.gw, &s.key, &id).await == "paused"
+    })
+    .await;
+    assert!(paused.is_some(), "endpoint not paused");
+    // Two steps of one second: paused on time, not after every delivery's own schedule.
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    // The first attempts (two may be in flight together, the cap), then one per retry, the
+    // same delivery each time, on schedule.
+    let got = receiver.received("/down");
+    assert!((3..=4).contains(&got.len()), "{} attempts", got.len());
+    let (retry1, retry2) = (&got[got.len() - 2], &got[got.len() - 1]);
+    assert_eq!(
+        header(retry1, "service-event-id"),
+        header(retry2, "service-event-id")
+    );
+    assert!(retry2.at - retry1.at >= Duration::from_millis(950));
+    // The rest of the backlog is skipped (it can be replayed), and nothing more goes out.
+    let settled = eventually(Duration::from_secs(5), || async {
+        deliveries(&s.gw, &s.key, &id)
+            .await
+            .iter()
+            .all(|d| d["status"] != "pending")
+    })
+    .await;
+    assert!(settled.is_some(), "deliveries still pending");
+    let listed = deliveries(&s.gw, &s.key, &id).await;
+    let count = |status: &str| listed.iter().filter(|d| d["status"] == status).count();
+    assert_eq!((count("failed"), count("skipped")), (1, 7), "{listed:?}");
+    let failed = listed.iter().find(|d| d["status"] == "failed").unwrap();
+    assert_eq!(failed["attempts"], 3);
+    assert_eq!(
+        failed["event_id"].as_str(),
+        Some(header(retry2, "service-event-id"))
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.received("/down").len(), got.len());
+}
+
+#[tokio::test]
+async fn a_failure_holds_the_endpoints_queue_until_its_retry_answers() {
+    let s = setup("[1, 60]", 2, false).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/flaky", &[Reply::Status(503), Reply::Status(200)]);
+    endpoint(&s.gw, &s.key, &receiver.url("/flaky"), &["agent.run.*"]).await;
+    let first = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    received(&receiver, "/flaky", 1, Duration::from_secs(10)).await;
+    let mut later = Vec::new();
+    for _ in 0..5 {
+        later.push(publish(&s.gw, &s.ws, "agent.run.completed", "live").await);
+    }
+    let got = received(&receiver, "/flaky", 7, Duration::from_secs(10)).await;
+    // Nothing went out before the retry of the failed one, which went first.
+    assert_eq!(header(&got[1], "service-event-id"), first);
+    assert!(got[1].at - got[0].at >= Duration::from_millis(950));
+    // It answered: the queue flowed again, each event once.
+    let mut rest: Vec<&str> = got[2..]
+        .iter()
+        .map(|r| header(r, "service-event-id"))
+        .collect();
+    rest.sort();
+    later.sort();
+    assert_eq!(rest, later);
+}
+
 /// An admin API call with a JSON body, or none.
 async fn admin(gw: &Gateway, method: Method, path: &str, body: Option<Value>) -> reqwest::Response {
     let req = gw.admin_request(method, path);

@@ -99,6 +99,30 @@ pub struct ClaimedDelivery {
     pub delivery: Delivery,
     /// Its endpoint.
     pub endpoint: Option<Endpoint>,
+    /// The endpoint's failed attempts in a row before this claim (0: its last attempt
+    /// answered, or it has had none). The retry schedule is the endpoint's: the next failure
+    /// waits `retry_schedule[failures]`, and one past the schedule pauses it.
+    pub failures: u32,
+}
+
+/// What a saved attempt tells the store about its endpoint ([`Store::save_delivery`]).
+///
+/// Retries are per endpoint: a failed attempt holds the endpoint's whole queue back until the
+/// retry is due, and then that delivery goes first and alone (the probe); an answer releases
+/// the queue. So an endpoint that is down gets one attempt per step of the schedule, whatever
+/// its backlog, and is paused when the schedule ends, on time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AfterAttempt<'a> {
+    /// Nothing was sent (the endpoint is paused or gone): it is left as it is.
+    Skipped,
+    /// The endpoint answered: its queue is released.
+    Answered,
+    /// The endpoint has failed this many attempts in a row: nothing of its queue is claimed
+    /// before the delivery's `next_attempt_ms`, and then the delivery first, alone.
+    Failing(u32),
+    /// Every retry failed: the endpoint is paused and, if this paused it, `notice` is queued
+    /// for its admins.
+    Pause(&'a PauseNotice),
 }
 
 /// What [`Store::claim_deliveries`] may take.
@@ -268,20 +292,25 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 
     /// Claims due deliveries for one lease, oldest first per endpoint, never more than
-    /// `per_endpoint` in flight for one endpoint.
+    /// `per_endpoint` in flight for one endpoint. An endpoint held back by a failure
+    /// ([`AfterAttempt::Failing`]) gives nothing before its retry is due, then only the
+    /// delivery that failed (or, if that one is gone, its oldest due), counted against
+    /// `struggling_max`; an endpoint that is not active (paused, deleted) is not held.
     async fn claim_deliveries(
         &self,
         request: &ClaimRequest<'_>,
     ) -> Result<Vec<ClaimedDelivery>, StoreError>;
 
-    /// Saves a delivery after an attempt: a pending one is due again at its `next_attempt_ms`,
-    /// a final one leaves the queue. With `pause`, its endpoint is paused and, if this call
-    /// paused it (it was active), the notice is queued for the admins, all in the same step;
-    /// answers whether this call paused it.
+    /// Saves a delivery after an attempt, and what it says of its endpoint (`after`), in one
+    /// step: a pending delivery is due again at its `next_attempt_ms`, a final one leaves the
+    /// queue. With [`AfterAttempt::Pause`] the endpoint is paused and, if this call paused it
+    /// (it was active), the notice is queued for the admins; answers whether this call paused
+    /// it. A [`AfterAttempt::Failing`] with fewer failures than the endpoint's hold already
+    /// counts (an attempt that was in flight when another failed) leaves the hold as it is.
     async fn save_delivery(
         &self,
         delivery: &Delivery,
-        pause: Option<&PauseNotice>,
+        after: AfterAttempt<'_>,
     ) -> Result<bool, StoreError>;
 
     /// Claims pause notices due by `now_ms`, earliest first, at most `max`, for `lease`: no

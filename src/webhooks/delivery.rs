@@ -130,13 +130,18 @@ impl Delivery {
         }
     }
 
-    /// Records a failed attempt: the next retry of `schedule` (counted from now), or, when
-    /// every retry is spent, `Failed`. Returns whether the delivery has failed for good.
-    pub fn fail(&mut self, attempt: Attempt, schedule: &[Duration]) -> bool {
+    /// Records a failed attempt to an endpoint that had failed `failures` attempts in a row
+    /// before it: the next retry of `schedule` (counted from now), or, when every retry is
+    /// spent, `Failed`. Returns whether the delivery has failed for good.
+    ///
+    /// The schedule is the endpoint's, not the delivery's: while an endpoint fails, only one
+    /// of its deliveries is attempted (see [`crate::store::AfterAttempt`]), so its retries
+    /// keep to the schedule however long its queue.
+    pub fn fail(&mut self, attempt: Attempt, schedule: &[Duration], failures: u32) -> bool {
         let now_ms = attempt.at_ms + attempt.duration_ms;
         self.attempts += 1;
         self.last_attempt = Some(attempt);
-        match schedule.get(self.attempts as usize - 1) {
+        match schedule.get(failures as usize) {
             Some(wait) => {
                 self.next_attempt_ms = Some(now_ms + wait.as_millis() as u64);
                 false
@@ -199,15 +204,34 @@ mod tests {
         );
         let mut d = Delivery::new(&event, "ws_1", "we_1", 1_000, false);
         let schedule = [Duration::from_secs(60), Duration::from_secs(300)];
-        assert!(!d.fail(attempt(1_000), &schedule));
+        assert!(!d.fail(attempt(1_000), &schedule, 0));
         assert_eq!(d.next_attempt_ms, Some(1_010 + 60_000));
-        assert!(!d.fail(attempt(70_000), &schedule));
+        assert!(!d.fail(attempt(70_000), &schedule, 1));
         assert_eq!(d.next_attempt_ms, Some(70_010 + 300_000));
-        assert!(d.fail(attempt(400_000), &schedule));
+        assert!(d.fail(attempt(400_000), &schedule, 2));
         assert_eq!(
             (d.status, d.attempts, d.next_attempt_ms),
             (DeliveryStatus::Failed, 3, None)
         );
         assert!(d.is_final());
+    }
+
+    #[test]
+    fn the_schedule_step_is_the_endpoints_not_the_deliverys() {
+        let event = Event::new(
+            "agent.run.failed",
+            "ws_1",
+            Environment::Live,
+            "{}".parse().unwrap(),
+        );
+        let schedule = [Duration::from_secs(60), Duration::from_secs(300)];
+        // A first attempt to an endpoint that has failed once already waits the second step.
+        let mut d = Delivery::new(&event, "ws_1", "we_1", 1_000, false);
+        assert!(!d.fail(attempt(1_000), &schedule, 1));
+        assert_eq!((d.attempts, d.next_attempt_ms), (1, Some(1_010 + 300_000)));
+        // One whose endpoint has failed every step fails for good on its first attempt.
+        let mut d = Delivery::new(&event, "ws_1", "we_1", 1_000, false);
+        assert!(d.fail(attempt(1_000), &schedule, 2));
+        assert_eq!(d.status, DeliveryStatus::Failed);
     }
 }

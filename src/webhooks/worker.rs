@@ -1,13 +1,17 @@
 //! The webhook worker: consumes the event log, fans each event out to the endpoints that
 //! subscribe to it, and delivers, retries and pauses.
 //!
-//! Three loops share one [`Worker`]:
+//! Four loops share one [`Worker`]:
 //! - **intake** reads the event log in the workers' consumer group and hands each batch to
 //!   [`Store::enqueue_deliveries`], which stores one delivery per subscribed, active endpoint
 //!   and acknowledges the entries in the same step;
 //! - **dispatch** claims due deliveries (first attempts and retries alike) within the global and
 //!   per-endpoint in-flight caps and each endpoint's share of them ([`Slots`]: endpoints that
-//!   fail or answer slowly cannot take every slot), and runs each attempt as a task of its own;
+//!   fail or answer slowly cannot take every slot), and runs each attempt as a task of its own.
+//!   Retries are per endpoint: a failure holds the endpoint's whole queue until its retry is
+//!   due, in the store, for every worker ([`AfterAttempt`]), so an endpoint that is down gets
+//!   one attempt per step of the schedule and is paused when the schedule ends, whatever its
+//!   backlog;
 //! - **notices** mails the pause notices the store queues when an endpoint is paused
 //!   ([`Notifier`]);
 //! - **stats** publishes the queue's depth, its most overdue delivery and paused endpoints.
@@ -26,7 +30,7 @@ use tokio::sync::{watch, Notify};
 use crate::events::LoggedEvent;
 use crate::ids::{new_id, unix_millis};
 use crate::metrics;
-use crate::store::{ClaimRequest, ClaimedDelivery, Store, StoreError};
+use crate::store::{AfterAttempt, ClaimRequest, ClaimedDelivery, Store, StoreError};
 use crate::webhooks::delivery::{Delivery, DeliveryStatus};
 use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use crate::webhooks::mail::Mailer;
@@ -275,6 +279,7 @@ impl Worker {
         let ClaimedDelivery {
             mut delivery,
             endpoint,
+            failures,
         } = claimed;
         let endpoint_id = delivery.endpoint.clone();
         let now_ms = unix_millis();
@@ -299,7 +304,7 @@ impl Worker {
                         false => Outcome::Answered,
                     };
                     ("succeeded", Some(took), share)
-                } else if delivery.fail(attempt, &self.settings.retry_schedule) {
+                } else if delivery.fail(attempt, &self.settings.retry_schedule, failures) {
                     ("failed_final", Some(took), Outcome::Failed)
                 } else {
                     ("failed_retrying", Some(took), Outcome::Failed)
@@ -311,7 +316,13 @@ impl Worker {
         // this process or to the mail relay afterwards.
         let notice = (delivery.status == DeliveryStatus::Failed)
             .then(|| PauseNotice::new(&delivery, unix_millis()));
-        match self.save(&delivery, notice.as_ref()).await {
+        let after = match (&notice, delivery.status) {
+            (Some(notice), _) => AfterAttempt::Pause(notice),
+            (None, DeliveryStatus::Succeeded) => AfterAttempt::Answered,
+            (None, DeliveryStatus::Pending) => AfterAttempt::Failing(failures + 1),
+            (None, _) => AfterAttempt::Skipped,
+        };
+        match self.save(&delivery, after).await {
             Ok(true) => {
                 share = Outcome::Gone;
                 tracing::warn!(
@@ -333,15 +344,11 @@ impl Worker {
     }
 
     /// Saves a delivery, retrying while the store is briefly away (within the lease).
-    async fn save(
-        &self,
-        delivery: &Delivery,
-        pause: Option<&PauseNotice>,
-    ) -> Result<bool, StoreError> {
+    async fn save(&self, delivery: &Delivery, after: AfterAttempt<'_>) -> Result<bool, StoreError> {
         let mut backoff = Backoff::default();
         let deadline = tokio::time::Instant::now() + self.settings.lease() / 2;
         loop {
-            match self.store.save_delivery(delivery, pause).await {
+            match self.store.save_delivery(delivery, after).await {
                 Ok(paused) => return Ok(paused),
                 Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
                 Err(_) => backoff.wait().await,

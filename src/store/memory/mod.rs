@@ -9,8 +9,8 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 
 use super::{
-    ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed, KeyChange, KeyChanges, QueueStats,
-    Rotation, Store, StoreError, UsageReport,
+    AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed, KeyChange, KeyChanges,
+    QueueStats, Rotation, Store, StoreError, UsageReport,
 };
 use crate::events::Event;
 use crate::ids::unix_now;
@@ -566,7 +566,9 @@ impl Store for MemoryStore {
         };
         let before = list.len();
         list.retain(|e| e.id != id);
-        Ok(list.len() != before)
+        let removed = list.len() != before;
+        inner.webhooks.release(id);
+        Ok(removed)
     }
 
     async fn tail_events(&self) -> Result<Box<dyn EventFeed>, StoreError> {
@@ -603,15 +605,19 @@ impl Store for MemoryStore {
     async fn save_delivery(
         &self,
         delivery: &Delivery,
-        pause: Option<&PauseNotice>,
+        after: AfterAttempt<'_>,
     ) -> Result<bool, StoreError> {
         let mut guard = self.write();
         let inner = &mut *guard;
-        inner.webhooks.save(delivery);
+        inner.webhooks.save(delivery, after);
         let endpoint = inner
             .endpoints
             .get_mut(&delivery.workspace)
             .and_then(|list| list.iter_mut().find(|e| e.id == delivery.endpoint));
+        let pause = match after {
+            AfterAttempt::Pause(notice) => Some(notice),
+            _ => None,
+        };
         match (endpoint, pause) {
             (Some(e), Some(notice)) if e.status == EndpointStatus::Active => {
                 e.status = EndpointStatus::Paused;

@@ -10,9 +10,11 @@ use tokio::sync::Notify;
 use super::{Inner, MemoryStore};
 use crate::events::{Event, LoggedEvent, RETENTION_SECS};
 use crate::ids::unix_now;
-use crate::store::{ClaimRequest, ClaimedDelivery, EventFeed, QueueStats, StoreError};
+use crate::store::{
+    AfterAttempt, ClaimRequest, ClaimedDelivery, EventFeed, QueueStats, StoreError,
+};
 use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED};
-use crate::webhooks::endpoint::Endpoint;
+use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use crate::webhooks::notice::PauseNotice;
 
 /// Events, deliveries and their schedule.
@@ -34,6 +36,21 @@ pub(super) struct WebhookState {
     listed: HashMap<String, VecDeque<String>>,
     /// Pause notices by id, with when each is due (ms; a claimed one: its lease's end).
     notices: HashMap<String, (PauseNotice, u64)>,
+    /// Endpoints held back by a failure, by id.
+    holds: HashMap<String, Hold>,
+}
+
+/// An endpoint held back by a failure (see [`AfterAttempt::Failing`]).
+#[derive(Debug)]
+struct Hold {
+    /// The endpoint's workspace.
+    workspace: String,
+    /// Failed attempts in a row.
+    failures: u32,
+    /// Nothing of the endpoint's queue is due before this (ms).
+    until: u64,
+    /// The delivery that goes first when it is.
+    probe: String,
 }
 
 impl WebhookState {
@@ -105,24 +122,42 @@ impl WebhookState {
         request: &ClaimRequest<'_>,
         endpoints: &HashMap<String, Vec<Endpoint>>,
     ) -> Vec<ClaimedDelivery> {
-        let mut due: Vec<(u64, &String)> = self
+        let now = request.now_ms;
+        let lease_end = now + request.lease.as_millis() as u64;
+        let find = |workspace: &str, id: &str| {
+            endpoints
+                .get(workspace)
+                .and_then(|list| list.iter().find(|e| e.id == id))
+        };
+        // Holds on endpoints that are paused or gone are dropped: their queues are skipped.
+        self.holds.retain(|id, hold| {
+            find(&hold.workspace, id).is_some_and(|e| e.status == EndpointStatus::Active)
+        });
+        let mut queued: Vec<(u64, &String)> = self
             .due
             .iter()
-            .filter(|(_, at)| **at <= request.now_ms)
+            .filter(|(_, at)| **at <= now)
             .map(|(id, at)| (*at, id))
             .collect();
-        due.sort();
+        queued.sort();
         let mut in_flight: HashMap<&str, usize> = request.busy.iter().copied().collect();
         let mut struggling_left = request.struggling_max;
         let mut taken = Vec::new();
-        for (_, id) in due {
+        for (_, id) in queued {
             if taken.len() == request.max {
                 break;
             }
             let Some(d) = self.deliveries.get(id) else {
                 continue;
             };
-            let struggling = request.struggling.contains(&d.endpoint.as_str());
+            let hold = self.holds.get_mut(&d.endpoint);
+            if let Some(hold) = &hold {
+                let probe_due = self.due.get(&hold.probe).is_some_and(|at| *at <= now);
+                if hold.until > now || (probe_due && hold.probe != d.id) {
+                    continue;
+                }
+            }
+            let struggling = hold.is_some() || request.struggling.contains(&d.endpoint.as_str());
             let n = in_flight.entry(d.endpoint.as_str()).or_default();
             if *n >= request.per_endpoint || (struggling && struggling_left == 0) {
                 continue;
@@ -131,28 +166,54 @@ impl WebhookState {
             if struggling {
                 struggling_left -= 1;
             }
-            let endpoint = endpoints
-                .get(&d.workspace)
-                .and_then(|list| list.iter().find(|e| e.id == d.endpoint))
-                .cloned();
+            let failures = match hold {
+                Some(hold) => {
+                    (hold.until, hold.probe) = (lease_end, d.id.clone());
+                    hold.failures
+                }
+                None => 0,
+            };
             taken.push(ClaimedDelivery {
                 delivery: d.clone(),
-                endpoint,
+                endpoint: find(&d.workspace, &d.endpoint).cloned(),
+                failures,
             });
         }
-        let lease_end = request.now_ms + request.lease.as_millis() as u64;
         for c in &taken {
             self.due.insert(c.delivery.id.clone(), lease_end);
         }
         taken
     }
 
-    pub(super) fn save(&mut self, d: &Delivery) {
+    pub(super) fn save(&mut self, d: &Delivery, after: AfterAttempt<'_>) {
         match (d.is_final(), d.next_attempt_ms) {
             (false, Some(ms)) => self.due.insert(d.id.clone(), ms),
             _ => self.due.remove(&d.id),
         };
         self.deliveries.insert(d.id.clone(), d.clone());
+        match after {
+            AfterAttempt::Answered | AfterAttempt::Pause(_) => {
+                self.holds.remove(&d.endpoint);
+            }
+            AfterAttempt::Failing(failures) => {
+                let held = self.holds.get(&d.endpoint).map_or(0, |h| h.failures);
+                if failures >= held {
+                    let hold = Hold {
+                        workspace: d.workspace.clone(),
+                        failures,
+                        until: d.next_attempt_ms.unwrap_or(0),
+                        probe: d.id.clone(),
+                    };
+                    self.holds.insert(d.endpoint.clone(), hold);
+                }
+            }
+            AfterAttempt::Skipped => {}
+        }
+    }
+
+    /// Forgets an endpoint's hold (it was deleted).
+    pub(super) fn release(&mut self, endpoint: &str) {
+        self.holds.remove(endpoint);
     }
 
     pub(super) fn queue_notice(&mut self, notice: &PauseNotice) {
@@ -218,7 +279,17 @@ impl WebhookState {
     pub(super) fn stats(&self) -> QueueStats {
         QueueStats {
             pending: self.due.len() as u64,
-            oldest_due_ms: self.due.values().min().copied(),
+            oldest_due_ms: self
+                .due
+                .iter()
+                .map(|(id, at)| {
+                    let held = self
+                        .deliveries
+                        .get(id)
+                        .and_then(|d| self.holds.get(&d.endpoint));
+                    held.map_or(*at, |h| h.until.max(*at))
+                })
+                .min(),
             paused_endpoints: 0,
             pause_notices: self.notices.len() as u64,
         }

@@ -22,6 +22,7 @@
 //! | `{ns}:wh:dlv:<delivery id>` | string | delivery JSON: event, status, attempts, last attempt (30 days) |
 //! | `{ns}:wh:log:<endpoint id>` | list | the endpoint's latest delivery ids, newest first (1,000) |
 //! | `{ns}:wh:evt:<event id>` | string | event JSON, for replay by id (30 days) |
+//! | `{ns}:wh:hold:<endpoint id>` | hash | an endpoint held back by a failure: `failures` in a row, `until` (ms) nothing of its queue is due, `probe` the delivery that goes first then; gone once it answers, is paused or deleted |
 //! | `{ns}:wh:pending` | integer | queued deliveries |
 //! | `{ns}:wh:paused` | set | `<ws> <endpoint id>` of paused endpoints |
 //! | `{ns}:wh:notices` | hash | pause notice id → notice JSON: an e-mail owed to a workspace's admins, queued with the pause, removed once sent |
@@ -51,8 +52,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{
-    ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed, KeyChange, KeyChanges, QueueStats,
-    Rotation, Store, StoreError, UsageReport,
+    AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed, KeyChange, KeyChanges,
+    QueueStats, Rotation, Store, StoreError, UsageReport,
 };
 use crate::events::Event;
 use crate::keys::Environment;
@@ -114,6 +115,9 @@ impl Layout {
     }
     fn endpoints(&self, workspace: &str) -> String {
         format!("{{{}}}:endpoints:{workspace}", self.ns)
+    }
+    fn endpoint_hold(&self, endpoint: &str) -> String {
+        format!("{{{}}}:wh:hold:{endpoint}", self.ns)
     }
     fn audit(&self, workspace: &str) -> String {
         format!("{}:audit:{{{workspace}}}", self.ns)
@@ -1130,9 +1134,11 @@ impl Store for RedisStore {
     }
 
     async fn delete_endpoint(&self, workspace: &str, id: &str) -> Result<bool, StoreError> {
-        let removed: i64 = self
-            .conn()
+        let (removed, _): (i64, i64) = redis::pipe()
+            .atomic()
             .hdel(self.layout.endpoints(workspace), id)
+            .del(self.layout.endpoint_hold(id))
+            .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
         self.track_paused(workspace, id, false).await?;
@@ -1170,9 +1176,9 @@ impl Store for RedisStore {
     async fn save_delivery(
         &self,
         delivery: &Delivery,
-        pause: Option<&PauseNotice>,
+        after: AfterAttempt<'_>,
     ) -> Result<bool, StoreError> {
-        self.save(delivery, pause).await
+        self.save(delivery, after).await
     }
 
     async fn claim_pause_notices(

@@ -35,7 +35,9 @@ use std::time::{Duration, Instant};
 use super::{decode, encode, unavailable, RedisStore};
 use crate::events::{Event, LoggedEvent, RETENTION_SECS};
 use crate::keys::Environment;
-use crate::store::{ClaimRequest, ClaimedDelivery, EventFeed, QueueStats, StoreError};
+use crate::store::{
+    AfterAttempt, ClaimRequest, ClaimedDelivery, EventFeed, QueueStats, StoreError,
+};
 use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED, DELIVERY_RETENTION_SECS};
 use crate::webhooks::endpoint::Endpoint;
 use crate::webhooks::notice::PauseNotice;
@@ -55,14 +57,20 @@ local function newer(a, b)
 end
 ";
 
-/// Recomputes an endpoint's place in the ready set from its queue.
+/// Shared Lua: `held_until(p, we)` is when an endpoint held back by a failure may be tried
+/// again (0: not held); `rescore` recomputes an endpoint's place in the ready set from its
+/// queue and its hold.
 const RESCORE: &str = r"
-local function rescore(p, member, queue)
+local function held_until(p, we)
+  return tonumber(redis.call('HGET', p .. ':wh:hold:' .. we, 'until') or '0')
+end
+local function rescore(p, member, queue, we)
   local first = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
   if #first == 0 then
     redis.call('ZREM', p .. ':wh:ready', member)
   else
-    redis.call('ZADD', p .. ':wh:ready', first[2], member)
+    local score = math.max(tonumber(first[2]), held_until(p, we))
+    redis.call('ZADD', p .. ':wh:ready', string.format('%d', score), member)
   end
 end
 ";
@@ -96,7 +104,7 @@ end
 /// succeeded while an older one is pending would otherwise move it past the older one).
 static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NEWER}{BEFORE}
+        r"{NEWER}{BEFORE}{RESCORE}
 local p, group, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local i = 4
 local n = tonumber(ARGV[i]); i = i + 1
@@ -128,7 +136,8 @@ for _ = 1, n do
   i = i + 5
   if redis.call('SET', p .. ':wh:dlv:' .. id, json, 'NX', 'EX', ttl) then
     redis.call('ZADD', p .. ':wh:due:' .. we, due, id)
-    redis.call('ZADD', p .. ':wh:ready', 'LT', due, ws .. ' ' .. we)
+    local ready = math.max(tonumber(due), held_until(p, we))
+    redis.call('ZADD', p .. ':wh:ready', 'LT', string.format('%d', ready), ws .. ' ' .. we)
     local log = p .. ':wh:log:' .. we
     redis.call('LPUSH', log, id)
     redis.call('LTRIM', log, 0, {listed} - 1)
@@ -145,7 +154,12 @@ return queued
 
 /// Claims due deliveries. ARGV: prefix, now ms, lease end ms, max, per endpoint, busy JSON
 /// (`{endpoint: in flight}`), struggling JSON (`{endpoint: true}`), most to take from the
-/// struggling ones. Returns `endpoint json or '', delivery json` pairs.
+/// struggling ones. Returns `endpoint json or '', delivery json, failures` triples.
+///
+/// An active endpoint with a hold (`{ns}:wh:hold:<endpoint>`: its failures in a row, until
+/// when, and the delivery that failed) gives one delivery once the hold is due, that one if it
+/// is still queued, and counts as struggling; the hold then lasts to the lease's end, so no
+/// other worker takes a second. A hold on an endpoint that is paused or gone is dropped.
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{RESCORE}
@@ -170,28 +184,51 @@ while taken < max and scanned < {scan} do
   local ws, we = string.sub(member, 1, sp - 1), string.sub(member, sp + 1)
   local room = math.min(per - (busy[we] or 0), max - taken)
   if struggling[we] then room = math.min(room, struggling_left) end
+  local hold, endpoint, held, failures, probe = p .. ':wh:hold:' .. we, nil, false, '0', nil
+  if room > 0 and not visited[member] then
+    local h = redis.call('HMGET', hold, 'until', 'probe', 'failures')
+    if h[1] then
+      endpoint = redis.call('HGET', p .. ':endpoints:' .. ws, we) or ''
+      if endpoint ~= '' and cjson.decode(endpoint).status == 'active' then
+        held, probe, failures = true, h[2], h[3] or '0'
+        room = math.min(room, 1, struggling_left)
+        if tonumber(h[1]) > tonumber(now) then room = 0 end
+      else
+        redis.call('DEL', hold)
+      end
+    end
+  end
   if visited[member] or room <= 0 then
     passed = passed + 1
   else
     visited[member] = true
     local queue = p .. ':wh:due:' .. we
-    local ids = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'LIMIT', 0, room)
-    local endpoint = ''
-    if #ids > 0 then endpoint = redis.call('HGET', p .. ':endpoints:' .. ws, we) or '' end
+    local ids
+    local probe_due = held and probe and redis.call('ZSCORE', queue, probe)
+    if probe_due and tonumber(probe_due) <= tonumber(now) then
+      ids = {{probe}}
+    else
+      ids = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'LIMIT', 0, room)
+    end
+    if #ids > 0 and not endpoint then
+      endpoint = redis.call('HGET', p .. ':endpoints:' .. ws, we) or ''
+    end
     for _, id in ipairs(ids) do
       local json = redis.call('GET', p .. ':wh:dlv:' .. id)
       if json then
         redis.call('ZADD', queue, lease_end, id)
         out[#out + 1] = endpoint
         out[#out + 1] = json
+        out[#out + 1] = failures
         taken = taken + 1
-        if struggling[we] then struggling_left = struggling_left - 1 end
+        if struggling[we] or held then struggling_left = struggling_left - 1 end
+        if held then redis.call('HSET', hold, 'until', lease_end, 'probe', id) end
       else
         redis.call('ZREM', queue, id)
         redis.call('DECR', p .. ':wh:pending')
       end
     end
-    rescore(p, member, queue)
+    rescore(p, member, queue, we)
   end
  end
 end
@@ -210,19 +247,32 @@ const CLAIM_SCAN: usize = 20_000;
 
 /// Saves a delivery after an attempt. ARGV: prefix, workspace, endpoint, delivery id, json,
 /// next due ms (-1: final), ttl, then, to pause the endpoint, a pause notice's id, json and due
-/// ms (id '': no pause). Returns 1 if it paused the endpoint (and queued the notice).
+/// ms (id '': no pause), then what the attempt says of the endpoint (`answered`: release its
+/// hold; `failing`: hold it until the next due ms with this delivery first, unless a hold with
+/// more failures is there; `pause`: drop the hold; `skipped`) and its failures in a row.
+/// Returns 1 if it paused the endpoint (and queued the notice).
 static SAVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{RESCORE}
 local p, ws, we, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local queue, member = p .. ':wh:due:' .. we, ws .. ' ' .. we
+local hold, after = p .. ':wh:hold:' .. we, ARGV[11]
 redis.call('SET', p .. ':wh:dlv:' .. id, ARGV[5], 'EX', ARGV[7])
 if tonumber(ARGV[6]) >= 0 then
   redis.call('ZADD', queue, ARGV[6], id)
 elseif redis.call('ZREM', queue, id) == 1 then
   redis.call('DECR', p .. ':wh:pending')
 end
-rescore(p, member, queue)
+if after == 'answered' or after == 'pause' then
+  redis.call('DEL', hold)
+elseif after == 'failing' then
+  local failures = tonumber(ARGV[12])
+  if failures >= tonumber(redis.call('HGET', hold, 'failures') or '0') then
+    redis.call('HSET', hold, 'failures', failures, 'until', ARGV[6], 'probe', id)
+    redis.call('EXPIRE', hold, ARGV[7])
+  end
+end
+rescore(p, member, queue, we)
 local notice = ARGV[8]
 if notice ~= '' then
   local endpoints = p .. ':endpoints:' .. ws
@@ -408,14 +458,18 @@ impl RedisStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        let mut claimed = Vec::with_capacity(flat.len() / 2);
-        for pair in flat.chunks_exact(2) {
-            let endpoint = match pair[0].as_str() {
+        let mut claimed = Vec::with_capacity(flat.len() / 3);
+        for triple in flat.chunks_exact(3) {
+            let endpoint = match triple[0].as_str() {
                 "" => None,
                 raw => Some(decode::<Endpoint>("endpoint", raw)?),
             };
-            let delivery = decode::<Delivery>("delivery", &pair[1])?;
-            claimed.push(ClaimedDelivery { delivery, endpoint });
+            let delivery = decode::<Delivery>("delivery", &triple[1])?;
+            claimed.push(ClaimedDelivery {
+                delivery,
+                endpoint,
+                failures: triple[2].parse().unwrap_or(0),
+            });
         }
         Ok(claimed)
     }
@@ -423,7 +477,7 @@ impl RedisStore {
     pub(super) async fn save(
         &self,
         d: &Delivery,
-        pause: Option<&PauseNotice>,
+        after: AfterAttempt<'_>,
     ) -> Result<bool, StoreError> {
         let next: i64 = match (d.is_final(), d.next_attempt_ms) {
             (false, Some(ms)) => ms as i64,
@@ -438,12 +492,21 @@ impl RedisStore {
             .arg(encode(d))
             .arg(next)
             .arg(DELIVERY_RETENTION_SECS);
-        match pause {
-            Some(notice) => invocation
+        match after {
+            AfterAttempt::Pause(notice) => invocation
                 .arg(&notice.id)
                 .arg(encode(notice))
-                .arg(notice.paused_ms),
-            None => invocation.arg("").arg("").arg(0),
+                .arg(notice.paused_ms)
+                .arg("pause")
+                .arg(0),
+            AfterAttempt::Answered => invocation.arg("").arg("").arg(0).arg("answered").arg(0),
+            AfterAttempt::Failing(failures) => invocation
+                .arg("")
+                .arg("")
+                .arg(0)
+                .arg("failing")
+                .arg(failures),
+            AfterAttempt::Skipped => invocation.arg("").arg("").arg(0).arg("skipped").arg(0),
         };
         let paused: i64 = invocation
             .invoke_async(&mut self.conn())
