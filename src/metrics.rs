@@ -154,7 +154,7 @@ static IN_FLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
 static PAUSE_MAILS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "svcgate_webhook_pause_mails_total",
-        "Tries to e-mail a workspace's admins that an endpoint was paused, by outcome (sent, failed, dropped: workspace or endpoint deleted).",
+        "Tries to e-mail a workspace's admins that an endpoint was paused, by outcome (sent, failed, dropped: workspace or endpoint deleted, or no address that can be mailed).",
         &["outcome"]
     )
     .expect("metric registers once")

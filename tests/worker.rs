@@ -1075,6 +1075,35 @@ async fn the_zero_config_gateway_delivers_too() {
 }
 
 #[tokio::test]
+async fn the_zero_config_demo_workspace_has_nobody_to_mail_so_its_pause_notice_is_dropped() {
+    let outbox = tempfile::tempdir().unwrap();
+    let gw = Gateway::builder()
+        .toml(&webhooks_toml(outbox.path(), "[1]", 2))
+        .start()
+        .await;
+    let (_, key) = gw.create_key("live", SCOPES).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/down", &[Reply::Status(500)]);
+    let (id, _) = endpoint(&gw, &key, &receiver.url("/down"), &["key.auto_revoked"]).await;
+    publish(&gw, DEMO_WS, "key.auto_revoked", "live").await;
+    let paused = eventually(Duration::from_secs(10), || async {
+        endpoint_status(&gw, &key, &id).await == "paused"
+    })
+    .await;
+    assert!(paused.is_some(), "endpoint not paused");
+    // Not retried for ever: dropped, counted, and nothing written to the outbox.
+    let dropped = eventually(Duration::from_secs(10), || async {
+        let text = gw.metrics_text().await;
+        text.contains("svcgate_webhook_pause_mails_total{outcome=\"dropped\"} 1")
+            && text.contains("svcgate_webhook_pause_notices_pending 0")
+    })
+    .await;
+    assert!(dropped.is_some(), "{}", gw.metrics_text().await);
+    assert!(!gw.metrics_text().await.contains("outcome=\"failed\"} "));
+    assert_eq!(std::fs::read_dir(outbox.path()).map_or(0, |d| d.count()), 0);
+}
+
+#[tokio::test]
 async fn webhook_metrics_report_outcomes_and_the_queue() {
     let s = setup("[60]", 10, false).await;
     let receiver = Receiver::start().await;

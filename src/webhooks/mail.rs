@@ -10,6 +10,24 @@ use std::path::PathBuf;
 use crate::config::{SmtpConfig, SmtpTls, WebhooksConfig};
 use crate::webhooks::endpoint::Endpoint;
 
+/// Why an e-mail did not go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MailError {
+    /// None of the addresses can be mailed: trying again will not help.
+    NoRecipients,
+    /// The relay or the outbox did not take it (it may next time).
+    Failed(String),
+}
+
+impl std::fmt::Display for MailError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoRecipients => f.write_str("no admin e-mail address that can be mailed"),
+            Self::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
 /// Where admin e-mails go.
 #[derive(Clone)]
 pub struct Mailer {
@@ -37,13 +55,14 @@ impl Mailer {
         Ok(Self { from, transport })
     }
 
-    /// Tells `admins` that `endpoint` was paused after its last retry failed.
+    /// Tells `admins` that `endpoint` was paused after its last retry failed; addresses that
+    /// do not parse are skipped.
     pub async fn endpoint_paused(
         &self,
         admins: &[String],
         endpoint: &Endpoint,
         last_error: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), MailError> {
         let mut message = Message::builder()
             .from(self.from.clone())
             .subject(format!("Webhook endpoint {} paused", endpoint.id));
@@ -60,10 +79,7 @@ impl Mailer {
             }
         }
         if recipients == 0 {
-            return Err(format!(
-                "workspace {} has no admin e-mail address",
-                endpoint.workspace
-            ));
+            return Err(MailError::NoRecipients);
         }
         let body = format!(
             "Every delivery attempt to your webhook endpoint failed, so it is paused and gets no \
@@ -75,25 +91,32 @@ impl Mailer {
             url = endpoint.url,
             env = endpoint.environment.as_str(),
         );
-        let message = message.body(body).map_err(|e| e.to_string())?;
-        match &self.transport {
+        let message = message.body(body).map_err(|_| MailError::NoRecipients)?;
+        let sent = match &self.transport {
             Transport::Smtp(smtp) => smtp
                 .send(message)
                 .await
                 .map(drop)
                 .map_err(|e| e.to_string()),
-            Transport::Outbox(dir) => {
-                tokio::fs::create_dir_all(dir)
-                    .await
-                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-                AsyncFileTransport::<Tokio1Executor>::new(dir)
+            Transport::Outbox(dir) => match tokio::fs::create_dir_all(dir).await {
+                Err(e) => Err(format!("cannot create {}: {e}", dir.display())),
+                Ok(()) => AsyncFileTransport::<Tokio1Executor>::new(dir)
                     .send(message)
                     .await
                     .map(drop)
-                    .map_err(|e| e.to_string())
-            }
-        }
+                    .map_err(|e| e.to_string()),
+            },
+        };
+        sent.map_err(MailError::Failed)
     }
+}
+
+/// Whether `address` is one the mailer can send to (and plausibly delivered: its domain has
+/// a dot).
+pub fn can_mail(address: &str) -> bool {
+    address
+        .parse::<lettre::Address>()
+        .is_ok_and(|a| a.domain().contains('.') && !a.domain().ends_with('.'))
 }
 
 /// The relay connection `[smtp]` describes: plain, STARTTLS or TLS, verified against the

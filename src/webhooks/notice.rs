@@ -7,7 +7,9 @@
 //! (a worker that dies mid-send leaves its notice to be claimed again when the lease ends), mail
 //! them, and remove one only once the relay has taken the mail; a failed try is retried on a
 //! capped exponential backoff ([`retry_wait`]), without end. A notice whose workspace or
-//! endpoint was deleted meanwhile is dropped: nobody is left to tell, or nothing to fix.
+//! endpoint was deleted meanwhile, or whose workspace has no address that can be mailed (the
+//! zero-config demo workspace has none), is dropped, with a warning: nobody is left to tell,
+//! or nothing to fix.
 
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use crate::ids::{new_id, unix_millis};
 use crate::metrics;
 use crate::store::{Store, StoreError};
 use crate::webhooks::delivery::Delivery;
-use crate::webhooks::mail::Mailer;
+use crate::webhooks::mail::{MailError, Mailer};
 use crate::webhooks::worker::Backoff;
 
 /// How long a claim on a notice holds: longer than one try can last ([`MAIL_TIMEOUT`]).
@@ -196,7 +198,10 @@ impl Notifier {
                 .endpoint_paused(&workspace.admin_emails, endpoint, &notice.last_error);
         Ok(match tokio::time::timeout(MAIL_TIMEOUT, mail).await {
             Ok(Ok(())) => Tried::Sent,
-            Ok(Err(e)) => Tried::Failed(e),
+            Ok(Err(MailError::NoRecipients)) => {
+                Tried::Gone("the workspace has no admin address that can be mailed")
+            }
+            Ok(Err(MailError::Failed(e))) => Tried::Failed(e),
             Err(_) => Tried::Failed(format!(
                 "the mail transport did not answer within {} s",
                 MAIL_TIMEOUT.as_secs()
