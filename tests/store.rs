@@ -1152,6 +1152,89 @@ store_suite!(
     an_entry_fanned_out_twice_queues_its_deliveries_once
 );
 
+/// Workers name themselves anew on each start: the consumers of those that are gone leave the
+/// group once idle with nothing pending; one that still holds an entry stays until it is taken
+/// over.
+#[tokio::test]
+async fn redis_consumers_of_workers_that_are_gone_leave_the_group() {
+    let ns = TestNamespace::new();
+    let store = RedisStore::connect(&redis_url(), &ns.name).unwrap();
+    let ws = new_id("ws");
+    let lease = Duration::from_millis(250);
+    let mut done = store.consume_events("done", lease).await.unwrap();
+    let a = event(&ws, "agent.run.completed");
+    store.append_event(&a).await.unwrap();
+    let taken = done.next(10, Duration::from_millis(500)).await.unwrap();
+    store
+        .enqueue_deliveries(&[taken[0].position.clone()], &[&a], &[])
+        .await
+        .unwrap();
+    let mut holding = store.consume_events("holding", lease * 100).await.unwrap();
+    let b = event(&ws, "agent.run.completed");
+    store.append_event(&b).await.unwrap();
+    assert_eq!(
+        holding
+            .next(10, Duration::from_millis(500))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    tokio::time::sleep(lease * 4 + Duration::from_millis(200)).await;
+    // A new worker, on its first read, tidies up.
+    let mut fresh = store.consume_events("fresh", lease).await.unwrap();
+    fresh.next(10, Duration::from_millis(100)).await.unwrap();
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let reply: ::redis::streams::StreamInfoConsumersReply = ::redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(format!("{{{}}}:events", ns.name))
+        .arg("webhooks")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut names: Vec<&str> = reply.consumers.iter().map(|c| c.name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["fresh", "holding"]);
+}
+
+/// A delivery record that does not read is passed over: the others of its claim go out.
+#[tokio::test]
+async fn redis_a_delivery_that_does_not_read_does_not_hold_up_its_claim() {
+    let ns = TestNamespace::new();
+    let store = RedisStore::connect(&redis_url(), &ns.name).unwrap();
+    let ws = new_id("ws");
+    let ep = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&ep).await.unwrap();
+    let e = event(&ws, "agent.run.completed");
+    let queued: Vec<Delivery> = (0..3)
+        .map(|i| Delivery::new(&e, &ws, &ep.id, 1_000 + i, false))
+        .collect();
+    store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = ::redis::cmd("SET")
+        .arg(format!("{{{}}}:wh:dlv:{}", ns.name, queued[1].id))
+        .arg(r#"{"id": 7}"#)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let claimed = store
+        .claim_deliveries(&ClaimRequest {
+            now_ms: 2_000,
+            lease: Duration::from_secs(5),
+            max: 10,
+            per_endpoint: 10,
+            busy: &[],
+            struggling: &[],
+            struggling_max: 10,
+        })
+        .await
+        .expect("the claim goes through");
+    let ids: Vec<&str> = claimed.iter().map(|c| c.delivery.id.as_str()).collect();
+    assert_eq!(ids, [queued[0].id.as_str(), queued[2].id.as_str()]);
+}
+
 /// Entries written past the store (by scripts or backends) are trimmed to the 30 days too.
 #[tokio::test]
 async fn redis_log_entries_past_retention_are_trimmed_and_never_delivered() {

@@ -458,18 +458,25 @@ impl RedisStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
+        // A record that does not read (written by a newer version, or by hand) must not hold
+        // up the others: it is left to its lease, and a worker that reads it takes it then.
         let mut claimed = Vec::with_capacity(flat.len() / 3);
         for triple in flat.chunks_exact(3) {
             let endpoint = match triple[0].as_str() {
-                "" => None,
-                raw => Some(decode::<Endpoint>("endpoint", raw)?),
+                "" => Ok(None),
+                raw => decode::<Endpoint>("an endpoint", raw).map(Some),
             };
-            let delivery = decode::<Delivery>("delivery", &triple[1])?;
-            claimed.push(ClaimedDelivery {
-                delivery,
-                endpoint,
-                failures: triple[2].parse().unwrap_or(0),
-            });
+            let delivery = decode::<Delivery>("a delivery", &triple[1]);
+            match (delivery, endpoint) {
+                (Ok(delivery), Ok(endpoint)) => claimed.push(ClaimedDelivery {
+                    delivery,
+                    endpoint,
+                    failures: triple[2].parse().unwrap_or(0),
+                }),
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::error!(error = %e, "skipping a delivery until its lease ends")
+                }
+            }
         }
         Ok(claimed)
     }
@@ -725,7 +732,47 @@ struct Group {
 /// store trims too; this covers entries written by scripts and by backends.
 const TRIM_EVERY: Duration = Duration::from_secs(60);
 
+/// Removes consumers of the group that have nothing pending and have been idle longer than
+/// ARGV[2] ms (workers that are gone: each worker names itself anew when it starts), except
+/// ARGV[1]. Atomic, so a consumer that takes an entry meanwhile keeps it. KEYS: the event log.
+static DROP_IDLE_CONSUMERS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+local dropped = 0
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], '{GROUP}')) do
+  local info = {{}}
+  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
+  if info.name ~= ARGV[1] and tonumber(info.pending) == 0
+     and tonumber(info.idle) > tonumber(ARGV[2]) then
+    dropped = dropped + redis.call('XGROUP', 'DELCONSUMER', KEYS[1], '{GROUP}', info.name) + 1
+  end
+end
+return dropped
+"
+    ))
+});
+
 impl Group {
+    /// Drops consumers of workers that are gone (see [`DROP_IDLE_CONSUMERS`]): idle for more
+    /// than four leases, which a live worker, reading every second, never is.
+    async fn drop_idle_consumers(&mut self) -> Result<(), StoreError> {
+        let idle = self.reclaim_after * 4;
+        let dropped: i64 = DROP_IDLE_CONSUMERS
+            .key(&self.key)
+            .arg(&self.consumer)
+            .arg(idle.as_millis() as u64)
+            .invoke_async(&mut self.conn)
+            .await
+            .map_err(unavailable)?;
+        if dropped > 0 {
+            tracing::info!(
+                dropped,
+                "removed idle webhook consumers of workers that are gone"
+            );
+        }
+        Ok(())
+    }
+
     /// Drops log entries past the retention window.
     async fn trim(&mut self) -> Result<(), StoreError> {
         let min_id = crate::ids::unix_now().saturating_sub(RETENTION_SECS) * 1000;
@@ -814,6 +861,10 @@ impl EventFeed for Group {
         if Instant::now() >= self.next_trim {
             self.next_trim = Instant::now() + TRIM_EVERY;
             self.trim().await?;
+            // Housekeeping: a group Redis lost is recreated by the read below.
+            if let Err(e) = self.drop_idle_consumers().await {
+                tracing::debug!(error = %e, "could not look for idle webhook consumers");
+            }
         }
         let mut entries = Vec::new();
         if Instant::now() >= self.next_reclaim {
