@@ -107,7 +107,7 @@ fn main() {
                     secret: secrets[ws].clone(),
                     status: EndpointStatus::Active,
                     created_at: unix_now(),
-                })
+                }, 1)
                 .await
                 .unwrap();
         }

@@ -550,8 +550,8 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
         endpoint(&ws, &["agent.run.*"]),
         endpoint(&ws, &["agent.run.*"]),
     );
-    store.create_endpoint(&a).await.unwrap();
-    store.create_endpoint(&b).await.unwrap();
+    store.create_endpoint(&a, 10_000).await.unwrap();
+    store.create_endpoint(&b, 10_000).await.unwrap();
     let e = event(&ws, "agent.run.completed");
     let now = 1_000_000u64;
     let mut queued: Vec<Delivery> = (0..3)
@@ -701,7 +701,7 @@ async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
 ) {
     let ws = new_id("ws");
     let a = endpoint(&ws, &["agent.run.*"]);
-    store.create_endpoint(&a).await.unwrap();
+    store.create_endpoint(&a, 10_000).await.unwrap();
     let now = 1_000_000u64;
     let mut dead = Delivery::new(&event(&ws, "agent.run.failed"), &ws, &a.id, now, false);
     let mut last = attempt(now, None);
@@ -831,12 +831,12 @@ async fn a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has(store: Ar
     let mut queued = Vec::new();
     for i in 0..1_200u64 {
         let ep = endpoint(&ws, &["agent.run.*"]);
-        store.create_endpoint(&ep).await.unwrap();
+        store.create_endpoint(&ep, 10_000).await.unwrap();
         queued.push(Delivery::new(&e, &ws, &ep.id, now - 10_000 + i, false));
         stuck.push(ep.id);
     }
     let free = endpoint(&ws, &["agent.run.*"]);
-    store.create_endpoint(&free).await.unwrap();
+    store.create_endpoint(&free, 10_000).await.unwrap();
     queued.push(Delivery::new(&e, &ws, &free.id, now, false));
     store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
     let busy: Vec<(&str, usize)> = stuck.iter().map(|id| (id.as_str(), 1)).collect();
@@ -866,7 +866,7 @@ async fn struggling_endpoints_take_at_most_their_share_between_them(store: Arc<d
     let endpoints: Vec<Endpoint> = (0..3).map(|_| endpoint(&ws, &["agent.run.*"])).collect();
     let mut queued = Vec::new();
     for (i, ep) in endpoints.iter().enumerate() {
-        store.create_endpoint(ep).await.unwrap();
+        store.create_endpoint(ep, 10_000).await.unwrap();
         for j in 0..3u64 {
             queued.push(Delivery::new(
                 &e,
@@ -906,7 +906,7 @@ async fn a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_relea
 ) {
     let ws = new_id("ws");
     let a = endpoint(&ws, &["agent.run.*"]);
-    store.create_endpoint(&a).await.unwrap();
+    store.create_endpoint(&a, 10_000).await.unwrap();
     let e = event(&ws, "agent.run.completed");
     let now = 1_000_000u64;
     let queued: Vec<Delivery> = (0..4)
@@ -1011,6 +1011,28 @@ async fn a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_relea
     assert!(skipped
         .iter()
         .all(|c| c.endpoint.is_none() && c.failures == 0));
+}
+
+async fn endpoints_are_capped_per_workspace_and_a_delete_makes_room(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let mine: Vec<Endpoint> = (0..4).map(|_| endpoint(&ws, &["agent.run.*"])).collect();
+    for e in &mine[..3] {
+        store.create_endpoint(e, 3).await.unwrap();
+    }
+    match store.create_endpoint(&mine[3], 3).await {
+        Err(StoreError::Conflict(why)) => assert!(why.contains("3 webhook endpoints"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.endpoints(&ws).await.unwrap().len(), 3);
+    let elsewhere = endpoint(&new_id("ws"), &["agent.run.*"]);
+    store.create_endpoint(&elsewhere, 3).await.unwrap();
+    assert!(store.delete_endpoint(&ws, &mine[0].id).await.unwrap());
+    store.create_endpoint(&mine[3], 3).await.unwrap();
+    // A taken id is still a conflict of its own.
+    match store.create_endpoint(&mine[3], 10).await {
+        Err(StoreError::Conflict(why)) => assert!(why.contains("exists"), "{why}"),
+        other => panic!("{other:?}"),
+    }
 }
 
 /// An audit record of `workspace` that arrived at `time_ms`.
@@ -1147,6 +1169,7 @@ store_suite!(
     a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has,
     struggling_endpoints_take_at_most_their_share_between_them,
     a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_releases_it,
+    endpoints_are_capped_per_workspace_and_a_delete_makes_room,
     absurd_spend_saturates_and_never_jams_the_flushes,
     a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed,
     an_entry_fanned_out_twice_queues_its_deliveries_once
@@ -1205,7 +1228,7 @@ async fn redis_a_delivery_that_does_not_read_does_not_hold_up_its_claim() {
     let store = RedisStore::connect(&redis_url(), &ns.name).unwrap();
     let ws = new_id("ws");
     let ep = endpoint(&ws, &["agent.run.*"]);
-    store.create_endpoint(&ep).await.unwrap();
+    store.create_endpoint(&ep, 10_000).await.unwrap();
     let e = event(&ws, "agent.run.completed");
     let queued: Vec<Delivery> = (0..3)
         .map(|i| Delivery::new(&e, &ws, &ep.id, 1_000 + i, false))

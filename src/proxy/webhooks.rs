@@ -10,7 +10,9 @@ use super::respond;
 use crate::error::ApiError;
 use crate::ids::{new_id, unix_now};
 use crate::store::Store;
-use crate::webhooks::endpoint::{check_filter, check_url, new_secret, Endpoint, EndpointStatus};
+use crate::webhooks::endpoint::{
+    check_filter, check_url, new_secret, Endpoint, EndpointStatus, MAX_ENDPOINTS_PER_WORKSPACE,
+};
 use crate::webhooks::manage::{self, EndpointView, ReplayInput};
 
 /// Largest accepted request body.
@@ -100,7 +102,9 @@ pub async fn handle(
                 status: EndpointStatus::Active,
                 created_at: unix_now(),
             };
-            store.create_endpoint(&endpoint).await?;
+            store
+                .create_endpoint(&endpoint, MAX_ENDPOINTS_PER_WORKSPACE)
+                .await?;
             (
                 201,
                 serde_json::to_vec(&EndpointView::with_secret(&endpoint)),

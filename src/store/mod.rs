@@ -38,6 +38,13 @@ pub enum StoreError {
     Conflict(String),
 }
 
+/// The error for a workspace that has `most` webhook endpoints and is given another.
+pub fn too_many_endpoints(workspace: &str, most: usize) -> StoreError {
+    StoreError::Conflict(format!(
+        "workspace {workspace} has {most} webhook endpoints, the most it may have; delete one first"
+    ))
+}
+
 /// A change applied to an endpoint; like [`KeyChange`], it may run more than once.
 pub type EndpointChange<'a> = &'a (dyn Fn(&mut Endpoint) + Send + Sync);
 
@@ -251,8 +258,9 @@ pub trait Store: Send + Sync + 'static {
     /// Appends an event to the event log (kept 30 days).
     async fn append_event(&self, event: &Event) -> Result<(), StoreError>;
 
-    /// Stores a new webhook endpoint.
-    async fn create_endpoint(&self, endpoint: &Endpoint) -> Result<(), StoreError>;
+    /// Stores a new webhook endpoint, unless its workspace has `most` already (a
+    /// [`StoreError::Conflict`] saying so).
+    async fn create_endpoint(&self, endpoint: &Endpoint, most: usize) -> Result<(), StoreError>;
 
     /// The endpoints of a workspace, oldest first.
     async fn endpoints(&self, workspace: &str) -> Result<Vec<Endpoint>, StoreError>;

@@ -9,8 +9,8 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 
 use super::{
-    AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed, KeyChange, KeyChanges,
-    QueueStats, Rotation, Store, StoreError, UsageReport,
+    too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed,
+    KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError, UsageReport,
 };
 use crate::events::Event;
 use crate::ids::unix_now;
@@ -510,12 +510,15 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn create_endpoint(&self, endpoint: &Endpoint) -> Result<(), StoreError> {
+    async fn create_endpoint(&self, endpoint: &Endpoint, most: usize) -> Result<(), StoreError> {
         let mut inner = self.write();
         let list = inner
             .endpoints
             .entry(endpoint.workspace.clone())
             .or_default();
+        if list.len() >= most {
+            return Err(too_many_endpoints(&endpoint.workspace, most));
+        }
         if list.iter().any(|e| e.id == endpoint.id) {
             return Err(StoreError::Conflict(format!(
                 "endpoint {} exists",

@@ -52,8 +52,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{
-    AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed, KeyChange, KeyChanges,
-    QueueStats, Rotation, Store, StoreError, UsageReport,
+    too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed,
+    KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError, UsageReport,
 };
 use crate::events::Event;
 use crate::keys::Environment;
@@ -115,6 +115,9 @@ impl Layout {
     }
     fn endpoints(&self, workspace: &str) -> String {
         format!("{{{}}}:endpoints:{workspace}", self.ns)
+    }
+    fn paused_endpoints(&self) -> String {
+        format!("{{{}}}:wh:paused", self.ns)
     }
     fn endpoint_hold(&self, endpoint: &str) -> String {
         format!("{{{}}}:wh:hold:{endpoint}", self.ns)
@@ -347,16 +350,34 @@ impl RawMap {
     }
 }
 
-/// Replaces one field of a hash if it still holds what the caller read. KEYS: hash.
-/// ARGV: field, expected, new. Returns 1, 0 if it changed meanwhile, -1 if it is gone.
-static HASH_CAS: LazyLock<Script> = LazyLock::new(|| {
+/// Replaces an endpoint if it still is what the caller read, and keeps the set of paused
+/// endpoints (for the metric) in step with it, in one step. KEYS: the workspace's endpoints,
+/// the paused set. ARGV: id, expected JSON, new JSON, paused set member, 1 if paused. Returns
+/// 1, 0 if it changed meanwhile, -1 if it is gone.
+static ENDPOINT_CAS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if not cur then return -1 end
 if cur ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+if ARGV[5] == '1' then
+  redis.call('SADD', KEYS[2], ARGV[4])
+else
+  redis.call('SREM', KEYS[2], ARGV[4])
+end
 return 1
+",
+    )
+});
+
+/// Stores a new endpoint unless its workspace has as many as it may. KEYS: the workspace's
+/// endpoints. ARGV: id, JSON, most endpoints. Returns 1, 0 if the id is taken, -1 if full.
+static CREATE_ENDPOINT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
+return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 ",
     )
 });
@@ -1069,17 +1090,19 @@ impl Store for RedisStore {
             .map_err(unavailable)
     }
 
-    async fn create_endpoint(&self, endpoint: &Endpoint) -> Result<(), StoreError> {
-        let created: bool = self
-            .conn()
-            .hset_nx(
-                self.layout.endpoints(&endpoint.workspace),
-                &endpoint.id,
-                encode(endpoint),
-            )
+    async fn create_endpoint(&self, endpoint: &Endpoint, most: usize) -> Result<(), StoreError> {
+        let created: i64 = CREATE_ENDPOINT
+            .key(self.layout.endpoints(&endpoint.workspace))
+            .arg(&endpoint.id)
+            .arg(encode(endpoint))
+            .arg(most)
+            .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        created_or_conflict(created, "endpoint", &endpoint.id)
+        if created < 0 {
+            return Err(too_many_endpoints(&endpoint.workspace, most));
+        }
+        created_or_conflict(created == 1, "endpoint", &endpoint.id)
     }
 
     async fn endpoints(&self, workspace: &str) -> Result<Vec<Endpoint>, StoreError> {
@@ -1110,20 +1133,20 @@ impl Store for RedisStore {
             next.workspace = current.workspace;
             next.environment = current.environment;
             next.secret = current.secret;
-            let swapped: i64 = HASH_CAS
+            let paused = next.status == crate::webhooks::endpoint::EndpointStatus::Paused;
+            let swapped: i64 = ENDPOINT_CAS
                 .key(&key)
+                .key(self.layout.paused_endpoints())
                 .arg(id)
                 .arg(&raw)
                 .arg(encode(&next))
+                .arg(format!("{workspace} {id}"))
+                .arg(u8::from(paused))
                 .invoke_async(&mut self.conn())
                 .await
                 .map_err(unavailable)?;
             match swapped {
-                1 => {
-                    let paused = next.status == crate::webhooks::endpoint::EndpointStatus::Paused;
-                    self.track_paused(workspace, id, paused).await?;
-                    return Ok(Some(next));
-                }
+                1 => return Ok(Some(next)),
                 -1 => return Ok(None),
                 _ => continue,
             }
@@ -1134,14 +1157,14 @@ impl Store for RedisStore {
     }
 
     async fn delete_endpoint(&self, workspace: &str, id: &str) -> Result<bool, StoreError> {
-        let (removed, _): (i64, i64) = redis::pipe()
+        let (removed, _, _): (i64, i64, i64) = redis::pipe()
             .atomic()
             .hdel(self.layout.endpoints(workspace), id)
             .del(self.layout.endpoint_hold(id))
+            .srem(self.layout.paused_endpoints(), format!("{workspace} {id}"))
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        self.track_paused(workspace, id, false).await?;
         Ok(removed > 0)
     }
 

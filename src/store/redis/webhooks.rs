@@ -345,24 +345,6 @@ impl RedisStore {
             .map_err(unavailable)
     }
 
-    /// Keeps the set of paused endpoints (for the metric) in step with an endpoint's status.
-    pub(super) async fn track_paused(
-        &self,
-        workspace: &str,
-        id: &str,
-        paused: bool,
-    ) -> Result<(), StoreError> {
-        let key = format!("{}:wh:paused", self.prefix());
-        let member = format!("{workspace} {id}");
-        let mut conn = self.conn();
-        let result: redis::RedisResult<i64> = if paused {
-            conn.sadd(key, member).await
-        } else {
-            conn.srem(key, member).await
-        };
-        result.map(drop).map_err(unavailable)
-    }
-
     pub(super) async fn tail(&self) -> Result<Box<dyn EventFeed>, StoreError> {
         let key = self.layout.events();
         let newest = self.stream_range("XREVRANGE", &key, "+", "-", 1).await?;
