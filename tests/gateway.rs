@@ -101,6 +101,54 @@ async fn answers_the_gateway_makes_itself_carry_the_rate_limit_headers() {
 }
 
 #[tokio::test]
+async fn head_is_answered_like_get_without_a_body() {
+    let live = RecordingUpstream::start("live").await;
+    let gw = Gateway::builder().live(live.addr).start().await;
+    let (_, key) = gw
+        .create_key("live", &["models:read", "webhooks:read"])
+        .await;
+    let head = |path: &'static str, key: Option<String>| {
+        let req = gw.request(Method::HEAD, path);
+        async move {
+            match key {
+                Some(key) => req.bearer_auth(key),
+                None => req,
+            }
+            .send()
+            .await
+            .unwrap()
+        }
+    };
+    // Forwarded to the backend as HEAD, under the GET route's scope.
+    let resp = head("/v1/models", Some(key.clone())).await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().contains_key("service-request-id"));
+    assert!(resp.bytes().await.unwrap().is_empty());
+    let seen = live.requests();
+    assert_eq!(
+        (seen.len(), &seen[0].method, seen[0].path.as_str()),
+        (1, &Method::HEAD, "/v1/models")
+    );
+    // The gateway's own GET routes too; refusals are the same, without the body.
+    let resp = head("/v1/webhooks", Some(key.clone())).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/json");
+    assert!(resp.bytes().await.unwrap().is_empty());
+    let resp = head("/v1/models", None).await;
+    assert_eq!(resp.status(), 401);
+    assert!(resp.bytes().await.unwrap().is_empty());
+    // Not the event stream, and not a POST route.
+    assert_eq!(
+        head("/v1/webhooks/listen", Some(key.clone()))
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(head("/v1/chat/completions", Some(key)).await.status(), 404);
+    assert_eq!(live.requests().len(), 1);
+}
+
+#[tokio::test]
 async fn backend_sees_identity_headers_and_never_the_credential() {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder().live(live.addr).start().await;

@@ -165,9 +165,20 @@ impl RouteTable {
         self.find_id(method, path).map(|id| self.get(id))
     }
 
-    /// Where in this table the route serving `method` on `path` is, if there is one.
+    /// Where in this table the route serving `method` on `path` is, if there is one. `HEAD`
+    /// is served by the `GET` route of the path unless a route names `HEAD` (RFC 9110 §9.3.2:
+    /// the same answer without its body, which Pingora leaves out), except the event stream.
     #[inline]
     pub fn find_id(&self, method: &Method, path: &str) -> Option<RouteId> {
+        match self.find_in(method, path) {
+            None if *method == Method::HEAD => self
+                .find_in(&Method::GET, path)
+                .filter(|id| self.get(*id).handler != Handler::Listen),
+            found => found,
+        }
+    }
+
+    fn find_in(&self, method: &Method, path: &str) -> Option<RouteId> {
         let (_, router) = self.by_method.iter().find(|(m, _)| m == method)?;
         let matched = router.at(path).ok()?;
         // `{id}` must name something: `/v1/agents/runs//approve` is not a route. Nor is a
@@ -282,6 +293,39 @@ mod tests {
         }
         assert!(t.find(&Method::DELETE, "/v1/models").is_none());
         assert!(t.find(&Method::GET, "").is_none());
+    }
+
+    #[test]
+    fn head_is_served_by_the_get_route_unless_one_names_it() {
+        let mut routes = default_routes();
+        routes.push(RouteConfig {
+            method: "HEAD".into(),
+            path: "/v1/files/{id}".into(),
+            scope: "files:check".into(),
+            price: Credits::ZERO,
+        });
+        routes.push(RouteConfig {
+            method: "GET".into(),
+            path: "/v1/files/{id}".into(),
+            scope: "files:read".into(),
+            price: Credits::ZERO,
+        });
+        let t = RouteTable::new(&routes).unwrap();
+        let models = t.find(&Method::HEAD, "/v1/models").unwrap();
+        assert_eq!(
+            (&*models.template, &*models.scope),
+            ("/v1/models", "models:read")
+        );
+        let file = t.find(&Method::HEAD, "/v1/files/f_1").unwrap();
+        assert_eq!(&*file.scope, "files:check");
+        let endpoint = t.find(&Method::HEAD, "/v1/webhooks/we_1").unwrap();
+        assert_eq!(endpoint.handler, Handler::Webhooks(WebhookOp::Get));
+        // Not the event stream (it would run with nowhere to write); not POST routes.
+        assert!(t.find(&Method::HEAD, "/v1/webhooks/listen").is_none());
+        assert!(t.find(&Method::HEAD, "/v1/chat/completions").is_none());
+        assert!(t
+            .find(&Method::HEAD, "/v1/agents/runs/../approve")
+            .is_none());
     }
 
     #[test]
