@@ -481,6 +481,37 @@ async fn test_keys_have_limits_of_their_own() {
 }
 
 #[tokio::test]
+async fn refused_requests_count_against_the_keys_rate_limit() {
+    let gw = Gateway::builder()
+        .toml("[limits]\nlive_requests_per_minute = 3\nlive_burst = 3\n")
+        .start()
+        .await;
+    let (_, key) = gw.create_key("live", &["models:read"]).await;
+    let get = |path: &'static str| {
+        let req = gw.request(Method::GET, path).bearer_auth(&key);
+        async move { req.send().await.unwrap() }
+    };
+    // Each refusal is answered as such, with the rate headers, and spends the limit.
+    let resp = get("/v1/nowhere").await;
+    assert_eq!(resp.headers()["ratelimit-remaining"], "2");
+    assert_error(resp, 404, "not_found").await;
+    let resp = gw
+        .request(Method::POST, "/v1/chat/completions")
+        .bearer_auth(&key)
+        .json(&json!({"model": "m1", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 403, "permission_error").await;
+    assert_eq!(get("/v1/models").await.status(), 200);
+    // Spent: a refusal, and a request that would be served, are both 429 now.
+    let resp = get("/v1/nowhere").await;
+    assert!(resp.headers().contains_key("retry-after"));
+    assert_error(resp, 429, "rate_limit_error").await;
+    assert_error(get("/v1/models").await, 429, "rate_limit_error").await;
+}
+
+#[tokio::test]
 async fn a_refused_budget_is_counted_by_reason() {
     let gw = Gateway::builder().start().await;
     let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;

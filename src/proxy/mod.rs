@@ -280,7 +280,9 @@ impl Gateway {
     }
 
     /// Who is calling, on which route, and whether policy lets them: auth (401) → route
-    /// (404) → scope (403) → project (400) → rate limit (429) → budget (402).
+    /// (404) → scope (403) → project (400) → rate limit (429) → budget (402). A refused request
+    /// of an authenticated key counts against its rate limit too (it is audited, and costs
+    /// that): past the limit, it is a 429 whatever the refusal.
     async fn authorize(&self, session: &Session, ctx: &mut RequestCtx) -> Result<&Route, ApiError> {
         let req = session.req_header();
         let path = req.uri.path();
@@ -303,21 +305,12 @@ impl Gateway {
         };
         // Known before the route: an authenticated request is audited whatever its answer.
         let caller = ctx.caller.insert(caller);
-        if ctx.cors_origin.is_some() && caller.key.environment == Environment::Live {
-            return Err(ApiError::Permission(
-                "a live key must not be used from a browser; have your backend mint a scoped \
-                 token (POST /v1/tokens)"
-                    .into(),
-            ));
-        }
-        let id = ctx.route.ok_or_else(|| {
-            ApiError::not_found(format!("no route for {} {}", req.method, redact(path)))
-        })?;
-        let route = self.routes.get(id);
-        policy::check_scope(caller, route)?;
-        let project = policy::check_project(req.headers.get_all(&SERVICE_PROJECT))?;
+        let checked = self.check_request(req, caller, ctx.route, ctx.cors_origin.is_some());
+        let (project, billable) = match &checked {
+            Ok((route, project)) => (*project, route.handler == Handler::Forward),
+            Err(_) => (None, false),
+        };
         ctx.project = project.map(str::to_owned);
-        let billable = route.handler == Handler::Forward;
         let (decision, verdict) = self
             .meter
             .admit(
@@ -329,9 +322,42 @@ impl Gateway {
             )
             .await;
         ctx.rate = Some(decision);
-        verdict?;
+        let route = match (checked, verdict) {
+            (_, Err(limited)) if !decision.allowed => return Err(limited),
+            (Err(refused), _) => return Err(refused),
+            (Ok((route, _)), verdict) => verdict.map(|()| route)?,
+        };
         ctx.target = self.upstreams.target(caller.key.effective_environment());
         Ok(route)
+    }
+
+    /// What an authenticated caller asks for, if the gateway serves it and lets them: the route
+    /// (404), its scope (403), the project (400); a live key from a browser is refused (403).
+    fn check_request<'a>(
+        &self,
+        req: &'a RequestHeader,
+        caller: &Authenticated,
+        route: Option<RouteId>,
+        from_browser: bool,
+    ) -> Result<(&Route, Option<&'a str>), ApiError> {
+        if from_browser && caller.key.environment == Environment::Live {
+            return Err(ApiError::Permission(
+                "a live key must not be used from a browser; have your backend mint a scoped \
+                 token (POST /v1/tokens)"
+                    .into(),
+            ));
+        }
+        let id = route.ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no route for {} {}",
+                req.method,
+                redact(req.uri.path())
+            ))
+        })?;
+        let route = self.routes.get(id);
+        policy::check_scope(caller, route)?;
+        let project = policy::check_project(req.headers.get_all(&SERVICE_PROJECT))?;
+        Ok((route, project))
     }
 
     /// A CORS preflight from an allowed origin for a route that exists: `204` with what the
