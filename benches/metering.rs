@@ -85,12 +85,12 @@ fn main() {
         let flusher = tokio::spawn(meter.clone().run(writer, stopped));
         let now = svcgate::ids::unix_now();
         for h in &headers {
-            auth.authenticate(Some(h), now).await.unwrap();
+            auth.authenticate(Some(h), now, || None).await.unwrap();
         }
 
         let started = Instant::now();
         for i in 0..requests {
-            let caller = auth.authenticate(Some(&headers[i % headers.len()]), now).await.unwrap();
+            let caller = auth.authenticate(Some(&headers[i % headers.len()]), now, || None).await.unwrap();
             std::hint::black_box(caller.allows("chat.completions:create"));
         }
         let auth_only = started.elapsed();
@@ -98,7 +98,7 @@ fn main() {
         let before = commands(&mut info_conn);
         let started = Instant::now();
         for i in 0..requests {
-            let caller = auth.authenticate(Some(&headers[i % headers.len()]), now).await.unwrap();
+            let caller = auth.authenticate(Some(&headers[i % headers.len()]), now, || None).await.unwrap();
             std::hint::black_box(caller.allows("chat.completions:create"));
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

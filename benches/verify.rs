@@ -48,7 +48,8 @@ fn bench(c: &mut Criterion) {
     let header = HeaderValue::from_str(&format!("Bearer {}", key.value)).unwrap();
     let now = svcgate::ids::unix_now();
     // Warm the cache.
-    rt.block_on(auth.authenticate(Some(&header), now)).unwrap();
+    rt.block_on(auth.authenticate(Some(&header), now, || None))
+        .unwrap();
     let routes = RouteTable::new(&default_routes()).unwrap();
 
     c.bench_function("key_parse_and_checksum", |b| {
@@ -66,7 +67,7 @@ fn bench(c: &mut Criterion) {
     c.bench_function("warm_verify", |b| {
         b.to_async(&rt).iter(|| async {
             let caller = auth
-                .authenticate(Some(black_box(&header)), now)
+                .authenticate(Some(black_box(&header)), now, || None)
                 .await
                 .unwrap();
             let route = routes.find(&Method::POST, "/v1/chat/completions").unwrap();
@@ -76,12 +77,15 @@ fn bench(c: &mut Criterion) {
     let bad =
         HeaderValue::from_str("Bearer svc_live_notakeyatallnotakeyatallnotakeyatall12").unwrap();
     c.bench_function("reject_malformed", |b| {
-        b.to_async(&rt)
-            .iter(|| async { auth.authenticate(Some(black_box(&bad)), now).await.is_err() })
+        b.to_async(&rt).iter(|| async {
+            auth.authenticate(Some(black_box(&bad)), now, || None)
+                .await
+                .is_err()
+        })
     });
 
     let key = rt
-        .block_on(auth.authenticate(Some(&header), now))
+        .block_on(auth.authenticate(Some(&header), now, || None))
         .unwrap()
         .key;
     let mut budgets = std::collections::HashMap::new();

@@ -37,7 +37,11 @@ impl ProxyHttp for AuthOnly {
         let req = session.req_header();
         let caller = self
             .auth
-            .authenticate(req.headers.get("authorization"), svcgate::ids::unix_now())
+            .authenticate(
+                req.headers.get("authorization"),
+                svcgate::ids::unix_now(),
+                || session.client_addr()?.as_inet().map(|a| a.ip()),
+            )
             .await;
         let route = self.routes.find(&req.method, req.uri.path());
         match (caller, route) {

@@ -449,6 +449,9 @@ pub struct LimitsConfig {
     pub live_requests_per_minute: u32,
     /// Requests a live key may send at once.
     pub live_burst: u32,
+    /// Keys that do not exist one client address may present per minute (per replica); past
+    /// it, its requests with keys that are not cached are refused without a store read.
+    pub unknown_keys_per_minute: u32,
     /// Requests per minute of a test key.
     pub test_requests_per_minute: u32,
     /// Requests a test key may send at once.
@@ -460,6 +463,7 @@ impl Default for LimitsConfig {
         Self {
             live_requests_per_minute: 6_000,
             live_burst: 200,
+            unknown_keys_per_minute: 60,
             test_requests_per_minute: 600,
             test_burst: 50,
         }
@@ -827,6 +831,10 @@ impl Config {
                 self.limits.test_requests_per_minute,
             ),
             ("limits.test_burst", self.limits.test_burst),
+            (
+                "limits.unknown_keys_per_minute",
+                self.limits.unknown_keys_per_minute,
+            ),
         ] {
             if v == 0 {
                 problems.push(Problem::new(key, "must be greater than 0"));

@@ -396,3 +396,55 @@ async fn a_graceful_upgrade_hands_over_without_refusing_requests() {
     assert!(id.starts_with("key_"));
     assert!(gw.logs().contains("svcgate serving"));
 }
+
+#[tokio::test]
+async fn a_client_making_up_keys_is_held_back_without_store_reads_and_cached_keys_go_on() {
+    let ns = TestNamespace::new();
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .toml("[limits]\nunknown_keys_per_minute = 3\n")
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, valid) = gw.create_key_in(&ws, "live", &["models:read"]).await;
+    let get = |key: String| {
+        let req = gw.request(Method::GET, "/v1/models").bearer_auth(key);
+        async move { req.send().await.unwrap() }
+    };
+    let made_up = || svcgate::keys::format::generate(svcgate::keys::Environment::Live).value;
+    // The count is per minute: keep clear of a minute's end.
+    let second = svcgate::ids::unix_now() % 60;
+    if second > 50 {
+        tokio::time::sleep(Duration::from_secs(61 - second)).await;
+    }
+    assert_eq!(get(valid.clone()).await.status(), 200);
+    let first = made_up();
+    assert_error(get(first.clone()).await, 401, "authentication_error").await;
+    for _ in 0..2 {
+        assert_error(get(made_up()).await, 401, "authentication_error").await;
+    }
+    let misses = |m: &prometheus_parse::Scrape| {
+        sample(m, "svcgate_key_cache_lookups_total", &[("outcome", "miss")])
+    };
+    let before = misses(&scrape(&gw).await);
+    for _ in 0..5 {
+        let resp = get(made_up()).await;
+        let wait: u64 = resp.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=60).contains(&wait), "{wait}");
+        assert_error(resp, 429, "rate_limit_error").await;
+    }
+    assert_eq!(misses(&scrape(&gw).await), before, "no store read");
+    // A cached key from the same address goes on; a made-up key it saw already is still a
+    // plain 401 (remembered, no read).
+    assert_eq!(get(valid).await.status(), 200);
+    assert_error(get(first).await, 401, "authentication_error").await;
+    let counted = eventually(Duration::from_secs(5), || async {
+        sample(
+            &scrape(&gw).await,
+            "svcgate_auth_failures_total",
+            &[("reason", "unknown_key_limit")],
+        ) == Some(5.0)
+    })
+    .await;
+    assert!(counted.is_some(), "the refusals are counted");
+}

@@ -4,6 +4,7 @@
 //! touching the store; well-formed ones are looked up by digest.
 
 use http::HeaderValue;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::error::ApiError;
@@ -11,6 +12,8 @@ use crate::keys::format::{self, MAX_KEY_LEN};
 use crate::keys::{CachedKey, KeyFormatError, KeyHash, Rejection};
 use crate::metering::usage::KeyBudget;
 use crate::store::{KeyCache, StoreError};
+
+use super::unknown_keys::UnknownKeyLimit;
 
 /// Why a request is not authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +32,9 @@ pub enum AuthFailure {
     Rejected(Rejection),
     /// The store could not be asked.
     StoreUnavailable,
+    /// The client presented too many unknown keys this minute, and this one is not cached:
+    /// retry after this many seconds ([`UnknownKeyLimit`]).
+    TooManyUnknownKeys(u64),
 }
 
 impl AuthFailure {
@@ -42,6 +48,7 @@ impl AuthFailure {
             Self::Unknown => "unknown_key",
             Self::Rejected(r) => r.reason(),
             Self::StoreUnavailable => "store_unavailable",
+            Self::TooManyUnknownKeys(_) => "unknown_key_limit",
         }
     }
 }
@@ -68,6 +75,12 @@ impl From<AuthFailure> for ApiError {
                 return ApiError::ServiceUnavailable(
                     "the key store is unreachable; retry shortly".into(),
                 )
+            }
+            AuthFailure::TooManyUnknownKeys(retry_after_secs) => {
+                return ApiError::RateLimited {
+                    message: "too many invalid API keys from this address; retry later".into(),
+                    retry_after_secs,
+                }
             }
         };
         ApiError::Authentication(message.into())
@@ -112,12 +125,24 @@ pub fn bearer_token(header: Option<&HeaderValue>) -> Result<&str, AuthFailure> {
 /// Resolves bearer tokens to key records, through the key cache.
 pub struct Authenticator {
     keys: Arc<KeyCache>,
+    unknown: UnknownKeyLimit,
 }
 
 impl Authenticator {
-    /// An authenticator reading from `keys`.
+    /// An authenticator reading from `keys`, with no limit on unknown keys.
     pub fn new(keys: Arc<KeyCache>) -> Self {
-        Self { keys }
+        Self {
+            keys,
+            unknown: UnknownKeyLimit::new(u32::MAX),
+        }
+    }
+
+    /// Lets a client present at most `per_minute` keys that do not exist ([`UnknownKeyLimit`]).
+    pub fn with_unknown_key_limit(self, per_minute: u32) -> Self {
+        Self {
+            unknown: UnknownKeyLimit::new(per_minute),
+            ..self
+        }
     }
 
     /// Applies every key change the store has logged so far, without waiting for its
@@ -131,13 +156,15 @@ impl Authenticator {
         self.keys.is_fresh()
     }
 
-    /// Authenticates one request's `Authorization` header at unix second `now`.
+    /// Authenticates one request's `Authorization` header at unix second `now`, from the
+    /// client at the address `client` tells (asked only if the key is not cached).
     pub async fn authenticate(
         &self,
         header: Option<&HeaderValue>,
         now: u64,
+        client: impl FnOnce() -> Option<IpAddr>,
     ) -> Result<Authenticated, AuthFailure> {
-        self.authenticate_or_name(header, now)
+        self.authenticate_or_name(header, now, client)
             .await
             .map_err(|(failure, _)| failure)
     }
@@ -148,17 +175,23 @@ impl Authenticator {
         &self,
         header: Option<&HeaderValue>,
         now: u64,
+        client: impl FnOnce() -> Option<IpAddr>,
     ) -> Result<Authenticated, (AuthFailure, Option<Arc<CachedKey>>)> {
         let token = bearer_token(header).map_err(|f| (f, None))?;
         format::parse(token).map_err(|e| (AuthFailure::Format(e), None))?;
         let hash = KeyHash::of(token);
         // Found by digest: the map compares digests, never the key itself, and a digest
         // reveals nothing of the key.
-        let record = self
-            .lookup(&hash)
-            .await
-            .map_err(|f| (f, None))?
-            .ok_or((AuthFailure::Unknown, None))?;
+        let found = match self.keys.cached(&hash) {
+            Some((record, outcome)) => {
+                crate::metrics::record_key_lookup(outcome);
+                record
+            }
+            None => Box::pin(self.fetch(&hash, now, client()))
+                .await
+                .map_err(|f| (f, None))?,
+        };
+        let record = found.ok_or((AuthFailure::Unknown, None))?;
         if let Err(rejection) = record.check_usable(now) {
             return Err((AuthFailure::Rejected(rejection), Some(record)));
         }
@@ -182,6 +215,29 @@ impl Authenticator {
             hash,
             parent: None,
         })
+    }
+
+    /// Asks the store for a key that is not cached, unless `client` has presented its share
+    /// of unknown keys this minute; counts an unknown one against it.
+    async fn fetch(
+        &self,
+        hash: &KeyHash,
+        now: u64,
+        client: Option<IpAddr>,
+    ) -> Result<Option<Arc<CachedKey>>, AuthFailure> {
+        if let Some(retry_after) = self.unknown.exhausted(client, now) {
+            return Err(AuthFailure::TooManyUnknownKeys(retry_after));
+        }
+        let (record, outcome) = self
+            .keys
+            .fetch(hash)
+            .await
+            .map_err(|_| AuthFailure::StoreUnavailable)?;
+        crate::metrics::record_key_lookup(outcome);
+        if record.is_none() {
+            self.unknown.charge(client, now);
+        }
+        Ok(record)
     }
 
     async fn lookup(&self, hash: &KeyHash) -> Result<Option<Arc<CachedKey>>, AuthFailure> {

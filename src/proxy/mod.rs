@@ -19,6 +19,7 @@ pub mod respond;
 pub mod routes;
 pub mod simulate;
 pub mod tokens;
+pub mod unknown_keys;
 pub mod upstream;
 pub mod webhooks;
 
@@ -188,6 +189,13 @@ impl Gateway {
         self
     }
 
+    /// Lets a client present at most `per_minute` keys that do not exist
+    /// ([`unknown_keys::UnknownKeyLimit`]).
+    pub fn with_unknown_key_limit(mut self, per_minute: u32) -> Self {
+        self.auth = self.auth.with_unknown_key_limit(per_minute);
+        self
+    }
+
     /// Lets browser pages from `cors`'s origins call the API.
     pub fn with_cors(mut self, cors: Cors) -> Self {
         self.cors = cors;
@@ -291,9 +299,10 @@ impl Gateway {
         ctx.route = self.routes.find_id(&req.method, path);
         let header = auth::authorization(&req.headers)
             .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
+        let client = || self.trusted_proxies.client(peer_ip(session), &req.headers);
         let caller = match self
             .auth
-            .authenticate_or_name(header, ctx.arrived_ms / 1000)
+            .authenticate_or_name(header, ctx.arrived_ms / 1000, client)
             .await
         {
             Ok(caller) => caller,

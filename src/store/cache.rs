@@ -28,7 +28,8 @@ pub struct CacheConfig {
     pub max_staleness: Duration,
     /// How long an unknown digest is remembered as unknown.
     pub negative_ttl: Duration,
-    /// Most unknown digests remembered; the set is emptied when full.
+    /// Most unknown digests remembered; when full, those older than `negative_ttl` go (all of
+    /// them if that frees less than half).
     pub negative_capacity: usize,
     /// How often to check the change log when no signal arrives.
     pub poll_interval: Duration,
@@ -100,21 +101,40 @@ impl KeyCache {
         &self.store
     }
 
+    /// What the cache knows of `hash` without asking the store: the key, or that there is
+    /// none; `None` if it must ask (not cached, or the cache is stale).
+    #[inline]
+    pub fn cached(&self, hash: &KeyHash) -> Option<(Option<Arc<CachedKey>>, CacheOutcome)> {
+        if !self.is_fresh() {
+            return None;
+        }
+        if let Some(record) = self.known.get(hash) {
+            return Some((Some(record.clone()), CacheOutcome::Hit));
+        }
+        match self.unknown.get(hash) {
+            Some(seen) if seen.elapsed() < self.config.negative_ttl => {
+                Some((None, CacheOutcome::NegativeHit))
+            }
+            _ => None,
+        }
+    }
+
     /// The key whose value hashes to `hash`, or `None` if there is none.
     pub async fn get(
         &self,
         hash: &KeyHash,
     ) -> Result<(Option<Arc<CachedKey>>, CacheOutcome), StoreError> {
-        if self.is_fresh() {
-            if let Some(record) = self.known.get(hash) {
-                return Ok((Some(record.clone()), CacheOutcome::Hit));
-            }
-            if let Some(seen) = self.unknown.get(hash) {
-                if seen.elapsed() < self.config.negative_ttl {
-                    return Ok((None, CacheOutcome::NegativeHit));
-                }
-            }
+        match self.cached(hash) {
+            Some(found) => Ok(found),
+            None => self.fetch(hash).await,
         }
+    }
+
+    /// Asks the store for `hash`, and caches the answer.
+    pub async fn fetch(
+        &self,
+        hash: &KeyHash,
+    ) -> Result<(Option<Arc<CachedKey>>, CacheOutcome), StoreError> {
         let generation = self.generation.load(Ordering::Acquire);
         let record = self
             .store
@@ -129,7 +149,13 @@ impl KeyCache {
                 }
                 None => {
                     if self.unknown.len() >= self.config.negative_capacity {
-                        self.unknown.clear();
+                        // Aged out first; cleared if that frees less than half, so the pass
+                        // runs at most once per half a set of inserts.
+                        let ttl = self.config.negative_ttl;
+                        self.unknown.retain(|_, seen| seen.elapsed() < ttl);
+                        if self.unknown.len() >= self.config.negative_capacity / 2 {
+                            self.unknown.clear();
+                        }
                     }
                     self.unknown.insert(*hash, Instant::now());
                 }
@@ -331,6 +357,35 @@ mod tests {
             cache.get(&KeyHash::of(&format!("k{i}"))).await.unwrap();
         }
         assert!(cache.unknown.len() <= 10);
+    }
+
+    #[tokio::test]
+    async fn a_full_negative_set_drops_its_old_entries_first() {
+        let store = Arc::new(MemoryStore::new());
+        let config = CacheConfig {
+            negative_capacity: 10,
+            negative_ttl: Duration::from_millis(200),
+            ..CacheConfig::default()
+        };
+        let cache = KeyCache::new(store, config);
+        cache.sync().await.unwrap();
+        let hash = |i: usize| KeyHash::of(&format!("k{i}"));
+        for i in 0..6 {
+            cache.get(&hash(i)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        cache.sync().await.unwrap();
+        for i in 6..11 {
+            cache.get(&hash(i)).await.unwrap();
+        }
+        // Full at the eleventh: the six aged ones went, the recent ones are still known.
+        for i in 6..11 {
+            assert_eq!(
+                cache.cached(&hash(i)).map(|c| c.1),
+                Some(CacheOutcome::NegativeHit)
+            );
+        }
+        assert_eq!(cache.unknown.len(), 5);
     }
 
     #[tokio::test]
