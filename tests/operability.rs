@@ -429,7 +429,11 @@ async fn a_client_making_up_keys_is_held_back_without_store_reads_and_cached_key
     let before = misses(&scrape(&gw).await);
     for _ in 0..5 {
         let resp = get(made_up()).await;
-        let wait: u64 = resp.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        let wait: u64 = resp.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         assert!((1..=60).contains(&wait), "{wait}");
         assert_error(resp, 429, "rate_limit_error").await;
     }

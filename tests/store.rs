@@ -998,19 +998,60 @@ async fn a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_relea
     assert!(released.iter().all(|c| c.failures == 0));
     assert!(released.iter().all(|c| c.delivery.id != probe.id));
 
-    // A hold on an endpoint that is deleted is dropped: its queue is skipped at full speed.
+    // Two attempts in flight together fail: the first holds the queue, the second, with the
+    // same count, moves nothing.
+    let now = second_retry + 1;
     let mut failed = released[0].delivery.clone();
-    assert!(!failed.fail(attempt(second_retry + 1, None), &schedule, 0));
+    assert!(!failed.fail(attempt(now, None), &schedule, 0));
+    store
+        .save_delivery(&failed, AfterAttempt::Failing(1))
+        .await
+        .unwrap();
+    let mut alongside = released[1].delivery.clone();
+    assert!(!alongside.fail(attempt(now + 30_000, None), &schedule, 0));
+    store
+        .save_delivery(&alongside, AfterAttempt::Failing(1))
+        .await
+        .unwrap();
+    let retried = claim(failed.next_attempt_ms.unwrap(), 10).await;
+    let ids: Vec<&str> = retried.iter().map(|c| c.delivery.id.as_str()).collect();
+    assert_eq!(ids, [failed.id.as_str()]);
+
+    // A new URL starts afresh: the hold goes, and the queue is due as it was.
+    let now = failed.next_attempt_ms.unwrap() + 1;
+    store
+        .update_endpoint(&ws, &a.id, &|e: &mut Endpoint| {
+            e.url = "https://example.com/fixed".into()
+        })
+        .await
+        .unwrap();
+    let fresh = claim(now + 5_000, 10).await;
+    assert_eq!(fresh.len(), 3, "{fresh:?}");
+    assert!(fresh.iter().all(|c| c.failures == 0));
+
+    // A hold on an endpoint that is deleted is dropped at once: its queue is skipped at full
+    // speed, not when the hold would have ended.
+    let mut failed = fresh[0].delivery.clone();
+    assert!(!failed.fail(attempt(now + 5_000, None), &schedule, 0));
     store
         .save_delivery(&failed, AfterAttempt::Failing(1))
         .await
         .unwrap();
     assert!(store.delete_endpoint(&ws, &a.id).await.unwrap());
-    let skipped = claim(second_retry + 70_000, 10).await;
-    assert_eq!(skipped.len(), 4, "{skipped:?}");
+    let skipped = claim(now + 10_001, 10).await;
+    assert_eq!(skipped.len(), 2, "{skipped:?}");
     assert!(skipped
         .iter()
         .all(|c| c.endpoint.is_none() && c.failures == 0));
+    // And a failure saved late for it holds nothing.
+    let mut late = skipped[0].delivery.clone();
+    assert!(!late.fail(attempt(now + 10_001, None), &schedule, 0));
+    store
+        .save_delivery(&late, AfterAttempt::Failing(1))
+        .await
+        .unwrap();
+    let due = claim(now + 15_002, 10).await;
+    assert_eq!(due.len(), 1, "{due:?}");
 }
 
 async fn endpoints_are_capped_per_workspace_and_a_delete_makes_room(store: Arc<dyn Store>) {

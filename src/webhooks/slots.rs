@@ -120,16 +120,27 @@ impl Slots {
         }
     }
 
-    /// A delivery to `endpoint` was claimed.
-    pub fn take(&mut self, endpoint: &str) {
+    /// A delivery to `endpoint` was claimed (not held back by the store).
+    #[cfg(test)]
+    fn take(&mut self, endpoint: &str) {
+        self.take_marked(endpoint, false);
+    }
+
+    /// A delivery to `endpoint` was claimed; `failing`: the store holds the endpoint back after
+    /// a failure (this is its retry), so it counts as failing here too, whatever this worker
+    /// saw of it: another worker saw the failure, or this one forgot it.
+    pub fn take_marked(&mut self, endpoint: &str, failing: bool) {
         match self.loads.get_mut(endpoint) {
-            Some(load) => load.in_flight += 1,
+            Some(load) => {
+                load.in_flight += 1;
+                load.failing |= failing;
+            }
             None => {
                 self.loads.insert(
                     endpoint.to_string(),
                     Load {
                         in_flight: 1,
-                        failing: false,
+                        failing,
                         slow: false,
                         since: Instant::now(),
                     },
@@ -309,6 +320,17 @@ mod tests {
             256,
             "half of the slots stay free for endpoints that answer"
         );
+    }
+
+    #[test]
+    fn a_retry_the_store_holds_counts_against_the_share_though_this_worker_never_saw_it_fail() {
+        let mut slots = Slots::new(8, 4);
+        slots.take_marked("held", true);
+        let limits = slots.claim_limits();
+        assert_eq!(limits.struggling, ["held"]);
+        assert_eq!(limits.struggling_room, 3);
+        slots.free("held", Outcome::Answered);
+        assert!(slots.loads.is_empty());
     }
 
     #[test]

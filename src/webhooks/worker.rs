@@ -269,7 +269,7 @@ impl Worker {
             .await?;
         let mut slots = self.slots();
         for c in &claimed {
-            slots.take(&c.delivery.endpoint);
+            slots.take_marked(&c.delivery.endpoint, c.failures > 0);
         }
         Ok(claimed)
     }

@@ -558,7 +558,11 @@ impl Store for MemoryStore {
         next.workspace = current.workspace.clone();
         next.environment = current.environment;
         next.secret = current.secret.clone();
+        let fresh_start = next.url != current.url || next.status != current.status;
         *current = next.clone();
+        if fresh_start {
+            inner.webhooks.release(id);
+        }
         Ok(Some(next))
     }
 
@@ -612,11 +616,14 @@ impl Store for MemoryStore {
     ) -> Result<bool, StoreError> {
         let mut guard = self.write();
         let inner = &mut *guard;
-        inner.webhooks.save(delivery, after);
         let endpoint = inner
             .endpoints
             .get_mut(&delivery.workspace)
             .and_then(|list| list.iter_mut().find(|e| e.id == delivery.endpoint));
+        let active = endpoint
+            .as_ref()
+            .is_some_and(|e| e.status == EndpointStatus::Active);
+        inner.webhooks.save(delivery, after, active);
         let pause = match after {
             AfterAttempt::Pause(notice) => Some(notice),
             _ => None,

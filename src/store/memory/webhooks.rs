@@ -185,7 +185,8 @@ impl WebhookState {
         taken
     }
 
-    pub(super) fn save(&mut self, d: &Delivery, after: AfterAttempt<'_>) {
+    /// Saves `d` after an attempt; `active`: its endpoint is (a failure holds only those).
+    pub(super) fn save(&mut self, d: &Delivery, after: AfterAttempt<'_>, active: bool) {
         match (d.is_final(), d.next_attempt_ms) {
             (false, Some(ms)) => self.due.insert(d.id.clone(), ms),
             _ => self.due.remove(&d.id),
@@ -195,9 +196,14 @@ impl WebhookState {
             AfterAttempt::Answered | AfterAttempt::Pause(_) => {
                 self.holds.remove(&d.endpoint);
             }
-            AfterAttempt::Failing(failures) => {
-                let held = self.holds.get(&d.endpoint).map_or(0, |h| h.failures);
-                if failures >= held {
+            AfterAttempt::Failing(failures) if active => {
+                // A later step, or the probe itself again: an attempt that was in flight
+                // alongside it changes nothing.
+                let (held, probe) = self
+                    .holds
+                    .get(&d.endpoint)
+                    .map_or((0, None), |h| (h.failures, Some(&h.probe)));
+                if failures > held || (failures == held && probe == Some(&d.id)) {
                     let hold = Hold {
                         workspace: d.workspace.clone(),
                         failures,
@@ -207,11 +213,11 @@ impl WebhookState {
                     self.holds.insert(d.endpoint.clone(), hold);
                 }
             }
-            AfterAttempt::Skipped => {}
+            AfterAttempt::Failing(_) | AfterAttempt::Skipped => {}
         }
     }
 
-    /// Forgets an endpoint's hold (it was deleted).
+    /// Forgets an endpoint's hold (it was deleted, its URL changed, or it was resumed).
     pub(super) fn release(&mut self, endpoint: &str) {
         self.holds.remove(endpoint);
     }

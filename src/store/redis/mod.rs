@@ -40,6 +40,7 @@
 
 mod connection;
 mod webhooks;
+use webhooks::RESCORE;
 
 use connection::Connections;
 pub use connection::{sentinel_address, Sentinels};
@@ -115,12 +116,6 @@ impl Layout {
     }
     fn endpoints(&self, workspace: &str) -> String {
         format!("{{{}}}:endpoints:{workspace}", self.ns)
-    }
-    fn paused_endpoints(&self) -> String {
-        format!("{{{}}}:wh:paused", self.ns)
-    }
-    fn endpoint_hold(&self, endpoint: &str) -> String {
-        format!("{{{}}}:wh:hold:{endpoint}", self.ns)
     }
     fn audit(&self, workspace: &str) -> String {
         format!("{}:audit:{{{workspace}}}", self.ns)
@@ -351,24 +346,48 @@ impl RawMap {
 }
 
 /// Replaces an endpoint if it still is what the caller read, and keeps the set of paused
-/// endpoints (for the metric) in step with it, in one step. KEYS: the workspace's endpoints,
-/// the paused set. ARGV: id, expected JSON, new JSON, paused set member, 1 if paused. Returns
-/// 1, 0 if it changed meanwhile, -1 if it is gone.
+/// endpoints (for the metric) and its retry hold in step with it, in one step. ARGV: prefix,
+/// workspace, id, expected JSON, new JSON, 1 if paused, 1 to drop the hold (its URL changed,
+/// or it was resumed: the next attempt is a first one). Returns 1, 0 if it changed meanwhile,
+/// -1 if it is gone.
 static ENDPOINT_CAS: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
+    Script::new(&format!(
+        r"{RESCORE}
+local p, ws, we = ARGV[1], ARGV[2], ARGV[3]
+local endpoints, member = p .. ':endpoints:' .. ws, ws .. ' ' .. we
+local cur = redis.call('HGET', endpoints, we)
 if not cur then return -1 end
-if cur ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-if ARGV[5] == '1' then
-  redis.call('SADD', KEYS[2], ARGV[4])
+if cur ~= ARGV[4] then return 0 end
+redis.call('HSET', endpoints, we, ARGV[5])
+if ARGV[6] == '1' then
+  redis.call('SADD', p .. ':wh:paused', member)
 else
-  redis.call('SREM', KEYS[2], ARGV[4])
+  redis.call('SREM', p .. ':wh:paused', member)
+end
+if ARGV[7] == '1' and redis.call('DEL', p .. ':wh:hold:' .. we) == 1 then
+  rescore(p, member, p .. ':wh:due:' .. we, we)
 end
 return 1
-",
-    )
+"
+    ))
+});
+
+/// Deletes an endpoint, its retry hold and its place among the paused, and puts its queue due
+/// as it is (its deliveries are skipped as they come). ARGV: prefix, workspace, id. Returns 1
+/// if it existed.
+static DELETE_ENDPOINT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{RESCORE}
+local p, ws, we = ARGV[1], ARGV[2], ARGV[3]
+local member = ws .. ' ' .. we
+local removed = redis.call('HDEL', p .. ':endpoints:' .. ws, we)
+redis.call('SREM', p .. ':wh:paused', member)
+if redis.call('DEL', p .. ':wh:hold:' .. we) == 1 then
+  rescore(p, member, p .. ':wh:due:' .. we, we)
+end
+return removed
+"
+    ))
 });
 
 /// Stores a new endpoint unless its workspace has as many as it may. KEYS: the workspace's
@@ -908,7 +927,7 @@ impl Store for RedisStore {
         let batch = serde_json::to_string(flush).expect("flushes serialize");
         let raw: String = FLUSH_USAGE
             .key(self.layout.events())
-            .arg(format!("{{{}}}", self.layout.ns))
+            .arg(self.prefix())
             .arg(batch)
             .invoke_async(&mut self.conn())
             .await
@@ -1134,14 +1153,15 @@ impl Store for RedisStore {
             next.environment = current.environment;
             next.secret = current.secret;
             let paused = next.status == crate::webhooks::endpoint::EndpointStatus::Paused;
+            let fresh_start = next.url != current.url || next.status != current.status;
             let swapped: i64 = ENDPOINT_CAS
-                .key(&key)
-                .key(self.layout.paused_endpoints())
+                .arg(self.prefix())
+                .arg(workspace)
                 .arg(id)
                 .arg(&raw)
                 .arg(encode(&next))
-                .arg(format!("{workspace} {id}"))
                 .arg(u8::from(paused))
+                .arg(u8::from(fresh_start))
                 .invoke_async(&mut self.conn())
                 .await
                 .map_err(unavailable)?;
@@ -1157,12 +1177,11 @@ impl Store for RedisStore {
     }
 
     async fn delete_endpoint(&self, workspace: &str, id: &str) -> Result<bool, StoreError> {
-        let (removed, _, _): (i64, i64, i64) = redis::pipe()
-            .atomic()
-            .hdel(self.layout.endpoints(workspace), id)
-            .del(self.layout.endpoint_hold(id))
-            .srem(self.layout.paused_endpoints(), format!("{workspace} {id}"))
-            .query_async(&mut self.conn())
+        let removed: i64 = DELETE_ENDPOINT
+            .arg(self.prefix())
+            .arg(workspace)
+            .arg(id)
+            .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
         Ok(removed > 0)

@@ -59,8 +59,14 @@ end
 
 /// Shared Lua: `held_until(p, we)` is when an endpoint held back by a failure may be tried
 /// again (0: not held); `rescore` recomputes an endpoint's place in the ready set from its
-/// queue and its hold.
-const RESCORE: &str = r"
+/// queue and its hold; `is_active(raw)` tells whether an endpoint's JSON reads and says it is
+/// active.
+pub(super) const RESCORE: &str = r"
+local function is_active(raw)
+  if not raw then return false end
+  local ok, e = pcall(cjson.decode, raw)
+  return ok and type(e) == 'table' and e.status == 'active'
+end
 local function held_until(p, we)
   return tonumber(redis.call('HGET', p .. ':wh:hold:' .. we, 'until') or '0')
 end
@@ -184,25 +190,37 @@ while taken < max and scanned < {scan} do
   local ws, we = string.sub(member, 1, sp - 1), string.sub(member, sp + 1)
   local room = math.min(per - (busy[we] or 0), max - taken)
   if struggling[we] then room = math.min(room, struggling_left) end
-  local hold, endpoint, held, failures, probe = p .. ':wh:hold:' .. we, nil, false, '0', nil
-  if room > 0 and not visited[member] then
+  local hold, queue = p .. ':wh:hold:' .. we, p .. ':wh:due:' .. we
+  local endpoint, held, failures, probe = nil, false, '0', nil
+  local step = 'take'
+  if visited[member] or room <= 0 then
+    step = 'pass'
+  else
+    -- Held back by a failure: not before its hold, then one at a time, counted as
+    -- struggling; the endpoint is read only then (a hold on one that is not active goes).
     local h = redis.call('HMGET', hold, 'until', 'probe', 'failures')
-    if h[1] then
+    if h[1] and tonumber(h[1]) > tonumber(now) then
+      step = 'early'
+    elseif h[1] and struggling_left <= 0 then
+      step = 'pass'
+    elseif h[1] then
       endpoint = redis.call('HGET', p .. ':endpoints:' .. ws, we) or ''
-      if endpoint ~= '' and cjson.decode(endpoint).status == 'active' then
+      if is_active(endpoint) then
         held, probe, failures = true, h[2], h[3] or '0'
-        room = math.min(room, 1, struggling_left)
-        if tonumber(h[1]) > tonumber(now) then room = 0 end
+        room = math.min(room, 1)
       else
         redis.call('DEL', hold)
       end
     end
   end
-  if visited[member] or room <= 0 then
+  if step == 'pass' then
     passed = passed + 1
+  elseif step == 'early' then
+    -- Scored before its hold (by an older version): put in its place, out of this range.
+    visited[member] = true
+    rescore(p, member, queue, we)
   else
     visited[member] = true
-    local queue = p .. ':wh:due:' .. we
     local ids
     local probe_due = held and probe and redis.call('ZSCORE', queue, probe)
     if probe_due and tonumber(probe_due) <= tonumber(now) then
@@ -265,9 +283,13 @@ elseif redis.call('ZREM', queue, id) == 1 then
 end
 if after == 'answered' or after == 'pause' then
   redis.call('DEL', hold)
-elseif after == 'failing' then
+elseif after == 'failing' and is_active(redis.call('HGET', p .. ':endpoints:' .. ws, we)) then
+  -- A later step, or the probe itself again (its lease ran out and it was claimed anew): an
+  -- attempt that was in flight alongside it changes nothing.
   local failures = tonumber(ARGV[12])
-  if failures >= tonumber(redis.call('HGET', hold, 'failures') or '0') then
+  local h = redis.call('HMGET', hold, 'failures', 'probe')
+  local current = tonumber(h[1] or '0')
+  if failures > current or (failures == current and h[2] == id) then
     redis.call('HSET', hold, 'failures', failures, 'until', ARGV[6], 'probe', id)
     redis.call('EXPIRE', hold, ARGV[7])
   end
@@ -329,7 +351,7 @@ return 1
 });
 
 impl RedisStore {
-    fn prefix(&self) -> String {
+    pub(super) fn prefix(&self) -> String {
         format!("{{{}}}", self.layout.ns)
     }
 
