@@ -105,6 +105,9 @@ enum WebhooksCommand {
         /// Unix time in seconds, within the last 30 days.
         #[arg(long)]
         since: Option<u64>,
+        /// With `--since`: go on past this event (the `next` of a replay cut short).
+        #[arg(long, requires = "since")]
+        after: Option<String>,
     },
 }
 
@@ -540,10 +543,12 @@ fn webhooks(
             id,
             event_id,
             since,
+            after,
         } => {
-            let body = match (event_id, since) {
-                (Some(event_id), _) => json!({ "event_id": event_id }),
-                (None, since) => json!({ "since": since }),
+            let body = match (event_id, since, after) {
+                (Some(event_id), _, _) => json!({ "event_id": event_id }),
+                (None, since, None) => json!({ "since": since }),
+                (None, since, Some(after)) => json!({ "since": since, "after": after }),
             };
             client.post(format!("{base}/{id}/replay")).json(&body)
         }

@@ -113,7 +113,6 @@ async fn a_change_that_changes_nothing_emits_nothing(store: Arc<dyn Store>) {
     let ws = new_id("ws");
     let k = key(&ws, 1);
     store.insert_key(&k).await.unwrap();
-    let since = unix_now();
     let revoke = |r: &mut KeyRecord| r.status = KeyStatus::Revoked;
     // Two leak reports of one key, one after the other: the second finds it revoked.
     let events: Vec<Event> = (0..2)
@@ -134,10 +133,7 @@ async fn a_change_that_changes_nothing_emits_nothing(store: Arc<dyn Store>) {
             .unwrap();
         assert_eq!(revoked.status, KeyStatus::Revoked);
     }
-    let logged = store
-        .events_since(&ws, Environment::Live, since, 100)
-        .await
-        .unwrap();
+    let logged = logged_events(&store, &ws).await;
     let ids: Vec<&str> = logged.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(
         ids,
@@ -520,6 +516,59 @@ async fn a_tail_sees_only_events_logged_after_it_started(store: Arc<dyn Store>) 
         .is_empty());
 }
 
+/// Every event of `workspace` in the log, as a worker reads it.
+async fn logged_events(store: &Arc<dyn Store>, workspace: &str) -> Vec<Event> {
+    let mut feed = store
+        .consume_events(&new_id("reader"), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let read = feed.next(1_000, Duration::from_millis(200)).await.unwrap();
+    read.into_iter()
+        .map(|l| l.event)
+        .filter(|e| e.workspace == workspace)
+        .collect()
+}
+
+async fn a_replay_since_a_time_goes_on_page_by_page_past_the_last_event(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let second = unix_now() - 600;
+    // Five events in one second (a page ends among them), two later ones.
+    let mut events: Vec<Event> = (0..7)
+        .map(|i| {
+            let mut e = event(&ws, "agent.run.completed");
+            e.created = second + if i < 5 { 0 } else { i };
+            e
+        })
+        .collect();
+    let refs: Vec<&Event> = events.iter().collect();
+    store.enqueue_deliveries(&[], &refs, &[]).await.unwrap();
+    events.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
+    let mut got = Vec::new();
+    let (mut since, mut after) = (second - 5, None::<String>);
+    loop {
+        let page = store
+            .events_since(&ws, Environment::Live, since, after.as_deref(), 3)
+            .await
+            .unwrap();
+        got.extend(page.iter().map(|e| e.id.clone()));
+        match page.last() {
+            Some(last) if page.len() == 3 => (since, after) = (last.created, Some(last.id.clone())),
+            _ => break,
+        }
+    }
+    let want: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+    assert_eq!(got, want);
+    // Past an id that is not there: the events of that second that sort after it.
+    let past = format!("{}~", events[1].id);
+    let rest = store
+        .events_since(&ws, Environment::Live, second, Some(past.as_str()), 100)
+        .await
+        .unwrap();
+    let rest: Vec<&str> = rest.iter().map(|e| e.id.as_str()).collect();
+    let want: Vec<&str> = events[2..].iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(rest, want);
+}
+
 async fn events_since_filter_by_workspace_environment_and_time(store: Arc<dyn Store>) {
     let ws = new_id("ws");
     let mut old = event(&ws, "agent.run.completed");
@@ -531,14 +580,19 @@ async fn events_since_filter_by_workspace_environment_and_time(store: Arc<dyn St
     for e in [&old, &live, &test, &other] {
         store.append_event(e).await.unwrap();
     }
+    // Replay reads what workers have taken from the log.
+    store
+        .enqueue_deliveries(&[], &[&old, &live, &test, &other], &[])
+        .await
+        .unwrap();
     let since = unix_now() - 60;
     let got = store
-        .events_since(&ws, Environment::Live, since, 100)
+        .events_since(&ws, Environment::Live, since, None, 100)
         .await
         .unwrap();
     assert_eq!(got, [live]);
     let got = store
-        .events_since(&ws, Environment::Test, since, 100)
+        .events_since(&ws, Environment::Test, since, None, 100)
         .await
         .unwrap();
     assert_eq!(got, [test]);
@@ -1211,6 +1265,7 @@ store_suite!(
     struggling_endpoints_take_at_most_their_share_between_them,
     a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_releases_it,
     endpoints_are_capped_per_workspace_and_a_delete_makes_room,
+    a_replay_since_a_time_goes_on_page_by_page_past_the_last_event,
     absurd_spend_saturates_and_never_jams_the_flushes,
     a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed,
     an_entry_fanned_out_twice_queues_its_deliveries_once

@@ -345,12 +345,14 @@ pub trait Store: Send + Sync + 'static {
     async fn event(&self, id: &str) -> Result<Option<Event>, StoreError>;
 
     /// The events of a workspace and environment created at or after `since` (unix seconds),
-    /// oldest first, at most `max`.
+    /// in (created, id) order, at most `max`; with `after`, only those past it among the
+    /// events created at `since` (a continuation: the last event of the page before).
     async fn events_since(
         &self,
         workspace: &str,
         environment: Environment,
         since: u64,
+        after: Option<&str>,
         max: usize,
     ) -> Result<Vec<Event>, StoreError>;
 

@@ -110,6 +110,9 @@ pub struct ReplayInput {
     event_id: Option<String>,
     #[serde(default)]
     since: Option<u64>,
+    /// With `since`: continue past this event (the `next` of a truncated replay).
+    #[serde(default)]
+    after: Option<String>,
 }
 
 /// The endpoint `id` of `workspace`, if it is in `environment` (any, when `None`).
@@ -172,7 +175,8 @@ pub fn deliveries_limit(limit: Option<&str>) -> Result<usize, ApiError> {
 }
 
 /// Queues the replay asked for, and answers what was queued: the new deliveries' ids, and
-/// whether [`REPLAY_MAX`] cut the list short. A paused endpoint must be resumed first.
+/// whether [`REPLAY_MAX`] events cut the list short, with the body that replays the rest
+/// (`next`). A paused endpoint must be resumed first.
 pub async fn replay(
     store: &dyn Store,
     endpoint: &Endpoint,
@@ -185,8 +189,8 @@ pub async fn replay(
     }
     let now = unix_now();
     let oldest = now.saturating_sub(RETENTION_SECS);
-    let (events, truncated) = match (input.event_id, input.since) {
-        (Some(event_id), None) => {
+    let (events, next) = match (input.event_id, input.since, input.after) {
+        (Some(event_id), None, None) => {
             let event = store
                 .event(&event_id)
                 .await?
@@ -207,27 +211,46 @@ pub async fn replay(
                     event.event_type
                 )));
             }
-            (vec![event], false)
+            (vec![event], None)
         }
-        (None, Some(since)) => {
+        (None, Some(since), after) => {
             if since < oldest || since > now {
                 return Err(ApiError::invalid(
                     "since must be a unix time within the last 30 days",
                 ));
             }
+            if after
+                .as_ref()
+                .is_some_and(|a| a.is_empty() || a.len() > 256)
+            {
+                return Err(ApiError::invalid("after must be an event id"));
+            }
+            let workspace = &endpoint.workspace;
             let events = store
-                .events_since(&endpoint.workspace, endpoint.environment, since, REPLAY_MAX)
+                .events_since(
+                    workspace,
+                    endpoint.environment,
+                    since,
+                    after.as_deref(),
+                    REPLAY_MAX,
+                )
                 .await?;
-            let truncated = events.len() == REPLAY_MAX;
+            // Cut short: where the next replay goes on from (a body for the same call).
+            let next = match events.last() {
+                Some(last) if events.len() == REPLAY_MAX => {
+                    Some(serde_json::json!({"since": last.created, "after": last.id}))
+                }
+                _ => None,
+            };
             let wanted = events
                 .into_iter()
                 .filter(|e| endpoint.wants(&e.event_type))
                 .collect();
-            (wanted, truncated)
+            (wanted, next)
         }
         _ => {
             return Err(ApiError::invalid(
-                "give either event_id or since (a unix time)",
+                "give either event_id or since (a unix time), and after only with since",
             ))
         }
     };
@@ -242,10 +265,69 @@ pub async fn replay(
         "endpoint": endpoint.id,
         "replayed": deliveries.len(),
         "delivery_ids": ids,
-        "truncated": truncated,
+        "truncated": next.is_some(),
+        "next": next,
     }))
 }
 
 fn truncate(id: &str) -> String {
     id.chars().take(64).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::Event;
+    use crate::store::MemoryStore;
+    use crate::webhooks::endpoint::Endpoint;
+
+    #[tokio::test]
+    async fn a_replay_cut_short_says_where_to_go_on_and_that_body_replays_the_rest() {
+        let store = MemoryStore::new();
+        let endpoint = Endpoint {
+            id: "we_1".into(),
+            workspace: "ws_1".into(),
+            environment: Environment::Live,
+            url: "https://example.com/hook".into(),
+            events: vec!["agent.run.*".into()],
+            secret: "whsec_x".into(),
+            status: EndpointStatus::Active,
+            created_at: 1,
+        };
+        let since = unix_now() - 600;
+        let events: Vec<Event> = (0..=REPLAY_MAX as u64)
+            .map(|i| {
+                let mut e = Event::new(
+                    "agent.run.completed",
+                    "ws_1",
+                    Environment::Live,
+                    serde_json::json!({}),
+                );
+                e.created = since + i / 1_000;
+                e
+            })
+            .collect();
+        let refs: Vec<&Event> = events.iter().collect();
+        store.enqueue_deliveries(&[], &refs, &[]).await.unwrap();
+        let body = |v: serde_json::Value| serde_json::from_value::<ReplayInput>(v).unwrap();
+        let first = replay(&store, &endpoint, body(serde_json::json!({"since": since})))
+            .await
+            .unwrap();
+        assert_eq!(
+            (first["replayed"].as_u64(), first["truncated"].as_bool()),
+            (Some(REPLAY_MAX as u64), Some(true))
+        );
+        let rest = replay(&store, &endpoint, body(first["next"].clone()))
+            .await
+            .unwrap();
+        assert_eq!(rest["replayed"], 1);
+        assert_eq!(rest["truncated"], false);
+        assert!(rest["next"].is_null());
+        // `after` only goes with `since`.
+        let bad = body(serde_json::json!({"event_id": "evt_1", "after": "evt_2"}));
+        assert_eq!(
+            replay(&store, &endpoint, bad).await.unwrap_err().status(),
+            400
+        );
+    }
 }

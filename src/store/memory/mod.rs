@@ -674,18 +674,21 @@ impl Store for MemoryStore {
         workspace: &str,
         environment: Environment,
         since: u64,
+        after: Option<&str>,
         max: usize,
     ) -> Result<Vec<Event>, StoreError> {
-        Ok(self
-            .read()
+        let inner = self.read();
+        let mut events: Vec<&Event> = inner
             .webhooks
-            .events()
-            .filter(|e| {
-                e.workspace == workspace && e.environment == environment && e.created >= since
+            .replayable()
+            .filter(|e| e.workspace == workspace && e.environment == environment)
+            .filter(|e| match after {
+                Some(after) => (e.created, e.id.as_str()) > (since, after),
+                None => e.created >= since,
             })
-            .take(max)
-            .cloned()
-            .collect())
+            .collect();
+        events.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
+        Ok(events.into_iter().take(max).cloned().collect())
     }
 
     async fn queue_stats(&self) -> Result<QueueStats, StoreError> {

@@ -70,6 +70,11 @@ impl WebhookState {
         self.log.iter().map(|(_, e)| e)
     }
 
+    /// Every event a worker has taken from the log (what replays read), in no order.
+    pub(super) fn replayable(&self) -> impl Iterator<Item = &Event> {
+        self.by_id.values()
+    }
+
     fn after(&self, seq: u64, max: usize) -> Vec<LoggedEvent> {
         self.log
             .iter()

@@ -22,6 +22,7 @@
 //! | `{ns}:wh:dlv:<delivery id>` | string | delivery JSON: event, status, attempts, last attempt (30 days) |
 //! | `{ns}:wh:log:<endpoint id>` | list | the endpoint's latest delivery ids, newest first (1,000) |
 //! | `{ns}:wh:evt:<event id>` | string | event JSON, for replay by id (30 days) |
+//! | `{ns}:wh:replay:<ws>:<env>` | sorted set | the workspace's event ids in one environment, scored by `created` (unix seconds), for replays since a time (30 days) |
 //! | `{ns}:wh:hold:<endpoint id>` | hash | an endpoint held back by a failure: `failures` in a row, `until` (ms) nothing of its queue is due, `probe` the delivery that goes first then; gone once it answers, is paused or deleted |
 //! | `{ns}:wh:pending` | integer | queued deliveries |
 //! | `{ns}:wh:paused` | set | `<ws> <endpoint id>` of paused endpoints |
@@ -1257,9 +1258,11 @@ impl Store for RedisStore {
         workspace: &str,
         environment: Environment,
         since: u64,
+        after: Option<&str>,
         max: usize,
     ) -> Result<Vec<Event>, StoreError> {
-        self.log_since(workspace, environment, since, max).await
+        self.log_since(workspace, environment, since, after, max)
+            .await
     }
 
     async fn queue_stats(&self) -> Result<QueueStats, StoreError> {

@@ -99,11 +99,15 @@ local function before(id)
 end
 ";
 
-/// Fans event-log entries out. KEYS: the event log. ARGV: prefix, group, ttl, then a count
-/// and that many entry ids, a count and that many `(event id, event json)`, a count and that
-/// many `(workspace, endpoint, delivery id, due ms, delivery json)`. A delivery whose id is
-/// stored already (its entry was fanned out before) is left as it is. Returns how many
-/// deliveries it queued.
+/// Fans event-log entries out. KEYS: the event log. ARGV: prefix, group, ttl, the oldest
+/// `created` kept (unix seconds), then a count and that many entry ids, a count and that many
+/// `(event id, event json, replay index key, created)`, a count and that many `(workspace,
+/// endpoint, delivery id, due ms, delivery json)`. A delivery whose id is stored already (its
+/// entry was fanned out before) is left as it is. Returns how many deliveries it queued.
+///
+/// Each event is kept by id for replay, and indexed by its workspace and environment
+/// (`{ns}:wh:replay:<ws>:<env>`, scored by `created`), so a replay since a time reads only
+/// that workspace's events.
 ///
 /// The cursor only moves forward, and never past an entry still pending in the group: every
 /// entry up to it is fanned out, so a group recreated there misses nothing (a newer batch that
@@ -111,8 +115,8 @@ end
 static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NEWER}{BEFORE}{RESCORE}
-local p, group, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local i = 4
+local p, group, ttl, oldest = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local i = 5
 local n = tonumber(ARGV[i]); i = i + 1
 local newest = ''
 for _ = 1, n do
@@ -133,7 +137,11 @@ end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
   redis.call('SET', p .. ':wh:evt:' .. ARGV[i], ARGV[i + 1], 'EX', ttl)
-  i = i + 2
+  local index = ARGV[i + 2]
+  redis.call('ZADD', index, ARGV[i + 3], ARGV[i])
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. oldest)
+  redis.call('EXPIRE', index, ttl)
+  i = i + 4
 end
 n = tonumber(ARGV[i]); i = i + 1
 local queued = 0
@@ -316,6 +324,46 @@ return 0
     ))
 });
 
+/// A page of a replay index: the ids of events created at or after ARGV[1] (unix seconds), in
+/// (created, id) order, past ARGV[2] among those created at ARGV[1] itself (a continuation; ''
+/// for none), at most ARGV[3]. KEYS: the index.
+static REPLAY_PAGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local key, since, after, max = KEYS[1], tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local first = redis.call('ZRANGEBYSCORE', key, since, '+inf', 'LIMIT', 0, 1)
+if #first == 0 then return {} end
+local start = redis.call('ZRANK', key, first[1])
+if after ~= '' then
+  local rank = nil
+  local score = redis.call('ZSCORE', key, after)
+  if score and tonumber(score) == since then rank = redis.call('ZRANK', key, after) end
+  if rank then
+    start = rank + 1
+  else
+    -- Not there any more: past the ids of that second that sort before it.
+    while true do
+      local page = redis.call('ZRANGE', key, start, start + 999, 'WITHSCORES')
+      if #page == 0 then return {} end
+      local moved = false
+      for j = 1, #page, 2 do
+        if tonumber(page[j + 1]) == since and page[j] <= after then
+          start = start + 1
+          moved = true
+        else
+          moved = false
+          break
+        end
+      end
+      if not moved then break end
+    end
+  end
+end
+return redis.call('ZRANGE', key, start, start + max - 1)
+",
+    )
+});
+
 /// Claims due pause notices. ARGV: prefix, now ms, lease end ms, max. Returns their JSON.
 static CLAIM_NOTICES: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -411,11 +459,16 @@ impl RedisStore {
             .arg(self.prefix())
             .arg(GROUP)
             .arg(DELIVERY_RETENTION_SECS)
+            .arg(crate::ids::unix_now().saturating_sub(RETENTION_SECS))
             .arg(entries.len())
             .arg(entries)
             .arg(events.len());
         for event in events {
-            invocation.arg(&event.id).arg(encode(event));
+            invocation
+                .arg(&event.id)
+                .arg(encode(event))
+                .arg(self.replay_index(&event.workspace, event.environment))
+                .arg(event.created);
         }
         invocation.arg(deliveries.len());
         for d in deliveries {
@@ -611,38 +664,51 @@ impl RedisStore {
             .await
     }
 
+    /// The key of a workspace's replay index in one environment.
+    fn replay_index(&self, workspace: &str, environment: Environment) -> String {
+        format!(
+            "{}:wh:replay:{workspace}:{}",
+            self.prefix(),
+            environment.as_str()
+        )
+    }
+
     pub(super) async fn log_since(
         &self,
         workspace: &str,
         environment: Environment,
         since: u64,
+        after: Option<&str>,
         max: usize,
     ) -> Result<Vec<Event>, StoreError> {
         let floor = crate::ids::unix_now().saturating_sub(RETENTION_SECS);
-        let since = since.max(floor);
-        let mut start = format!("{}", since * 1000);
-        let mut out = Vec::new();
-        loop {
-            let page = self
-                .stream_range("XRANGE", &self.layout.events(), &start, "+", 1000)
-                .await?;
-            for entry in &page.ids {
-                let Ok(event) = parse(entry) else { continue };
-                if event.workspace == workspace
-                    && event.environment == environment
-                    && event.created >= since
-                {
-                    out.push(event);
-                    if out.len() == max {
-                        return Ok(out);
-                    }
-                }
-            }
-            match page.ids.last() {
-                Some(last) if page.ids.len() == 1000 => start = format!("({}", last.id),
-                _ => return Ok(out),
-            }
+        let ids: Vec<String> = REPLAY_PAGE
+            .key(self.replay_index(workspace, environment))
+            .arg(since.max(floor))
+            .arg(after.unwrap_or_default())
+            .arg(max)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(1_000) {
+            let keys: Vec<String> = chunk
+                .iter()
+                .map(|id| format!("{}:wh:evt:{id}", self.prefix()))
+                .collect();
+            let raws: Vec<Option<String>> = redis::cmd("MGET")
+                .arg(&keys)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            // An event whose record expired first, or does not read, is not replayed.
+            out.extend(raws.iter().flatten().filter_map(|raw| {
+                decode::<Event>("an event", raw)
+                    .inspect_err(|e| tracing::warn!(error = %e, "skipping an event in a replay"))
+                    .ok()
+            }));
         }
+        Ok(out)
     }
 
     pub(super) async fn stats(&self) -> Result<QueueStats, StoreError> {
