@@ -129,14 +129,44 @@ async fn head_is_answered_like_get_without_a_body() {
         (seen.len(), &seen[0].method, seen[0].path.as_str()),
         (1, &Method::HEAD, "/v1/models")
     );
-    // The gateway's own GET routes too; refusals are the same, without the body.
+    // The gateway's own GET routes too; refusals are the same. No body goes out after the
+    // headers: the next request on the same connection reads its own answer.
     let resp = head("/v1/webhooks", Some(key.clone())).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "application/json");
-    assert!(resp.bytes().await.unwrap().is_empty());
     let resp = head("/v1/models", None).await;
     assert_eq!(resp.status(), 401);
-    assert!(resp.bytes().await.unwrap().is_empty());
+    let addr = gw.base.trim_start_matches("http://").to_string();
+    let mut raw = std::net::TcpStream::connect(&addr).unwrap();
+    raw.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    for method in ["HEAD", "HEAD", "GET"] {
+        write!(
+            raw,
+            "{method} /v1/webhooks HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+        )
+        .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            assert_eq!(raw.read(&mut byte).unwrap(), 1, "closed early");
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).to_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{method}: {head}");
+        if method == "GET" {
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let mut body = vec![0u8; length];
+            raw.read_exact(&mut body).unwrap();
+            assert!(body.starts_with(b"{\"data\":"));
+        }
+    }
     // Not the event stream, and not a POST route.
     assert_eq!(
         head("/v1/webhooks/listen", Some(key.clone()))

@@ -481,6 +481,46 @@ async fn test_keys_have_limits_of_their_own() {
 }
 
 #[tokio::test]
+async fn a_head_request_is_not_charged_the_routes_price() {
+    let gw = Gateway::builder()
+        .toml(
+            "[[routes]]\nmethod = \"GET\"\npath = \"/v1/videos/{id}\"\n\
+             scope = \"videos:read\"\nprice = 2\n",
+        )
+        .start()
+        .await;
+    let (id, key) = gw.create_key("live", &["videos:read"]).await;
+    for method in [Method::HEAD, Method::GET] {
+        let resp = gw
+            .request(method, "/v1/videos/vid_1")
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let records = eventually(Duration::from_secs(5), || async {
+        audit(&gw, &format!("workspace={DEMO_WS}&key_id={id}"))
+            .await
+            .len()
+            == 2
+    })
+    .await;
+    assert!(records.is_some(), "both requests are audited");
+    let records = audit(&gw, &format!("workspace={DEMO_WS}&key_id={id}")).await;
+    let charged: Vec<(&str, f64)> = records
+        .iter()
+        .map(|r| {
+            (
+                r["method"].as_str().unwrap(),
+                r["credits"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(charged, [("GET", 2.0), ("HEAD", 0.0)], "newest first");
+}
+
+#[tokio::test]
 async fn refused_requests_count_against_the_keys_rate_limit() {
     let gw = Gateway::builder()
         .toml("[limits]\nlive_requests_per_minute = 3\nlive_burst = 3\n")

@@ -403,14 +403,20 @@ async fn a_client_making_up_keys_is_held_back_without_store_reads_and_cached_key
     let gw = Gateway::builder()
         .redis(&redis_url(), &ns.name)
         .toml("[limits]\nunknown_keys_per_minute = 3\n")
+        .server("trusted_proxies = [\"127.0.0.1\"]")
         .start()
         .await;
     let ws = gw.create_workspace().await;
     let (_, valid) = gw.create_key_in(&ws, "live", &["models:read"]).await;
-    let get = |key: String| {
-        let req = gw.request(Method::GET, "/v1/models").bearer_auth(key);
+    // The client, as the ingress in front (trusted) tells it.
+    let from = |client: &'static str, key: String| {
+        let req = gw
+            .request(Method::GET, "/v1/models")
+            .header("x-forwarded-for", client)
+            .bearer_auth(key);
         async move { req.send().await.unwrap() }
     };
+    let get = |key: String| from("203.0.113.7", key);
     let made_up = || svcgate::keys::format::generate(svcgate::keys::Environment::Live).value;
     // The count is per minute: keep clear of a minute's end.
     let second = svcgate::ids::unix_now() % 60;
@@ -439,9 +445,15 @@ async fn a_client_making_up_keys_is_held_back_without_store_reads_and_cached_key
     }
     assert_eq!(misses(&scrape(&gw).await), before, "no store read");
     // A cached key from the same address goes on; a made-up key it saw already is still a
-    // plain 401 (remembered, no read).
+    // plain 401 (remembered, no read); another client is not held up.
     assert_eq!(get(valid).await.status(), 200);
     assert_error(get(first).await, 401, "authentication_error").await;
+    assert_error(
+        from("198.51.100.9", made_up()).await,
+        401,
+        "authentication_error",
+    )
+    .await;
     let counted = eventually(Duration::from_secs(5), || async {
         sample(
             &scrape(&gw).await,
@@ -451,4 +463,24 @@ async fn a_client_making_up_keys_is_held_back_without_store_reads_and_cached_key
     })
     .await;
     assert!(counted.is_some(), "the refusals are counted");
+}
+
+#[tokio::test]
+async fn an_ingress_speaking_for_many_clients_is_not_held_up_by_unknown_keys() {
+    // No trusted proxies, and the peer is internal (loopback here, an ingress's pod address in
+    // a cluster): it is not one client's address, so it is not counted.
+    let gw = Gateway::builder()
+        .toml("[limits]\nunknown_keys_per_minute = 1\n")
+        .start()
+        .await;
+    for _ in 0..4 {
+        let key = svcgate::keys::format::generate(svcgate::keys::Environment::Live).value;
+        let resp = gw
+            .request(Method::GET, "/v1/models")
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_error(resp, 401, "authentication_error").await;
+    }
 }

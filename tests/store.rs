@@ -1115,10 +1115,16 @@ async fn endpoints_are_capped_per_workspace_and_a_delete_makes_room(store: Arc<d
         store.create_endpoint(e, 3).await.unwrap();
     }
     match store.create_endpoint(&mine[3], 3).await {
-        Err(StoreError::Conflict(why)) => assert!(why.contains("3 webhook endpoints"), "{why}"),
+        Err(StoreError::Conflict(why)) => {
+            assert!(why.contains("3 live webhook endpoints"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(store.endpoints(&ws).await.unwrap().len(), 3);
+    // Test mode counts apart.
+    let mut in_test = endpoint(&ws, &["agent.run.*"]);
+    in_test.environment = Environment::Test;
+    store.create_endpoint(&in_test, 3).await.unwrap();
     let elsewhere = endpoint(&new_id("ws"), &["agent.run.*"]);
     store.create_endpoint(&elsewhere, 3).await.unwrap();
     assert!(store.delete_endpoint(&ws, &mine[0].id).await.unwrap());
@@ -1352,6 +1358,16 @@ async fn redis_a_delivery_that_does_not_read_does_not_hold_up_its_claim() {
         .expect("the claim goes through");
     let ids: Vec<&str> = claimed.iter().map(|c| c.delivery.id.as_str()).collect();
     assert_eq!(ids, [queued[0].id.as_str(), queued[2].id.as_str()]);
+    // Nor does an endpoint record that does not read stop the workspace's fan-out.
+    let _: () = ::redis::cmd("HSET")
+        .arg(format!("{{{}}}:endpoints:{ws}", ns.name))
+        .arg("we_broken")
+        .arg("not json")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let listed = store.endpoints(&ws).await.expect("the others are listed");
+    assert_eq!(listed, [ep]);
 }
 
 /// Entries written past the store (by scripts or backends) are trimmed to the 30 days too.

@@ -261,22 +261,20 @@ async fn a_url_on_port_zero_is_refused_on_create_and_update() {
 }
 
 #[tokio::test]
-async fn a_workspace_has_at_most_a_hundred_endpoints() {
+async fn a_workspace_has_at_most_a_hundred_endpoints_per_environment() {
     let ns = TestNamespace::new();
     let gw = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .toml("[webhooks]\nallow_insecure_targets = true\n[limits]\ntest_burst = 200\n")
+        .toml("[webhooks]\nallow_insecure_targets = true\n[limits]\nlive_burst = 300\n")
         .start()
         .await;
     let ws = gw.create_workspace().await;
     let (_, live) = gw.create_key_in(&ws, "live", WRITE).await;
     let (_, test) = gw.create_key_in(&ws, "test", WRITE).await;
     let body = json!({"url": "http://127.0.0.1:4000/hook", "events": ["agent.run.*"]});
-    // Both environments count together.
     let mut last = None;
     for i in 0..100 {
-        let key = if i % 2 == 0 { &live } else { &test };
-        let resp = create(&gw, key, body.clone()).await;
+        let resp = create(&gw, &live, body.clone()).await;
         assert_eq!(resp.status(), 201, "endpoint {i}");
         last = Some(
             resp.json::<Value>().await.unwrap()["id"]
@@ -291,17 +289,19 @@ async fn a_workspace_has_at_most_a_hundred_endpoints() {
         error["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("100 webhook endpoints"),
+            .contains("100 live webhook endpoints"),
         "{error}"
     );
-    // Another workspace is not affected; deleting one makes room.
+    // Test mode has its own hundred: a test key cannot crowd out live endpoints, nor the
+    // reverse. Another workspace is not affected; deleting one makes room.
+    assert_eq!(create(&gw, &test, body.clone()).await.status(), 201);
     let elsewhere = gw.create_workspace().await;
     let (_, other) = gw.create_key_in(&elsewhere, "live", WRITE).await;
     assert_eq!(create(&gw, &other, body.clone()).await.status(), 201);
     let path = format!("/v1/webhooks/{}", last.unwrap());
     let resp = gw
         .request(Method::DELETE, &path)
-        .bearer_auth(&test)
+        .bearer_auth(&live)
         .send()
         .await
         .unwrap();

@@ -225,18 +225,15 @@ impl Authenticator {
         now: u64,
         client: Option<IpAddr>,
     ) -> Result<Option<Arc<CachedKey>>, AuthFailure> {
-        if let Some(retry_after) = self.unknown.exhausted(client, now) {
-            return Err(AuthFailure::TooManyUnknownKeys(retry_after));
+        self.unknown
+            .reserve(client, now)
+            .map_err(AuthFailure::TooManyUnknownKeys)?;
+        let fetched = self.keys.fetch(hash).await;
+        if !matches!(fetched, Ok((None, _))) {
+            self.unknown.give_back(client, now);
         }
-        let (record, outcome) = self
-            .keys
-            .fetch(hash)
-            .await
-            .map_err(|_| AuthFailure::StoreUnavailable)?;
+        let (record, outcome) = fetched.map_err(|_| AuthFailure::StoreUnavailable)?;
         crate::metrics::record_key_lookup(outcome);
-        if record.is_none() {
-            self.unknown.charge(client, now);
-        }
         Ok(record)
     }
 

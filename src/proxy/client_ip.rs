@@ -65,6 +65,18 @@ impl TrustedProxies {
         Some(client)
     }
 
+    /// The client's address for a limit that refuses requests by address: [`Self::client`],
+    /// when it is one client's. With no trusted proxies configured, a peer at a private,
+    /// loopback or other internal address is most likely an ingress or a load balancer
+    /// speaking for many clients: `None`, so they are not refused together.
+    pub fn client_to_limit(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<IpAddr> {
+        let peer = peer?;
+        if self.nets.is_empty() && crate::webhooks::endpoint::is_internal(&peer) {
+            return None;
+        }
+        self.client(Some(peer), headers)
+    }
+
     /// The `X-Forwarded-For` to send the backend for a request from `peer`: the header as
     /// trusted proxies wrote it with the peer appended, or the peer alone. `None` (the header is
     /// dropped) when the peer has no IP address. From an untrusted peer, no allocation as a rule.

@@ -299,7 +299,10 @@ impl Gateway {
         ctx.route = self.routes.find_id(&req.method, path);
         let header = auth::authorization(&req.headers)
             .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
-        let client = || self.trusted_proxies.client(peer_ip(session), &req.headers);
+        let client = || {
+            self.trusted_proxies
+                .client_to_limit(peer_ip(session), &req.headers)
+        };
         let caller = match self
             .auth
             .authenticate_or_name(header, ctx.arrived_ms / 1000, client)
@@ -424,8 +427,10 @@ impl Gateway {
         let path = session.req_header().uri.path();
         let body = simulate::response_body(route, environment, &summary, path);
         let body = serde_json::to_vec(&body).unwrap_or_default();
+        let head = session.req_header().method == http::Method::HEAD;
         let price = match environment {
             Environment::Test => Credits::ZERO,
+            _ if head => Credits::ZERO,
             _ => route.price,
         };
         ctx.billable = true;
@@ -799,12 +804,13 @@ impl Gateway {
             (None, Some(refused)) => refused,
             (None, None) => return,
         };
-        // The backend's figure if it gave one; else the route's price for a success; nothing
-        // for what the gateway refused itself.
+        // The backend's figure if it gave one; else the route's price for a success (not for a
+        // HEAD: nothing was made); nothing for what the gateway refused itself.
+        let head = session.req_header().method == http::Method::HEAD;
         let cost = match (ctx.billable, ctx.reported_credits, self.route(ctx)) {
             (false, _, _) => Credits::ZERO,
             (true, Some(reported), _) => reported,
-            (true, None, Some(route)) if (200..300).contains(&status) => route.price,
+            (true, None, Some(route)) if (200..300).contains(&status) && !head => route.price,
             _ => Credits::ZERO,
         };
         let cost = match key.effective_environment() {

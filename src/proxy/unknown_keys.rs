@@ -6,20 +6,28 @@
 //! each client address (an IPv6 address by its /64, which one host usually holds whole) may
 //! present `per_minute` keys the store does not know, per replica and minute; past that, its
 //! requests with keys that are not cached are refused (429) without asking the store, until
-//! the minute ends. Cached keys are never held up: a client behind the same address with a
-//! valid key goes on as before, and the request path of a cached key never reaches this.
+//! the minute ends. Cached keys are never held up, and the request path of a cached key never
+//! reaches this. A read is reserved before it is made and given back if the key exists, so
+//! requests sent together cannot pass the count between them.
+//!
+//! Only an address that is one client's is counted
+//! ([`TrustedProxies::client_to_limit`](super::client_ip::TrustedProxies::client_to_limit)):
+//! an ingress speaking for many is not refused on behalf of one of them.
 
 use dashmap::DashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Most addresses tracked; past it, those of earlier minutes are forgotten (and, if that is not
-/// enough, all: a flood from that many addresses is not held back by one replica's memory).
+/// Most addresses tracked. When that many have presented unknown keys this minute, new ones
+/// are not tracked (nor held up) until it ends: the counts of those already held up are kept.
 const TRACKED: usize = 100_000;
 
 /// Counts of unknown keys per client address and minute.
 pub struct UnknownKeyLimit {
     per_minute: u32,
     counts: DashMap<IpAddr, (u64, u32), foldhash::fast::RandomState>,
+    /// Set while one request sweeps out the counts of earlier minutes.
+    sweeping: AtomicBool,
 }
 
 impl UnknownKeyLimit {
@@ -28,37 +36,53 @@ impl UnknownKeyLimit {
         Self {
             per_minute,
             counts: DashMap::default(),
+            sweeping: AtomicBool::new(false),
         }
     }
 
-    /// Whether `client` has presented its share of unknown keys this minute (`now`: unix
-    /// seconds); if so, the seconds until the next minute.
-    pub fn exhausted(&self, client: Option<IpAddr>, now: u64) -> Option<u64> {
-        let client = client.map(group)?;
-        let minute = now / 60;
-        match self.counts.get(&client) {
-            Some(count) if count.0 == minute && count.1 >= self.per_minute => Some(60 - now % 60),
-            _ => None,
-        }
-    }
-
-    /// `client` presented a key the store does not know.
-    pub fn charge(&self, client: Option<IpAddr>, now: u64) {
+    /// Reserves one store read for `client` at unix second `now`, or, if it has presented its
+    /// share of unknown keys this minute, answers the seconds until the next minute.
+    pub fn reserve(&self, client: Option<IpAddr>, now: u64) -> Result<(), u64> {
         let Some(client) = client.map(group) else {
-            return;
+            return Ok(());
         };
         let minute = now / 60;
-        if self.counts.len() >= TRACKED {
-            self.counts.retain(|_, (m, _)| *m == minute);
-            if self.counts.len() >= TRACKED / 2 {
-                self.counts.clear();
+        if self.counts.len() >= TRACKED && !self.counts.contains_key(&client) {
+            self.sweep(minute);
+            if self.counts.len() >= TRACKED {
+                return Ok(());
             }
         }
         let mut count = self.counts.entry(client).or_insert((minute, 0));
         if count.0 != minute {
             *count = (minute, 0);
         }
-        count.1 = count.1.saturating_add(1);
+        if count.1 >= self.per_minute {
+            return Err(60 - now % 60);
+        }
+        count.1 += 1;
+        Ok(())
+    }
+
+    /// The key `client` presented exists: its reserved read is given back.
+    pub fn give_back(&self, client: Option<IpAddr>, now: u64) {
+        let Some(client) = client.map(group) else {
+            return;
+        };
+        if let Some(mut count) = self.counts.get_mut(&client) {
+            if count.0 == now / 60 {
+                count.1 = count.1.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Drops the counts of earlier minutes; one request at a time does it.
+    fn sweep(&self, minute: u64) {
+        if self.sweeping.swap(true, Ordering::Acquire) {
+            return;
+        }
+        self.counts.retain(|_, (m, _)| *m == minute);
+        self.sweeping.store(false, Ordering::Release);
     }
 }
 
@@ -83,37 +107,45 @@ mod tests {
         let limit = UnknownKeyLimit::new(3);
         let now = 1_800_000_015; // 15 s into a minute
         for _ in 0..3 {
-            assert_eq!(limit.exhausted(ip("192.0.2.1"), now), None);
-            limit.charge(ip("192.0.2.1"), now);
+            assert_eq!(limit.reserve(ip("192.0.2.1"), now), Ok(()));
         }
-        assert_eq!(limit.exhausted(ip("192.0.2.1"), now), Some(45));
-        assert_eq!(limit.exhausted(ip("192.0.2.2"), now), None);
+        assert_eq!(limit.reserve(ip("192.0.2.1"), now), Err(45));
+        assert_eq!(limit.reserve(ip("192.0.2.2"), now), Ok(()));
+        // A key that existed gives its read back.
+        limit.give_back(ip("192.0.2.1"), now);
+        assert_eq!(limit.reserve(ip("192.0.2.1"), now), Ok(()));
+        assert_eq!(limit.reserve(ip("192.0.2.1"), now), Err(45));
         // The next minute starts afresh.
-        assert_eq!(limit.exhausted(ip("192.0.2.1"), now + 45), None);
-        limit.charge(ip("192.0.2.1"), now + 45);
-        assert_eq!(limit.exhausted(ip("192.0.2.1"), now + 45), None);
-        // No address (a Unix socket): not counted, never held up.
-        limit.charge(None, now);
-        assert_eq!(limit.exhausted(None, now), None);
+        assert_eq!(limit.reserve(ip("192.0.2.1"), now + 45), Ok(()));
+        // No address (a Unix socket, or an ingress's): never held up.
+        for _ in 0..5 {
+            assert_eq!(limit.reserve(None, now), Ok(()));
+        }
     }
 
     #[test]
     fn an_ipv6_host_is_counted_by_its_64_and_a_mapped_ipv4_as_ipv4() {
         let limit = UnknownKeyLimit::new(1);
         let now = 1_800_000_000;
-        limit.charge(ip("2001:db8:1:2::1"), now);
-        assert!(limit.exhausted(ip("2001:db8:1:2:ffff::9"), now).is_some());
-        assert!(limit.exhausted(ip("2001:db8:1:3::1"), now).is_none());
-        limit.charge(ip("::ffff:192.0.2.7"), now);
-        assert!(limit.exhausted(ip("192.0.2.7"), now).is_some());
+        limit.reserve(ip("2001:db8:1:2::1"), now).unwrap();
+        assert!(limit.reserve(ip("2001:db8:1:2:ffff::9"), now).is_err());
+        assert!(limit.reserve(ip("2001:db8:1:3::1"), now).is_ok());
+        limit.reserve(ip("::ffff:192.0.2.7"), now).unwrap();
+        assert!(limit.reserve(ip("192.0.2.7"), now).is_err());
     }
 
     #[test]
-    fn the_table_stays_bounded() {
+    fn a_full_table_keeps_the_counts_it_has() {
         let limit = UnknownKeyLimit::new(1);
+        let now = 1_800_000_000;
+        limit.reserve(ip("192.0.2.1"), now).unwrap();
         for i in 0..(TRACKED as u32 + 10) {
-            limit.charge(Some(IpAddr::V4(i.into())), 1_800_000_000);
+            let _ = limit.reserve(Some(IpAddr::V4((0x0a00_0000 + i).into())), now);
         }
         assert!(limit.counts.len() <= TRACKED);
+        assert!(limit.reserve(ip("192.0.2.1"), now).is_err(), "not reset");
+        // A minute later the old counts are swept out for new addresses.
+        assert!(limit.reserve(ip("198.51.100.1"), now + 60).is_ok());
+        assert!(limit.counts.len() <= 2);
     }
 }

@@ -364,7 +364,7 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let config = CacheConfig {
             negative_capacity: 10,
-            negative_ttl: Duration::from_millis(200),
+            negative_ttl: Duration::from_secs(2),
             ..CacheConfig::default()
         };
         let cache = KeyCache::new(store, config);
@@ -373,7 +373,7 @@ mod tests {
         for i in 0..6 {
             cache.get(&hash(i)).await.unwrap();
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(2_100)).await;
         cache.sync().await.unwrap();
         for i in 6..11 {
             cache.get(&hash(i)).await.unwrap();

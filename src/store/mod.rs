@@ -38,10 +38,13 @@ pub enum StoreError {
     Conflict(String),
 }
 
-/// The error for a workspace that has `most` webhook endpoints and is given another.
-pub fn too_many_endpoints(workspace: &str, most: usize) -> StoreError {
+/// The error for a workspace that has `most` webhook endpoints in `endpoint`'s environment
+/// and is given another.
+pub fn too_many_endpoints(endpoint: &Endpoint, most: usize) -> StoreError {
     StoreError::Conflict(format!(
-        "workspace {workspace} has {most} webhook endpoints, the most it may have; delete one first"
+        "workspace {} has {most} {} webhook endpoints, the most it may have; delete one first",
+        endpoint.workspace,
+        endpoint.environment.as_str()
     ))
 }
 
@@ -258,8 +261,8 @@ pub trait Store: Send + Sync + 'static {
     /// Appends an event to the event log (kept 30 days).
     async fn append_event(&self, event: &Event) -> Result<(), StoreError>;
 
-    /// Stores a new webhook endpoint, unless its workspace has `most` already (a
-    /// [`StoreError::Conflict`] saying so).
+    /// Stores a new webhook endpoint, unless its workspace has `most` already in its
+    /// environment (a [`StoreError::Conflict`] saying so).
     async fn create_endpoint(&self, endpoint: &Endpoint, most: usize) -> Result<(), StoreError>;
 
     /// The endpoints of a workspace, oldest first.

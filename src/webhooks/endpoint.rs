@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use crate::events::EVENT_TYPES;
 use crate::keys::Environment;
 
-/// Most endpoints a workspace may have, both environments together: each is a fan-out target
-/// of every matching event and a queue for the workers.
+/// Most endpoints a workspace may have in each environment: each is a fan-out target of every
+/// matching event and a queue for the workers.
 pub const MAX_ENDPOINTS_PER_WORKSPACE: usize = 100;
 
 /// A customer endpoint. Holds its signing secret: the worker needs it to sign.

@@ -68,13 +68,13 @@ impl Mailer {
             .subject(format!("Webhook endpoint {} paused", endpoint.id));
         let mut recipients = 0;
         for admin in admins {
-            match admin.parse::<Mailbox>() {
-                Ok(to) => {
-                    message = message.to(to);
+            match admin.parse::<lettre::Address>() {
+                Ok(to) if can_mail(admin) => {
+                    message = message.to(Mailbox::new(None, to));
                     recipients += 1;
                 }
-                Err(_) => {
-                    tracing::warn!(workspace = %endpoint.workspace, "skipping an admin address that does not parse")
+                _ => {
+                    tracing::warn!(workspace = %endpoint.workspace, "skipping an admin address that cannot be mailed")
                 }
             }
         }
@@ -91,7 +91,9 @@ impl Mailer {
             url = endpoint.url,
             env = endpoint.environment.as_str(),
         );
-        let message = message.body(body).map_err(|_| MailError::NoRecipients)?;
+        let message = message
+            .body(body)
+            .map_err(|e| MailError::Failed(format!("cannot build the mail: {e}")))?;
         let sent = match &self.transport {
             Transport::Smtp(smtp) => smtp
                 .send(message)

@@ -516,8 +516,11 @@ impl Store for MemoryStore {
             .endpoints
             .entry(endpoint.workspace.clone())
             .or_default();
-        if list.len() >= most {
-            return Err(too_many_endpoints(&endpoint.workspace, most));
+        let same_environment = list
+            .iter()
+            .filter(|e| e.environment == endpoint.environment);
+        if same_environment.count() >= most {
+            return Err(too_many_endpoints(endpoint, most));
         }
         if list.iter().any(|e| e.id == endpoint.id) {
             return Err(StoreError::Conflict(format!(

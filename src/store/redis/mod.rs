@@ -391,12 +391,18 @@ return removed
     ))
 });
 
-/// Stores a new endpoint unless its workspace has as many as it may. KEYS: the workspace's
-/// endpoints. ARGV: id, JSON, most endpoints. Returns 1, 0 if the id is taken, -1 if full.
+/// Stores a new endpoint unless its workspace has as many as it may in its environment. KEYS:
+/// the workspace's endpoints. ARGV: id, JSON, most endpoints, environment. Returns 1, 0 if the
+/// id is taken, -1 if full.
 static CREATE_ENDPOINT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
+local n = 0
+for _, raw in ipairs(redis.call('HVALS', KEYS[1])) do
+  local ok, e = pcall(cjson.decode, raw)
+  if ok and type(e) == 'table' and e.environment == ARGV[4] then n = n + 1 end
+end
+if n >= tonumber(ARGV[3]) then return -1 end
 return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 ",
     )
@@ -1116,11 +1122,12 @@ impl Store for RedisStore {
             .arg(&endpoint.id)
             .arg(encode(endpoint))
             .arg(most)
+            .arg(endpoint.environment.as_str())
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
         if created < 0 {
-            return Err(too_many_endpoints(&endpoint.workspace, most));
+            return Err(too_many_endpoints(endpoint, most));
         }
         created_or_conflict(created == 1, "endpoint", &endpoint.id)
     }
@@ -1128,10 +1135,16 @@ impl Store for RedisStore {
     async fn endpoints(&self, workspace: &str) -> Result<Vec<Endpoint>, StoreError> {
         let key = self.layout.endpoints(workspace);
         let all: HashMap<String, String> = self.conn().hgetall(&key).await.map_err(unavailable)?;
-        let mut list = all
+        // One record that does not read (a newer version's, or written by hand) must not stop
+        // the workspace's fan-out, or its listing: it is left out, and logged.
+        let mut list: Vec<Endpoint> = all
             .values()
-            .map(|raw| decode::<Endpoint>(&key, raw))
-            .collect::<Result<Vec<_>, _>>()?;
+            .filter_map(|raw| {
+                decode::<Endpoint>(&key, raw)
+                    .inspect_err(|e| tracing::error!(error = %e, "skipping an endpoint"))
+                    .ok()
+            })
+            .collect();
         list.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(list)
     }
