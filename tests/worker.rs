@@ -389,6 +389,51 @@ async fn a_failure_holds_the_endpoints_queue_until_its_retry_answers() {
     assert_eq!(rest, later);
 }
 
+#[tokio::test]
+async fn an_endpoint_held_back_shows_its_retry_and_its_queue_waits_for_it() {
+    let s = setup("[30]", 2, false).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/down", &[Reply::Status(503)]);
+    let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/down"), &["agent.run.*"]).await;
+    publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    let path = format!("/v1/webhooks/{id}");
+    let retry = eventually(Duration::from_secs(10), || async {
+        let resp = call(&s.gw, &s.key, Method::GET, &path, None).await;
+        !resp.json::<Value>().await.unwrap()["retry"].is_null()
+    })
+    .await;
+    assert!(retry.is_some(), "the endpoint shows its retry");
+    let shown: Value = call(&s.gw, &s.key, Method::GET, &path, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let now = svcgate::ids::unix_now();
+    let next = shown["retry"]["next_attempt_at"].as_u64().unwrap();
+    assert_eq!(shown["retry"]["failures"], 1);
+    assert!((now + 25..=now + 31).contains(&next), "{shown}");
+    // The operators' view says the same.
+    let admin_path = format!("/admin/v1/workspaces/{}/webhooks/{id}", s.ws);
+    let seen: Value = admin(&s.gw, Method::GET, &admin_path, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(seen["retry"], shown["retry"]);
+    // A new event waits for the retry, and its delivery says so.
+    publish(&s.gw, &s.ws, "agent.run.failed", "live").await;
+    let queued = eventually(Duration::from_secs(5), || async {
+        deliveries(&s.gw, &s.key, &id).await.len() == 2
+    })
+    .await;
+    assert!(queued.is_some());
+    for d in deliveries(&s.gw, &s.key, &id).await {
+        assert_eq!(d["status"], "pending");
+        assert!(d["next_attempt_at"].as_u64().unwrap() >= next - 1, "{d}");
+    }
+    assert_eq!(receiver.received("/down").len(), 1);
+}
+
 /// An admin API call with a JSON body, or none.
 async fn admin(gw: &Gateway, method: Method, path: &str, body: Option<Value>) -> reqwest::Response {
     let req = gw.admin_request(method, path);

@@ -31,7 +31,7 @@ pub(super) async fn show(
     PathParams((workspace, id)): PathParams<(String, String)>,
 ) -> Result<Response, ApiError> {
     let endpoint = manage::find(&*state.store, &workspace, None, &id).await?;
-    Ok(Json(EndpointView::of(&endpoint)).into_response())
+    Ok(Json(manage::show(&*state.store, &endpoint).await?).into_response())
 }
 
 #[derive(Deserialize)]

@@ -112,7 +112,7 @@ pub async fn handle(
         }
         WebhookOp::Get => {
             let e = find().await?;
-            (200, serde_json::to_vec(&EndpointView::of(&e)))
+            (200, serde_json::to_vec(&manage::show(store, &e).await?))
         }
         WebhookOp::Update => {
             let input = read_input(session).await?;

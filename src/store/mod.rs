@@ -115,6 +115,16 @@ pub struct ClaimedDelivery {
     pub failures: u32,
 }
 
+/// An endpoint held back by a failure ([`AfterAttempt::Failing`]), as its APIs show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointRetry {
+    /// Failed attempts in a row.
+    pub failures: u32,
+    /// Nothing of its queue goes before this (unix milliseconds); a retry in flight holds it
+    /// to the end of its lease.
+    pub next_attempt_ms: u64,
+}
+
 /// What a saved attempt tells the store about its endpoint ([`Store::save_delivery`]).
 ///
 /// Retries are per endpoint: a failed attempt holds the endpoint's whole queue back until the
@@ -323,6 +333,9 @@ pub trait Store: Send + Sync + 'static {
         delivery: &Delivery,
         after: AfterAttempt<'_>,
     ) -> Result<bool, StoreError>;
+
+    /// Whether `endpoint` is held back by a failure, and until when.
+    async fn endpoint_retry(&self, endpoint: &str) -> Result<Option<EndpointRetry>, StoreError>;
 
     /// Claims pause notices due by `now_ms`, earliest first, at most `max`, for `lease`: no
     /// other claim takes them until it ends (then they are due again: their worker died).

@@ -30,6 +30,16 @@ pub struct EndpointView<'a> {
     created_at: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     secret: Option<&'a str>,
+    /// While a failure holds it back: its failures in a row and when it is tried next.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry: Option<RetryView>,
+}
+
+/// An endpoint's retry, as the APIs show it.
+#[derive(Serialize)]
+struct RetryView {
+    failures: u32,
+    next_attempt_at: u64,
 }
 
 impl<'a> EndpointView<'a> {
@@ -43,6 +53,7 @@ impl<'a> EndpointView<'a> {
             environment: e.environment,
             created_at: e.created_at,
             secret: None,
+            retry: None,
         }
     }
 
@@ -135,6 +146,22 @@ pub fn not_found(id: &str) -> ApiError {
     ApiError::not_found(format!("no webhook endpoint '{}'", truncate(id)))
 }
 
+/// One endpoint, without its secret, with its retry while a failure holds it back.
+pub async fn show(store: &dyn Store, endpoint: &Endpoint) -> Result<serde_json::Value, ApiError> {
+    let retry = match endpoint.status {
+        EndpointStatus::Active => store.endpoint_retry(&endpoint.id).await?,
+        EndpointStatus::Paused => None,
+    };
+    let view = EndpointView {
+        retry: retry.map(|r| RetryView {
+            failures: r.failures,
+            next_attempt_at: r.next_attempt_ms.div_ceil(1000),
+        }),
+        ..EndpointView::of(endpoint)
+    };
+    Ok(serde_json::to_value(view).expect("a view serializes"))
+}
+
 /// `{"data": [endpoints]}`, without secrets.
 pub fn list_body<'a>(endpoints: impl Iterator<Item = &'a Endpoint>) -> serde_json::Value {
     let views: Vec<EndpointView> = endpoints.map(EndpointView::of).collect();
@@ -158,7 +185,22 @@ pub async fn deliveries(
     limit: usize,
 ) -> Result<serde_json::Value, ApiError> {
     let deliveries = store.deliveries(&endpoint.id, limit).await?;
-    let views: Vec<DeliveryView> = deliveries.iter().map(DeliveryView::of).collect();
+    // While a failure holds the endpoint back, nothing pending goes before the hold ends.
+    let held_until = store
+        .endpoint_retry(&endpoint.id)
+        .await?
+        .filter(|_| endpoint.status == EndpointStatus::Active)
+        .map(|r| r.next_attempt_ms / 1000);
+    let views: Vec<DeliveryView> = deliveries
+        .iter()
+        .map(|d| {
+            let mut view = DeliveryView::of(d);
+            if let (Some(next), Some(held)) = (&mut view.next_attempt_at, held_until) {
+                *next = (*next).max(held);
+            }
+            view
+        })
+        .collect();
     Ok(serde_json::json!({ "data": views }))
 }
 

@@ -9,8 +9,8 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 
 use super::{
-    too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed,
-    KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError, UsageReport,
+    too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
+    EventFeed, KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError, UsageReport,
 };
 use crate::events::Event;
 use crate::ids::unix_now;
@@ -639,6 +639,10 @@ impl Store for MemoryStore {
             }
             _ => Ok(false),
         }
+    }
+
+    async fn endpoint_retry(&self, endpoint: &str) -> Result<Option<EndpointRetry>, StoreError> {
+        Ok(self.read().webhooks.retry_of(endpoint))
     }
 
     async fn claim_pause_notices(

@@ -11,7 +11,7 @@ use super::{Inner, MemoryStore};
 use crate::events::{Event, LoggedEvent, RETENTION_SECS};
 use crate::ids::unix_now;
 use crate::store::{
-    AfterAttempt, ClaimRequest, ClaimedDelivery, EventFeed, QueueStats, StoreError,
+    AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointRetry, EventFeed, QueueStats, StoreError,
 };
 use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED};
 use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
@@ -220,6 +220,14 @@ impl WebhookState {
             }
             AfterAttempt::Failing(_) | AfterAttempt::Skipped => {}
         }
+    }
+
+    /// Whether `endpoint` is held back by a failure, and until when.
+    pub(super) fn retry_of(&self, endpoint: &str) -> Option<EndpointRetry> {
+        self.holds.get(endpoint).map(|h| EndpointRetry {
+            failures: h.failures,
+            next_attempt_ms: h.until,
+        })
     }
 
     /// Forgets an endpoint's hold (it was deleted, its URL changed, or it was resumed).

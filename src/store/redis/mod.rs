@@ -54,8 +54,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{
-    too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EventFeed,
-    KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError, UsageReport,
+    too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
+    EventFeed, KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError, UsageReport,
 };
 use crate::events::Event;
 use crate::keys::Environment;
@@ -1235,6 +1235,10 @@ impl Store for RedisStore {
         after: AfterAttempt<'_>,
     ) -> Result<bool, StoreError> {
         self.save(delivery, after).await
+    }
+
+    async fn endpoint_retry(&self, endpoint: &str) -> Result<Option<EndpointRetry>, StoreError> {
+        self.retry_of(endpoint).await
     }
 
     async fn claim_pause_notices(

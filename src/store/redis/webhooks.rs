@@ -36,7 +36,7 @@ use super::{decode, encode, unavailable, RedisStore};
 use crate::events::{Event, LoggedEvent, RETENTION_SECS};
 use crate::keys::Environment;
 use crate::store::{
-    AfterAttempt, ClaimRequest, ClaimedDelivery, EventFeed, QueueStats, StoreError,
+    AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointRetry, EventFeed, QueueStats, StoreError,
 };
 use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED, DELIVERY_RETENTION_SECS};
 use crate::webhooks::endpoint::Endpoint;
@@ -577,6 +577,25 @@ impl RedisStore {
             .await
             .map_err(unavailable)?;
         Ok(paused == 1)
+    }
+
+    pub(super) async fn retry_of(
+        &self,
+        endpoint: &str,
+    ) -> Result<Option<EndpointRetry>, StoreError> {
+        let (failures, until): (Option<u32>, Option<u64>) = redis::cmd("HMGET")
+            .arg(format!("{}:wh:hold:{endpoint}", self.prefix()))
+            .arg("failures")
+            .arg("until")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(failures
+            .zip(until)
+            .map(|(failures, next_attempt_ms)| EndpointRetry {
+                failures,
+                next_attempt_ms,
+            }))
     }
 
     pub(super) async fn claim_notices(
