@@ -54,7 +54,9 @@ impl UnknownKeyLimit {
             }
         }
         let mut count = self.counts.entry(client).or_insert((minute, 0));
-        if count.0 != minute {
+        // A request that read the clock just before another started the next minute counts
+        // in the newer one, rather than take the count back a minute.
+        if count.0 < minute {
             *count = (minute, 0);
         }
         if count.1 >= self.per_minute {
@@ -115,8 +117,12 @@ mod tests {
         limit.give_back(ip("192.0.2.1"), now);
         assert_eq!(limit.reserve(ip("192.0.2.1"), now), Ok(()));
         assert_eq!(limit.reserve(ip("192.0.2.1"), now), Err(45));
-        // The next minute starts afresh.
+        // The next minute starts afresh, and a late request of the minute before does not
+        // take it back.
         assert_eq!(limit.reserve(ip("192.0.2.1"), now + 45), Ok(()));
+        assert_eq!(limit.reserve(ip("192.0.2.1"), now + 44), Ok(()));
+        assert_eq!(limit.reserve(ip("192.0.2.1"), now + 45), Ok(()));
+        assert_eq!(limit.reserve(ip("192.0.2.1"), now + 45), Err(60));
         // No address (a Unix socket, or an ingress's): never held up.
         for _ in 0..5 {
             assert_eq!(limit.reserve(None, now), Ok(()));

@@ -115,6 +115,15 @@ pub struct ClaimedDelivery {
     pub failures: u32,
 }
 
+/// A page of a workspace's events ([`Store::events_since`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventPage {
+    /// The events, in (created, id) order. An event whose record expired is left out.
+    pub events: Vec<Event>,
+    /// Where the next page starts, `(since, after)`, when this one was cut at `max`.
+    pub next: Option<(u64, String)>,
+}
+
 /// An endpoint held back by a failure ([`AfterAttempt::Failing`]), as its APIs show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EndpointRetry {
@@ -370,7 +379,7 @@ pub trait Store: Send + Sync + 'static {
         since: u64,
         after: Option<&str>,
         max: usize,
-    ) -> Result<Vec<Event>, StoreError>;
+    ) -> Result<EventPage, StoreError>;
 
     /// The delivery queue at a glance.
     async fn queue_stats(&self) -> Result<QueueStats, StoreError>;

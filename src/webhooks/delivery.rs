@@ -154,6 +154,14 @@ impl Delivery {
         }
     }
 
+    /// Records a failed attempt that says nothing of the endpoint as it is now (its URL was
+    /// changed while the attempt was on its way): due again at once, to the new URL.
+    pub fn fail_to_a_changed_endpoint(&mut self, attempt: Attempt) {
+        self.attempts += 1;
+        self.next_attempt_ms = Some(attempt.at_ms + attempt.duration_ms);
+        self.last_attempt = Some(attempt);
+    }
+
     /// Records a successful attempt.
     pub fn succeed(&mut self, attempt: Attempt) {
         self.attempts += 1;

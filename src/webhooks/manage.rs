@@ -190,7 +190,7 @@ pub async fn deliveries(
         .endpoint_retry(&endpoint.id)
         .await?
         .filter(|_| endpoint.status == EndpointStatus::Active)
-        .map(|r| r.next_attempt_ms / 1000);
+        .map(|r| r.next_attempt_ms.div_ceil(1000));
     let views: Vec<DeliveryView> = deliveries
         .iter()
         .map(|d| {
@@ -256,7 +256,9 @@ pub async fn replay(
             (vec![event], None)
         }
         (None, Some(since), after) => {
-            if since < oldest || since > now {
+            // A continuation (`after`, from a `next`) may start past the window's edge, which
+            // has moved on since (it starts at the edge), or at an event stamped ahead of now.
+            if after.is_none() && (since < oldest || since > now) {
                 return Err(ApiError::invalid(
                     "since must be a unix time within the last 30 days",
                 ));
@@ -268,7 +270,7 @@ pub async fn replay(
                 return Err(ApiError::invalid("after must be an event id"));
             }
             let workspace = &endpoint.workspace;
-            let events = store
+            let page = store
                 .events_since(
                     workspace,
                     endpoint.environment,
@@ -278,13 +280,11 @@ pub async fn replay(
                 )
                 .await?;
             // Cut short: where the next replay goes on from (a body for the same call).
-            let next = match events.last() {
-                Some(last) if events.len() == REPLAY_MAX => {
-                    Some(serde_json::json!({"since": last.created, "after": last.id}))
-                }
-                _ => None,
-            };
-            let wanted = events
+            let next = page
+                .next
+                .map(|(since, after)| serde_json::json!({"since": since, "after": after}));
+            let wanted = page
+                .events
                 .into_iter()
                 .filter(|e| endpoint.wants(&e.event_type))
                 .collect();

@@ -283,6 +283,7 @@ impl Worker {
         } = claimed;
         let endpoint_id = delivery.endpoint.clone();
         let now_ms = unix_millis();
+        let mut changed = false;
         let (outcome, took, mut share) = match &endpoint {
             None => {
                 delivery.skip("the endpoint was deleted", now_ms);
@@ -304,6 +305,11 @@ impl Worker {
                         false => Outcome::Answered,
                     };
                     ("succeeded", Some(took), share)
+                } else if self.url_changed(e).await {
+                    // Fixed while the attempt was on its way: not a failure of the new URL.
+                    changed = true;
+                    delivery.fail_to_a_changed_endpoint(attempt);
+                    ("failed_retrying", Some(took), Outcome::Answered)
                 } else if delivery.fail(attempt, &self.settings.retry_schedule, failures) {
                     ("failed_final", Some(took), Outcome::Failed)
                 } else {
@@ -317,6 +323,7 @@ impl Worker {
         let notice = (delivery.status == DeliveryStatus::Failed)
             .then(|| PauseNotice::new(&delivery, unix_millis()));
         let after = match (&notice, delivery.status) {
+            _ if changed => AfterAttempt::Skipped,
             (Some(notice), _) => AfterAttempt::Pause(notice),
             (None, DeliveryStatus::Succeeded) => AfterAttempt::Answered,
             (None, DeliveryStatus::Pending) => AfterAttempt::Failing(failures + 1),
@@ -341,6 +348,16 @@ impl Worker {
         }
         self.slots().free(&endpoint_id, share);
         self.wake.notify_one();
+    }
+
+    /// Whether `endpoint`'s URL was changed since it was claimed (a store error says no).
+    async fn url_changed(&self, endpoint: &Endpoint) -> bool {
+        match self.store.endpoints(&endpoint.workspace).await {
+            Ok(now) => now
+                .iter()
+                .any(|e| e.id == endpoint.id && e.url != endpoint.url),
+            Err(_) => false,
+        }
     }
 
     /// Saves a delivery, retrying while the store is briefly away (within the lease).

@@ -10,7 +10,8 @@ use tokio::sync::Notify;
 
 use super::{
     too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
-    EventFeed, KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError, UsageReport,
+    EventFeed, EventPage, KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError,
+    UsageReport,
 };
 use crate::events::Event;
 use crate::ids::unix_now;
@@ -683,7 +684,7 @@ impl Store for MemoryStore {
         since: u64,
         after: Option<&str>,
         max: usize,
-    ) -> Result<Vec<Event>, StoreError> {
+    ) -> Result<EventPage, StoreError> {
         let inner = self.read();
         let mut events: Vec<&Event> = inner
             .webhooks
@@ -695,7 +696,12 @@ impl Store for MemoryStore {
             })
             .collect();
         events.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
-        Ok(events.into_iter().take(max).cloned().collect())
+        let events: Vec<Event> = events.into_iter().take(max).cloned().collect();
+        let next = match events.last() {
+            Some(last) if events.len() == max => Some((last.created, last.id.clone())),
+            _ => None,
+        };
+        Ok(EventPage { events, next })
     }
 
     async fn queue_stats(&self) -> Result<QueueStats, StoreError> {

@@ -55,7 +55,8 @@ use tokio::sync::Notify;
 
 use super::{
     too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
-    EventFeed, KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError, UsageReport,
+    EventFeed, EventPage, KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError,
+    UsageReport,
 };
 use crate::events::Event;
 use crate::keys::Environment;
@@ -1277,7 +1278,7 @@ impl Store for RedisStore {
         since: u64,
         after: Option<&str>,
         max: usize,
-    ) -> Result<Vec<Event>, StoreError> {
+    ) -> Result<EventPage, StoreError> {
         self.log_since(workspace, environment, since, after, max)
             .await
     }

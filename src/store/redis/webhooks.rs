@@ -36,7 +36,8 @@ use super::{decode, encode, unavailable, RedisStore};
 use crate::events::{Event, LoggedEvent, RETENTION_SECS};
 use crate::keys::Environment;
 use crate::store::{
-    AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointRetry, EventFeed, QueueStats, StoreError,
+    AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointRetry, EventFeed, EventPage, QueueStats,
+    StoreError,
 };
 use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED, DELIVERY_RETENTION_SECS};
 use crate::webhooks::endpoint::Endpoint;
@@ -326,10 +327,19 @@ return 0
 
 /// A page of a replay index: the ids of events created at or after ARGV[1] (unix seconds), in
 /// (created, id) order, past ARGV[2] among those created at ARGV[1] itself (a continuation; ''
-/// for none), at most ARGV[3]. KEYS: the index.
+/// for none), at most ARGV[3], each with its `created`. KEYS: the index.
 static REPLAY_PAGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+-- Byte order, as sorted sets order members (Lua's own `<=` follows the locale).
+local function bytes_le(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a <= #b
+end
 local key, since, after, max = KEYS[1], tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local first = redis.call('ZRANGEBYSCORE', key, since, '+inf', 'LIMIT', 0, 1)
 if #first == 0 then return {} end
@@ -347,7 +357,7 @@ if after ~= '' then
       if #page == 0 then return {} end
       local moved = false
       for j = 1, #page, 2 do
-        if tonumber(page[j + 1]) == since and page[j] <= after then
+        if tonumber(page[j + 1]) == since and bytes_le(page[j], after) then
           start = start + 1
           moved = true
         else
@@ -359,7 +369,7 @@ if after ~= '' then
     end
   end
 end
-return redis.call('ZRANGE', key, start, start + max - 1)
+return redis.call('ZRANGE', key, start, start + max - 1, 'WITHSCORES')
 ",
     )
 });
@@ -699,17 +709,27 @@ impl RedisStore {
         since: u64,
         after: Option<&str>,
         max: usize,
-    ) -> Result<Vec<Event>, StoreError> {
+    ) -> Result<EventPage, StoreError> {
+        // Past the window, the page starts at its edge: `after` belonged to a second before.
         let floor = crate::ids::unix_now().saturating_sub(RETENTION_SECS);
-        let ids: Vec<String> = REPLAY_PAGE
+        let (since, after) = match since < floor {
+            true => (floor, None),
+            false => (since, after),
+        };
+        let page: Vec<(String, u64)> = REPLAY_PAGE
             .key(self.replay_index(workspace, environment))
-            .arg(since.max(floor))
+            .arg(since)
             .arg(after.unwrap_or_default())
             .arg(max)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        let mut out = Vec::with_capacity(ids.len());
+        let next = match page.last() {
+            Some((id, created)) if page.len() == max => Some((*created, id.clone())),
+            _ => None,
+        };
+        let ids: Vec<&str> = page.iter().map(|(id, _)| id.as_str()).collect();
+        let mut events = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(1_000) {
             let keys: Vec<String> = chunk
                 .iter()
@@ -720,14 +740,23 @@ impl RedisStore {
                 .query_async(&mut self.conn())
                 .await
                 .map_err(unavailable)?;
-            // An event whose record expired first, or does not read, is not replayed.
-            out.extend(raws.iter().flatten().filter_map(|raw| {
-                decode::<Event>("an event", raw)
-                    .inspect_err(|e| tracing::warn!(error = %e, "skipping an event in a replay"))
-                    .ok()
-            }));
+            // An event whose record expired first, or does not read, is not replayed; nor is
+            // one whose id another workspace or environment has used since (the record is
+            // keyed by id alone).
+            events.extend(
+                raws.iter()
+                    .flatten()
+                    .filter_map(|raw| {
+                        decode::<Event>("an event", raw)
+                            .inspect_err(
+                                |e| tracing::warn!(error = %e, "skipping an event in a replay"),
+                            )
+                            .ok()
+                    })
+                    .filter(|e| e.workspace == workspace && e.environment == environment),
+            );
         }
-        Ok(out)
+        Ok(EventPage { events, next })
     }
 
     pub(super) async fn stats(&self) -> Result<QueueStats, StoreError> {
