@@ -1294,6 +1294,67 @@ store_suite!(
     an_entry_fanned_out_twice_queues_its_deliveries_once
 );
 
+/// A held endpoint's failed delivery that no worker can read is passed over after a few
+/// claims: the endpoint's queue does not wait for the record to expire.
+#[tokio::test]
+async fn redis_a_retry_no_worker_can_read_gives_way_to_the_next_delivery() {
+    let ns = TestNamespace::new();
+    let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis_url(), &ns.name).unwrap());
+    let ws = new_id("ws");
+    let ep = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&ep, 10).await.unwrap();
+    let e = event(&ws, "agent.run.completed");
+    let queued: Vec<Delivery> = (0..2)
+        .map(|i| Delivery::new(&e, &ws, &ep.id, 1_000 + i, false))
+        .collect();
+    store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    let claim = |now_ms: u64| {
+        let store = store.clone();
+        async move {
+            store
+                .claim_deliveries(&ClaimRequest {
+                    now_ms,
+                    lease: Duration::from_secs(5),
+                    max: 10,
+                    per_endpoint: 1,
+                    busy: &[],
+                    struggling: &[],
+                    struggling_max: 10,
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let first = claim(2_000).await;
+    let mut failed = first[0].delivery.clone();
+    assert!(!failed.fail(attempt(2_000, Some(500)), &[Duration::from_secs(1)], 0));
+    store
+        .save_delivery(&failed, AfterAttempt::Failing(1))
+        .await
+        .unwrap();
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = ::redis::cmd("SET")
+        .arg(format!("{{{}}}:wh:dlv:{}", ns.name, failed.id))
+        .arg(r#"{"id": 7}"#)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Taken (and skipped: it does not read) three times, a lease apart...
+    let mut now = failed.next_attempt_ms.unwrap();
+    for _ in 0..3 {
+        assert!(claim(now).await.is_empty());
+        now += 5_001;
+    }
+    // ...then the other delivery goes in its place, as the endpoint's retry.
+    let next = claim(now).await;
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!(
+        (next[0].delivery.id.as_str(), next[0].failures),
+        (queued[1].id.as_str(), 1)
+    );
+}
+
 /// Workers name themselves anew on each start: the consumers of those that are gone leave the
 /// group once idle with nothing pending; one that still holds an entry stays until it is taken
 /// over.

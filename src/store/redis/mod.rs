@@ -23,7 +23,7 @@
 //! | `{ns}:wh:log:<endpoint id>` | list | the endpoint's latest delivery ids, newest first (1,000) |
 //! | `{ns}:wh:evt:<event id>` | string | event JSON, for replay by id (30 days) |
 //! | `{ns}:wh:replay:<ws>:<env>` | sorted set | the workspace's event ids in one environment, scored by `created` (unix seconds), for replays since a time (30 days) |
-//! | `{ns}:wh:hold:<endpoint id>` | hash | an endpoint held back by a failure: `failures` in a row, `until` (ms) nothing of its queue is due, `probe` the delivery that goes first then; gone once it answers, is paused or deleted |
+//! | `{ns}:wh:hold:<endpoint id>` | hash | an endpoint held back by a failure: `failures` in a row, `until` (ms) nothing of its queue is due, `probe` the delivery that goes first then, `tries` its claims with no attempt saved; gone once it answers, is paused, deleted, resumed or given a new URL |
 //! | `{ns}:wh:pending` | integer | queued deliveries |
 //! | `{ns}:wh:paused` | set | `<ws> <endpoint id>` of paused endpoints |
 //! | `{ns}:wh:notices` | hash | pause notice id → notice JSON: an e-mail owed to a workspace's admins, queued with the pause, removed once sent |

@@ -200,14 +200,14 @@ while taken < max and scanned < {scan} do
   local room = math.min(per - (busy[we] or 0), max - taken)
   if struggling[we] then room = math.min(room, struggling_left) end
   local hold, queue = p .. ':wh:hold:' .. we, p .. ':wh:due:' .. we
-  local endpoint, held, failures, probe = nil, false, '0', nil
+  local endpoint, held, failures, probe, tries = nil, false, '0', nil, 0
   local step = 'take'
   if visited[member] or room <= 0 then
     step = 'pass'
   else
     -- Held back by a failure: not before its hold, then one at a time, counted as
     -- struggling; the endpoint is read only then (a hold on one that is not active goes).
-    local h = redis.call('HMGET', hold, 'until', 'probe', 'failures')
+    local h = redis.call('HMGET', hold, 'until', 'probe', 'failures', 'tries')
     if h[1] and tonumber(h[1]) > tonumber(now) then
       step = 'early'
     elseif h[1] and struggling_left <= 0 then
@@ -215,7 +215,7 @@ while taken < max and scanned < {scan} do
     elseif h[1] then
       endpoint = redis.call('HGET', p .. ':endpoints:' .. ws, we) or ''
       if is_active(endpoint) then
-        held, probe, failures = true, h[2], h[3] or '0'
+        held, probe, failures, tries = true, h[2], h[3] or '0', tonumber(h[4] or '0')
         room = math.min(room, 1)
       else
         redis.call('DEL', hold)
@@ -232,8 +232,17 @@ while taken < max and scanned < {scan} do
     visited[member] = true
     local ids
     local probe_due = held and probe and redis.call('ZSCORE', queue, probe)
-    if probe_due and tonumber(probe_due) <= tonumber(now) then
+    probe_due = probe_due and tonumber(probe_due) <= tonumber(now)
+    if probe_due and tries < {probe_tries} then
       ids = {{probe}}
+    elseif held then
+      -- The failed delivery was claimed {probe_tries} times and never saved (its workers died,
+      -- or none can read it): the next one due goes in its place.
+      ids = {{}}
+      for _, id in ipairs(redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'LIMIT', 0, 2)) do
+        if id ~= probe and #ids == 0 then ids[1] = id end
+      end
+      if #ids == 0 and probe_due then ids = {{probe}} end
     else
       ids = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'LIMIT', 0, room)
     end
@@ -249,7 +258,11 @@ while taken < max and scanned < {scan} do
         out[#out + 1] = failures
         taken = taken + 1
         if struggling[we] or held then struggling_left = struggling_left - 1 end
-        if held then redis.call('HSET', hold, 'until', lease_end, 'probe', id) end
+        if held and id == probe then
+          redis.call('HSET', hold, 'until', lease_end, 'tries', tries + 1)
+        elseif held then
+          redis.call('HSET', hold, 'until', lease_end, 'probe', id, 'tries', 1)
+        end
       else
         redis.call('ZREM', queue, id)
         redis.call('DECR', p .. ':wh:pending')
@@ -262,9 +275,14 @@ end
 return out
 ",
         page = CLAIM_PAGE,
-        scan = CLAIM_SCAN
+        scan = CLAIM_SCAN,
+        probe_tries = PROBE_TRIES
     ))
 });
+
+/// Claims of a held endpoint's failed delivery with no attempt saved (its workers died, or
+/// none can read it), after which the next delivery due is tried instead.
+const PROBE_TRIES: u32 = 3;
 
 /// Due endpoints the claim script reads at a time.
 const CLAIM_PAGE: usize = 1_000;
@@ -299,7 +317,7 @@ elseif after == 'failing' and is_active(redis.call('HGET', p .. ':endpoints:' ..
   local h = redis.call('HMGET', hold, 'failures', 'probe')
   local current = tonumber(h[1] or '0')
   if failures > current or (failures == current and h[2] == id) then
-    redis.call('HSET', hold, 'failures', failures, 'until', ARGV[6], 'probe', id)
+    redis.call('HSET', hold, 'failures', failures, 'until', ARGV[6], 'probe', id, 'tries', 0)
     redis.call('EXPIRE', hold, ARGV[7])
   end
 end
