@@ -155,6 +155,13 @@ impl Event {
                 .map_err(|_| format!("'created' is not a unix time: {c}"))?,
             None => position_ms.map_or_else(unix_now, |ms| ms / 1000),
         };
+        // Seconds, not milliseconds: a time far ahead would sort after every event to come.
+        let latest = position_ms.map_or(0, |ms| ms / 1000).max(unix_now()) + 86_400;
+        if created > latest {
+            return Err(format!(
+                "'created' is more than a day ahead (unix seconds expected): {created}"
+            ));
+        }
         let id = match field("id") {
             Some(id) if is_event_id(id) => id.to_string(),
             Some(id) => {
@@ -176,7 +183,7 @@ impl Event {
 }
 
 /// `evt_` and 1 to 60 letters, digits, `_` or `-`.
-fn is_event_id(id: &str) -> bool {
+pub fn is_event_id(id: &str) -> bool {
     id.strip_prefix("evt_").is_some_and(|rest| {
         (1..=60).contains(&rest.len())
             && rest
@@ -236,7 +243,7 @@ mod tests {
         assert!(Event::from_log_entry("1-0", entry(&base)).is_ok());
         let long_id = format!("evt_{}", "a".repeat(61));
         // Each case changes one field of `base` (`None`: leaves it out); the error names it.
-        let cases: [(&str, Option<&str>); 16] = [
+        let cases: [(&str, Option<&str>); 17] = [
             ("type", None),
             ("type", Some("nope")),
             ("workspace", None),
@@ -253,6 +260,7 @@ mod tests {
             ("environment", Some("prod")),
             ("created", Some("soon")),
             ("created", Some("-1")),
+            ("created", Some("1764115200123")),
         ];
         for (name, value) in cases {
             let mut fields: Vec<(&str, &str)> =

@@ -94,7 +94,7 @@ static CACHE_SYNC_AGE: LazyLock<Gauge> = LazyLock::new(|| {
 static DELIVERIES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "svcgate_webhook_deliveries_total",
-        "Webhook delivery attempts, by outcome (succeeded, failed_retrying, failed_final, skipped).",
+        "Webhook delivery attempts, by outcome (succeeded, failed_retrying, failed_final, skipped, superseded).",
         &["outcome"]
     )
     .expect("metric registers once")

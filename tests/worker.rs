@@ -436,10 +436,10 @@ async fn an_endpoint_held_back_shows_its_retry_and_its_queue_waits_for_it() {
 
 #[tokio::test]
 async fn a_url_fixed_while_an_attempt_is_on_its_way_is_tried_at_once() {
-    // A one-second timeout, and a URL that hangs: the attempt fails while the URL is changed.
-    let s = setup("[30]", 1, false).await;
+    // A URL that hangs past the timeout (3 s): the attempt fails after the URL is changed.
+    let s = setup("[30]", 3, false).await;
     let receiver = Receiver::start().await;
-    receiver.reply("/hang", &[Reply::Slow(Duration::from_secs(5))]);
+    receiver.reply("/hang", &[Reply::Slow(Duration::from_secs(10))]);
     let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/hang"), &["agent.run.*"]).await;
     let event_id = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
     received(&receiver, "/hang", 1, Duration::from_secs(10)).await;
@@ -453,7 +453,7 @@ async fn a_url_fixed_while_an_attempt_is_on_its_way_is_tried_at_once() {
     .await;
     assert_eq!(resp.status(), 200);
     // Not held back 30 s by the old URL's failure: delivered to the new one at once.
-    let got = received(&receiver, "/fixed", 1, Duration::from_secs(5)).await;
+    let got = received(&receiver, "/fixed", 1, Duration::from_secs(8)).await;
     assert_eq!(header(&got[0], "service-event-id"), event_id);
     let shown: Value = call(
         &s.gw,

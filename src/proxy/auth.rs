@@ -225,12 +225,13 @@ impl Authenticator {
         now: u64,
         client: Option<IpAddr>,
     ) -> Result<Option<Arc<CachedKey>>, AuthFailure> {
-        self.unknown
+        let reservation = self
+            .unknown
             .reserve(client, now)
             .map_err(AuthFailure::TooManyUnknownKeys)?;
         let fetched = self.keys.fetch(hash).await;
         if !matches!(fetched, Ok((None, _))) {
-            self.unknown.give_back(client, now);
+            self.unknown.give_back(reservation);
         }
         let (record, outcome) = fetched.map_err(|_| AuthFailure::StoreUnavailable)?;
         crate::metrics::record_key_lookup(outcome);

@@ -40,17 +40,18 @@ impl UnknownKeyLimit {
         }
     }
 
-    /// Reserves one store read for `client` at unix second `now`, or, if it has presented its
-    /// share of unknown keys this minute, answers the seconds until the next minute.
-    pub fn reserve(&self, client: Option<IpAddr>, now: u64) -> Result<(), u64> {
+    /// Reserves one store read for `client` at unix second `now`: the reservation, to give
+    /// back if the key exists; or, if it has presented its share of unknown keys this minute,
+    /// the seconds until the minute ends.
+    pub fn reserve(&self, client: Option<IpAddr>, now: u64) -> Result<Reservation, u64> {
         let Some(client) = client.map(group) else {
-            return Ok(());
+            return Ok(Reservation(None));
         };
         let minute = now / 60;
         if self.counts.len() >= TRACKED && !self.counts.contains_key(&client) {
             self.sweep(minute);
             if self.counts.len() >= TRACKED {
-                return Ok(());
+                return Ok(Reservation(None));
             }
         }
         let mut count = self.counts.entry(client).or_insert((minute, 0));
@@ -60,19 +61,19 @@ impl UnknownKeyLimit {
             *count = (minute, 0);
         }
         if count.1 >= self.per_minute {
-            return Err(60 - now % 60);
+            return Err((count.0 + 1) * 60 - now);
         }
         count.1 += 1;
-        Ok(())
+        Ok(Reservation(Some((client, count.0))))
     }
 
-    /// The key `client` presented exists: its reserved read is given back.
-    pub fn give_back(&self, client: Option<IpAddr>, now: u64) {
-        let Some(client) = client.map(group) else {
+    /// The key a reservation was made for exists: the read is given back.
+    pub fn give_back(&self, reservation: Reservation) {
+        let Some((client, minute)) = reservation.0 else {
             return;
         };
         if let Some(mut count) = self.counts.get_mut(&client) {
-            if count.0 == now / 60 {
+            if count.0 == minute {
                 count.1 = count.1.saturating_sub(1);
             }
         }
@@ -87,6 +88,11 @@ impl UnknownKeyLimit {
         self.sweeping.store(false, Ordering::Release);
     }
 }
+
+/// A store read reserved for a client, in the minute it was counted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "give it back if the key exists"]
+pub struct Reservation(Option<(IpAddr, u64)>);
 
 /// The address a client is counted by: an IPv6 address by its /64.
 fn group(ip: IpAddr) -> IpAddr {
@@ -108,24 +114,28 @@ mod tests {
     fn a_client_gets_its_share_per_minute_and_others_theirs() {
         let limit = UnknownKeyLimit::new(3);
         let now = 1_800_000_015; // 15 s into a minute
+        let mut first = None;
         for _ in 0..3 {
-            assert_eq!(limit.reserve(ip("192.0.2.1"), now), Ok(()));
+            first = first.or(limit.reserve(ip("192.0.2.1"), now).ok());
         }
         assert_eq!(limit.reserve(ip("192.0.2.1"), now), Err(45));
-        assert_eq!(limit.reserve(ip("192.0.2.2"), now), Ok(()));
+        assert!(limit.reserve(ip("192.0.2.2"), now).is_ok());
         // A key that existed gives its read back.
-        limit.give_back(ip("192.0.2.1"), now);
-        assert_eq!(limit.reserve(ip("192.0.2.1"), now), Ok(()));
+        limit.give_back(first.unwrap());
+        assert!(limit.reserve(ip("192.0.2.1"), now).is_ok());
         assert_eq!(limit.reserve(ip("192.0.2.1"), now), Err(45));
-        // The next minute starts afresh, and a late request of the minute before does not
-        // take it back.
-        assert_eq!(limit.reserve(ip("192.0.2.1"), now + 45), Ok(()));
-        assert_eq!(limit.reserve(ip("192.0.2.1"), now + 44), Ok(()));
-        assert_eq!(limit.reserve(ip("192.0.2.1"), now + 45), Ok(()));
+        // The next minute starts afresh, and a late request of the minute before counts in
+        // it, gives back in it, and waits for its end.
+        assert!(limit.reserve(ip("192.0.2.1"), now + 45).is_ok());
+        let late = limit.reserve(ip("192.0.2.1"), now + 44).unwrap();
+        assert!(limit.reserve(ip("192.0.2.1"), now + 45).is_ok());
         assert_eq!(limit.reserve(ip("192.0.2.1"), now + 45), Err(60));
+        limit.give_back(late);
+        assert!(limit.reserve(ip("192.0.2.1"), now + 45).is_ok());
+        assert_eq!(limit.reserve(ip("192.0.2.1"), now + 44), Err(61));
         // No address (a Unix socket, or an ingress's): never held up.
         for _ in 0..5 {
-            assert_eq!(limit.reserve(None, now), Ok(()));
+            assert!(limit.reserve(None, now).is_ok());
         }
     }
 
@@ -133,10 +143,10 @@ mod tests {
     fn an_ipv6_host_is_counted_by_its_64_and_a_mapped_ipv4_as_ipv4() {
         let limit = UnknownKeyLimit::new(1);
         let now = 1_800_000_000;
-        limit.reserve(ip("2001:db8:1:2::1"), now).unwrap();
+        let _ = limit.reserve(ip("2001:db8:1:2::1"), now).unwrap();
         assert!(limit.reserve(ip("2001:db8:1:2:ffff::9"), now).is_err());
         assert!(limit.reserve(ip("2001:db8:1:3::1"), now).is_ok());
-        limit.reserve(ip("::ffff:192.0.2.7"), now).unwrap();
+        let _ = limit.reserve(ip("::ffff:192.0.2.7"), now).unwrap();
         assert!(limit.reserve(ip("192.0.2.7"), now).is_err());
     }
 
@@ -144,7 +154,7 @@ mod tests {
     fn a_full_table_keeps_the_counts_it_has() {
         let limit = UnknownKeyLimit::new(1);
         let now = 1_800_000_000;
-        limit.reserve(ip("192.0.2.1"), now).unwrap();
+        let _ = limit.reserve(ip("192.0.2.1"), now).unwrap();
         for i in 0..(TRACKED as u32 + 10) {
             let _ = limit.reserve(Some(IpAddr::V4((0x0a00_0000 + i).into())), now);
         }

@@ -100,7 +100,7 @@ impl<'a> DeliveryView<'a> {
             event_type: &d.event.event_type,
             status: d.status.as_str(),
             attempts: d.attempts,
-            next_attempt_at: d.next_attempt_ms.map(|ms| ms / 1000),
+            next_attempt_at: d.next_attempt_ms.map(|ms| ms.div_ceil(1000)),
             last_attempt: d.last_attempt.as_ref().map(|a| AttemptView {
                 at: a.at_ms / 1000,
                 status_code: a.status_code,
@@ -264,8 +264,8 @@ pub async fn replay(
                 ));
             }
             if after
-                .as_ref()
-                .is_some_and(|a| a.is_empty() || a.len() > 256)
+                .as_deref()
+                .is_some_and(|a| !crate::events::is_event_id(a))
             {
                 return Err(ApiError::invalid("after must be an event id"));
             }

@@ -30,6 +30,8 @@ pub enum Outcome {
     Failed,
     /// Nothing was sent: the endpoint was deleted or is paused. It is forgotten.
     Gone,
+    /// The attempt went to a URL the endpoint no longer has: it says nothing of it.
+    Superseded,
 }
 
 #[derive(Debug)]
@@ -160,6 +162,7 @@ impl Slots {
             Outcome::Answered | Outcome::Gone => (false, false),
             Outcome::Slow => (false, true),
             Outcome::Failed => (true, load.slow),
+            Outcome::Superseded => (load.failing, load.slow),
         };
         if load.in_flight == 0 && !load.struggling() {
             self.loads.remove(endpoint);

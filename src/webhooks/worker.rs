@@ -309,7 +309,7 @@ impl Worker {
                     // Fixed while the attempt was on its way: not a failure of the new URL.
                     changed = true;
                     delivery.fail_to_a_changed_endpoint(attempt);
-                    ("failed_retrying", Some(took), Outcome::Answered)
+                    ("superseded", Some(took), Outcome::Superseded)
                 } else if delivery.fail(attempt, &self.settings.retry_schedule, failures) {
                     ("failed_final", Some(took), Outcome::Failed)
                 } else {

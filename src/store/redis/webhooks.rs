@@ -359,7 +359,7 @@ local function bytes_le(a, b)
   return #a <= #b
 end
 local key, since, after, max = KEYS[1], tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local first = redis.call('ZRANGEBYSCORE', key, since, '+inf', 'LIMIT', 0, 1)
+local first = redis.call('ZRANGEBYSCORE', key, ARGV[1], '+inf', 'LIMIT', 0, 1)
 if #first == 0 then return {} end
 local start = redis.call('ZRANK', key, first[1])
 if after ~= '' then
@@ -369,8 +369,9 @@ if after ~= '' then
   if rank then
     start = rank + 1
   else
-    -- Not there any more: past the ids of that second that sort before it.
-    while true do
+    -- Not there any more: past the ids of that second that sort before it (at most ten
+    -- pages of them: past that, a few may come again, which receivers deduplicate).
+    for _ = 1, 10 do
       local page = redis.call('ZRANGE', key, start, start + 999, 'WITHSCORES')
       if #page == 0 then return {} end
       local moved = false
@@ -734,7 +735,7 @@ impl RedisStore {
             true => (floor, None),
             false => (since, after),
         };
-        let page: Vec<(String, u64)> = REPLAY_PAGE
+        let page: Vec<(String, f64)> = REPLAY_PAGE
             .key(self.replay_index(workspace, environment))
             .arg(since)
             .arg(after.unwrap_or_default())
@@ -743,7 +744,7 @@ impl RedisStore {
             .await
             .map_err(unavailable)?;
         let next = match page.last() {
-            Some((id, created)) if page.len() == max => Some((*created, id.clone())),
+            Some((id, created)) if page.len() == max => Some((*created as u64, id.clone())),
             _ => None,
         };
         let ids: Vec<&str> = page.iter().map(|(id, _)| id.as_str()).collect();
