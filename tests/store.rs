@@ -11,7 +11,7 @@ use svcgate::keys::KeyHash;
 use svcgate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes, Workspace};
 use svcgate::metering::audit::{AuditCursor, AuditQuery, AuditRecord};
 use svcgate::store::{
-    AfterAttempt, ClaimRequest, ClaimedDelivery, MemoryStore, RedisStore, Store, StoreError,
+    AfterAttempt, ClaimRequest, ClaimedDelivery, MemoryStore, RedisStore, Saved, Store, StoreError,
 };
 use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus};
 use svcgate::webhooks::endpoint::{Endpoint, EndpointStatus};
@@ -680,7 +680,10 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
     let mut ok = of_a[0].clone();
     ok.succeed(attempt(now, Some(200)));
     let answered = AfterAttempt::Answered;
-    assert!(!store.save_delivery(&ok, answered).await.unwrap());
+    assert_eq!(
+        store.save_delivery(&ok, answered).await.unwrap(),
+        Saved::Done
+    );
     // After the leases end, what is unfinished is due again (the worker died).
     let later = claim(now + 6_000, vec![]).await;
     let ids: Vec<&str> = later.iter().map(|c| c.delivery.id.as_str()).collect();
@@ -727,8 +730,14 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
     assert!(dead.fail(attempt(now + 70_000, None), &[Duration::from_secs(60)], 1));
     let notice = PauseNotice::new(&dead, now + 70_010);
     let pause = AfterAttempt::Pause(&notice);
-    assert!(store.save_delivery(&dead, pause).await.unwrap());
-    assert!(!store.save_delivery(&dead, pause).await.unwrap());
+    assert_eq!(
+        store.save_delivery(&dead, pause).await.unwrap(),
+        Saved::Paused
+    );
+    assert_eq!(
+        store.save_delivery(&dead, pause).await.unwrap(),
+        Saved::Done
+    );
     let endpoints = store.endpoints(&ws).await.unwrap();
     let paused = endpoints.iter().find(|e| e.id == a.id).unwrap();
     assert_eq!(paused.status, EndpointStatus::Paused);
@@ -782,15 +791,21 @@ async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
 
     // Queued with the pause, once: a retried save (its reply was lost) queues nothing more.
     let notice = PauseNotice::new(&dead, now + 10);
-    assert!(store
-        .save_delivery(&dead, AfterAttempt::Pause(&notice))
-        .await
-        .unwrap());
+    assert_eq!(
+        store
+            .save_delivery(&dead, AfterAttempt::Pause(&notice))
+            .await
+            .unwrap(),
+        Saved::Paused
+    );
     let again = PauseNotice::new(&dead, now + 20);
-    assert!(!store
-        .save_delivery(&dead, AfterAttempt::Pause(&again))
-        .await
-        .unwrap());
+    assert_eq!(
+        store
+            .save_delivery(&dead, AfterAttempt::Pause(&again))
+            .await
+            .unwrap(),
+        Saved::Done
+    );
     assert_eq!(store.queue_stats().await.unwrap().pause_notices, 1);
     assert!(claim_notices(&store, now).await.is_empty(), "not due yet");
     let claimed = store
@@ -844,16 +859,22 @@ async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
         .await
         .unwrap();
     let second = PauseNotice::new(&dead, now + 80_000);
-    assert!(store
-        .save_delivery(&dead, AfterAttempt::Pause(&second))
-        .await
-        .unwrap());
+    assert_eq!(
+        store
+            .save_delivery(&dead, AfterAttempt::Pause(&second))
+            .await
+            .unwrap(),
+        Saved::Paused
+    );
     store.delete_endpoint(&ws, &a.id).await.unwrap();
     let orphan = PauseNotice::new(&dead, now + 80_000);
-    assert!(!store
-        .save_delivery(&dead, AfterAttempt::Pause(&orphan))
-        .await
-        .unwrap());
+    assert_eq!(
+        store
+            .save_delivery(&dead, AfterAttempt::Pause(&orphan))
+            .await
+            .unwrap(),
+        Saved::Done
+    );
     assert_eq!(claim_notices(&store, now + 90_000).await, [second.id]);
 }
 
@@ -890,6 +911,7 @@ fn attempt(at_ms: u64, status_code: Option<u16>) -> Attempt {
         status_code,
         error: None,
         duration_ms: 5,
+        url: None,
     }
 }
 
@@ -1154,6 +1176,75 @@ async fn endpoints_are_capped_per_workspace_and_a_delete_makes_room(store: Arc<d
     }
 }
 
+async fn a_failure_at_a_url_the_endpoint_no_longer_has_counts_for_nothing(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let a = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&a, 10).await.unwrap();
+    let e = event(&ws, "agent.run.completed");
+    let now = 1_000_000u64;
+    let queued = [Delivery::new(&e, &ws, &a.id, now, false)];
+    store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    store
+        .update_endpoint(&ws, &a.id, &|e: &mut Endpoint| {
+            e.url = "https://example.com/fixed".into()
+        })
+        .await
+        .unwrap();
+    let at_old_url = |mut d: Delivery, last: bool| {
+        let mut tried = attempt(now, Some(500));
+        tried.url = Some(a.url.clone());
+        let schedule: &[Duration] = if last {
+            &[]
+        } else {
+            &[Duration::from_secs(60)]
+        };
+        d.fail(tried, schedule, 0);
+        d
+    };
+    let failed = at_old_url(queued[0].clone(), false);
+    assert_eq!(
+        store
+            .save_delivery(&failed, AfterAttempt::Failing(1))
+            .await
+            .unwrap(),
+        Saved::Superseded
+    );
+    let dead = at_old_url(queued[0].clone(), true);
+    let notice = PauseNotice::new(&dead, now);
+    assert_eq!(
+        store
+            .save_delivery(&dead, AfterAttempt::Pause(&notice))
+            .await
+            .unwrap(),
+        Saved::Superseded
+    );
+    // Nothing was saved: no hold, no pause, the delivery as it was.
+    assert_eq!(store.endpoint_retry(&a.id).await.unwrap(), None);
+    let now_endpoint = store.endpoints(&ws).await.unwrap();
+    assert_eq!(now_endpoint[0].status, EndpointStatus::Active);
+    assert_eq!(store.deliveries(&a.id, 10).await.unwrap(), queued);
+    // At the URL it has, a failure counts.
+    let mut at_new_url = queued[0].clone();
+    let mut tried = attempt(now, Some(500));
+    tried.url = Some("https://example.com/fixed".into());
+    at_new_url.fail(tried, &[Duration::from_secs(60)], 0);
+    assert_eq!(
+        store
+            .save_delivery(&at_new_url, AfterAttempt::Failing(1))
+            .await
+            .unwrap(),
+        Saved::Done
+    );
+    assert_eq!(
+        store
+            .endpoint_retry(&a.id)
+            .await
+            .unwrap()
+            .map(|r| r.failures),
+        Some(1)
+    );
+}
+
 /// An audit record of `workspace` that arrived at `time_ms`.
 fn audit_record(workspace: &str, time_ms: u64) -> AuditRecord {
     AuditRecord {
@@ -1290,6 +1381,7 @@ store_suite!(
     a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_releases_it,
     endpoints_are_capped_per_workspace_and_a_delete_makes_room,
     a_replay_since_a_time_goes_on_page_by_page_past_the_last_event,
+    a_failure_at_a_url_the_endpoint_no_longer_has_counts_for_nothing,
     absurd_spend_saturates_and_never_jams_the_flushes,
     a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed,
     an_entry_fanned_out_twice_queues_its_deliveries_once

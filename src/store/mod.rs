@@ -134,6 +134,18 @@ pub struct EndpointRetry {
     pub next_attempt_ms: u64,
 }
 
+/// What [`Store::save_delivery`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    /// The delivery is saved.
+    Done,
+    /// Saved, and this call paused the endpoint (and queued the notice).
+    Paused,
+    /// Nothing saved: the failure went to a URL the endpoint no longer has, so it says nothing
+    /// of the endpoint; the caller saves the delivery again as due now.
+    Superseded,
+}
+
 /// What a saved attempt tells the store about its endpoint ([`Store::save_delivery`]).
 ///
 /// Retries are per endpoint: a failed attempt holds the endpoint's whole queue back until the
@@ -334,14 +346,16 @@ pub trait Store: Send + Sync + 'static {
     /// Saves a delivery after an attempt, and what it says of its endpoint (`after`), in one
     /// step: a pending delivery is due again at its `next_attempt_ms`, a final one leaves the
     /// queue. With [`AfterAttempt::Pause`] the endpoint is paused and, if this call paused it
-    /// (it was active), the notice is queued for the admins; answers whether this call paused
-    /// it. A [`AfterAttempt::Failing`] with fewer failures than the endpoint's hold already
-    /// counts (an attempt that was in flight when another failed) leaves the hold as it is.
+    /// (it was active), the notice is queued for the admins ([`Saved::Paused`]). A
+    /// [`AfterAttempt::Failing`] with fewer failures than the endpoint's hold already counts (an
+    /// attempt that was in flight when another failed) leaves the hold as it is. A failure or
+    /// pause whose attempt went to a URL the endpoint no longer has saves nothing
+    /// ([`Saved::Superseded`]).
     async fn save_delivery(
         &self,
         delivery: &Delivery,
         after: AfterAttempt<'_>,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<Saved, StoreError>;
 
     /// Whether `endpoint` is held back by a failure, and until when.
     async fn endpoint_retry(&self, endpoint: &str) -> Result<Option<EndpointRetry>, StoreError>;

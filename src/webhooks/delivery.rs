@@ -101,6 +101,9 @@ pub struct Attempt {
     pub error: Option<String>,
     /// How long it took.
     pub duration_ms: u64,
+    /// The URL it went to: a failure counts against the endpoint only while it still has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 impl Delivery {
@@ -158,8 +161,14 @@ impl Delivery {
     /// changed while the attempt was on its way): due again at once, to the new URL.
     pub fn fail_to_a_changed_endpoint(&mut self, attempt: Attempt) {
         self.attempts += 1;
+        self.status = DeliveryStatus::Pending;
         self.next_attempt_ms = Some(attempt.at_ms + attempt.duration_ms);
         self.last_attempt = Some(attempt);
+    }
+
+    /// The URL the latest attempt went to, if it says.
+    pub fn attempted_url(&self) -> Option<&str> {
+        self.last_attempt.as_ref()?.url.as_deref()
     }
 
     /// Records a successful attempt.
@@ -179,6 +188,7 @@ impl Delivery {
             status_code: None,
             error: Some(why.to_string()),
             duration_ms: 0,
+            url: None,
         });
     }
 
@@ -199,6 +209,7 @@ mod tests {
             status_code: Some(500),
             error: None,
             duration_ms: 10,
+            url: None,
         }
     }
 

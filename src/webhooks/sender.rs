@@ -72,6 +72,7 @@ impl Sender {
             status_code,
             error,
             duration_ms,
+            url: Some(endpoint.url.clone()),
         }
     }
 

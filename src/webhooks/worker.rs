@@ -30,7 +30,7 @@ use tokio::sync::{watch, Notify};
 use crate::events::LoggedEvent;
 use crate::ids::{new_id, unix_millis};
 use crate::metrics;
-use crate::store::{AfterAttempt, ClaimRequest, ClaimedDelivery, Store, StoreError};
+use crate::store::{AfterAttempt, ClaimRequest, ClaimedDelivery, Saved, Store, StoreError};
 use crate::webhooks::delivery::{Delivery, DeliveryStatus};
 use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use crate::webhooks::mail::Mailer;
@@ -283,8 +283,10 @@ impl Worker {
         } = claimed;
         let endpoint_id = delivery.endpoint.clone();
         let now_ms = unix_millis();
-        let mut changed = false;
-        let (outcome, took, mut share) = match &endpoint {
+        // A failure, as it was before it was counted: if the endpoint's URL changed while the
+        // attempt was on its way, the store refuses to count it, and it is saved as due now.
+        let mut superseded = None;
+        let (mut outcome, took, mut share) = match &endpoint {
             None => {
                 delivery.skip("the endpoint was deleted", now_ms);
                 ("skipped", None, Outcome::Gone)
@@ -305,32 +307,36 @@ impl Worker {
                         false => Outcome::Answered,
                     };
                     ("succeeded", Some(took), share)
-                } else if self.url_changed(e).await {
-                    // Fixed while the attempt was on its way: not a failure of the new URL.
-                    changed = true;
-                    delivery.fail_to_a_changed_endpoint(attempt);
-                    ("superseded", Some(took), Outcome::Superseded)
-                } else if delivery.fail(attempt, &self.settings.retry_schedule, failures) {
-                    ("failed_final", Some(took), Outcome::Failed)
                 } else {
-                    ("failed_retrying", Some(took), Outcome::Failed)
+                    let mut retry_now = delivery.clone();
+                    retry_now.fail_to_a_changed_endpoint(attempt.clone());
+                    superseded = Some(retry_now);
+                    match delivery.fail(attempt, &self.settings.retry_schedule, failures) {
+                        true => ("failed_final", Some(took), Outcome::Failed),
+                        false => ("failed_retrying", Some(took), Outcome::Failed),
+                    }
                 }
             }
         };
-        metrics::record_delivery(outcome, took);
         // Queued with the pause, in the same step, so the admins are told whatever happens to
         // this process or to the mail relay afterwards.
         let notice = (delivery.status == DeliveryStatus::Failed)
             .then(|| PauseNotice::new(&delivery, unix_millis()));
         let after = match (&notice, delivery.status) {
-            _ if changed => AfterAttempt::Skipped,
             (Some(notice), _) => AfterAttempt::Pause(notice),
             (None, DeliveryStatus::Succeeded) => AfterAttempt::Answered,
             (None, DeliveryStatus::Pending) => AfterAttempt::Failing(failures + 1),
             (None, _) => AfterAttempt::Skipped,
         };
-        match self.save(&delivery, after).await {
-            Ok(true) => {
+        let mut saved = self.save(&delivery, after).await;
+        if let (Ok(Saved::Superseded), Some(retry_now)) = (&saved, superseded) {
+            // Fixed while the attempt was on its way: not a failure of the new URL.
+            (outcome, share) = ("superseded", Outcome::Superseded);
+            saved = self.save(&retry_now, AfterAttempt::Skipped).await;
+        }
+        metrics::record_delivery(outcome, took);
+        match saved {
+            Ok(Saved::Paused) => {
                 share = Outcome::Gone;
                 tracing::warn!(
                     endpoint = %delivery.endpoint,
@@ -339,7 +345,7 @@ impl Worker {
                 );
                 self.notifier.wake();
             }
-            Ok(false) => {}
+            Ok(Saved::Done | Saved::Superseded) => {}
             Err(e) => tracing::error!(
                 error = %e,
                 delivery = %delivery.id,
@@ -350,18 +356,12 @@ impl Worker {
         self.wake.notify_one();
     }
 
-    /// Whether `endpoint`'s URL was changed since it was claimed (a store error says no).
-    async fn url_changed(&self, endpoint: &Endpoint) -> bool {
-        match self.store.endpoints(&endpoint.workspace).await {
-            Ok(now) => now
-                .iter()
-                .any(|e| e.id == endpoint.id && e.url != endpoint.url),
-            Err(_) => false,
-        }
-    }
-
     /// Saves a delivery, retrying while the store is briefly away (within the lease).
-    async fn save(&self, delivery: &Delivery, after: AfterAttempt<'_>) -> Result<bool, StoreError> {
+    async fn save(
+        &self,
+        delivery: &Delivery,
+        after: AfterAttempt<'_>,
+    ) -> Result<Saved, StoreError> {
         let mut backoff = Backoff::default();
         let deadline = tokio::time::Instant::now() + self.settings.lease() / 2;
         loop {

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use super::{
     too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
-    EventFeed, EventPage, KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError,
+    EventFeed, EventPage, KeyChange, KeyChanges, QueueStats, Rotation, Saved, Store, StoreError,
     UsageReport,
 };
 use crate::events::Event;
@@ -617,13 +617,19 @@ impl Store for MemoryStore {
         &self,
         delivery: &Delivery,
         after: AfterAttempt<'_>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Saved, StoreError> {
         let mut guard = self.write();
         let inner = &mut *guard;
         let endpoint = inner
             .endpoints
             .get_mut(&delivery.workspace)
             .and_then(|list| list.iter_mut().find(|e| e.id == delivery.endpoint));
+        let judged = matches!(after, AfterAttempt::Failing(_) | AfterAttempt::Pause(_));
+        if let (true, Some(e), Some(url)) = (judged, &endpoint, delivery.attempted_url()) {
+            if e.url != url {
+                return Ok(Saved::Superseded);
+            }
+        }
         let active = endpoint
             .as_ref()
             .is_some_and(|e| e.status == EndpointStatus::Active);
@@ -636,9 +642,9 @@ impl Store for MemoryStore {
             (Some(e), Some(notice)) if e.status == EndpointStatus::Active => {
                 e.status = EndpointStatus::Paused;
                 inner.webhooks.queue_notice(notice);
-                Ok(true)
+                Ok(Saved::Paused)
             }
-            _ => Ok(false),
+            _ => Ok(Saved::Done),
         }
     }
 

@@ -55,7 +55,7 @@ use tokio::sync::Notify;
 
 use super::{
     too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
-    EventFeed, EventPage, KeyChange, KeyChanges, QueueStats, Rotation, Store, StoreError,
+    EventFeed, EventPage, KeyChange, KeyChanges, QueueStats, Rotation, Saved, Store, StoreError,
     UsageReport,
 };
 use crate::events::Event;
@@ -1234,7 +1234,7 @@ impl Store for RedisStore {
         &self,
         delivery: &Delivery,
         after: AfterAttempt<'_>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Saved, StoreError> {
         self.save(delivery, after).await
     }
 

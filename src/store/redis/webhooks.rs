@@ -37,7 +37,7 @@ use crate::events::{Event, LoggedEvent, RETENTION_SECS};
 use crate::keys::Environment;
 use crate::store::{
     AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointRetry, EventFeed, EventPage, QueueStats,
-    StoreError,
+    Saved, StoreError,
 };
 use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED, DELIVERY_RETENTION_SECS};
 use crate::webhooks::endpoint::Endpoint;
@@ -294,14 +294,23 @@ const CLAIM_SCAN: usize = 20_000;
 /// next due ms (-1: final), ttl, then, to pause the endpoint, a pause notice's id, json and due
 /// ms (id '': no pause), then what the attempt says of the endpoint (`answered`: release its
 /// hold; `failing`: hold it until the next due ms with this delivery first, unless a hold with
-/// more failures is there; `pause`: drop the hold; `skipped`) and its failures in a row.
-/// Returns 1 if it paused the endpoint (and queued the notice).
+/// more failures is there; `pause`: drop the hold; `skipped`), its failures in a row, and the
+/// URL the attempt went to ('' if unknown). Returns 1 if it paused the endpoint (and queued the
+/// notice), 2 if it saved nothing: the endpoint's URL is no longer the one attempted.
 static SAVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{RESCORE}
 local p, ws, we, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local queue, member = p .. ':wh:due:' .. we, ws .. ' ' .. we
 local hold, after = p .. ':wh:hold:' .. we, ARGV[11]
+-- A failure at a URL the endpoint no longer has says nothing of it: nothing is saved.
+if (after == 'failing' or after == 'pause') and ARGV[13] ~= '' then
+  local raw = redis.call('HGET', p .. ':endpoints:' .. ws, we)
+  if raw then
+    local ok, e = pcall(cjson.decode, raw)
+    if ok and type(e) == 'table' and e.url ~= ARGV[13] then return 2 end
+  end
+end
 redis.call('SET', p .. ':wh:dlv:' .. id, ARGV[5], 'EX', ARGV[7])
 if tonumber(ARGV[6]) >= 0 then
   redis.call('ZADD', queue, ARGV[6], id)
@@ -571,7 +580,7 @@ impl RedisStore {
         &self,
         d: &Delivery,
         after: AfterAttempt<'_>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Saved, StoreError> {
         let next: i64 = match (d.is_final(), d.next_attempt_ms) {
             (false, Some(ms)) => ms as i64,
             _ => -1,
@@ -601,11 +610,16 @@ impl RedisStore {
                 .arg(failures),
             AfterAttempt::Skipped => invocation.arg("").arg("").arg(0).arg("skipped").arg(0),
         };
-        let paused: i64 = invocation
+        invocation.arg(d.attempted_url().unwrap_or_default());
+        let saved: i64 = invocation
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        Ok(paused == 1)
+        Ok(match saved {
+            1 => Saved::Paused,
+            2 => Saved::Superseded,
+            _ => Saved::Done,
+        })
     }
 
     pub(super) async fn retry_of(
