@@ -483,11 +483,14 @@ async fn the_event_log_is_consumed_once_and_reclaimed_from_dead_consumers(store:
         .await
         .unwrap()
         .is_empty());
+    let of = |e: &Event| (e.workspace.clone(), e.environment, e.id.clone());
+    let (ws1, env1, id1) = of(&events[1]);
     assert_eq!(
-        store.event(&events[1].id).await.unwrap(),
+        store.event(&ws1, env1, &id1).await.unwrap(),
         Some(events[1].clone())
     );
-    assert_eq!(store.event("evt_missing").await.unwrap(), None);
+    assert_eq!(store.event(&ws1, env1, "evt_missing").await.unwrap(), None);
+    assert_eq!(store.event("ws_other", env1, &id1).await.unwrap(), None);
 }
 
 async fn a_tail_sees_only_events_logged_after_it_started(store: Arc<dyn Store>) {
@@ -599,9 +602,7 @@ async fn events_since_filter_by_workspace_environment_and_time(store: Arc<dyn St
         .unwrap()
         .events;
     assert_eq!(got, [test]);
-    // An id another workspace uses too (backends choose ids): its event is never replayed
-    // to this one (whose own event of that id is no longer replayable: records are kept by
-    // id, a known limit).
+    // An id another workspace uses too (backends choose ids): each replays its own.
     let mut collide = event(&new_id("ws"), "agent.run.failed");
     collide.id = live.id.clone();
     store
@@ -613,7 +614,18 @@ async fn events_since_filter_by_workspace_environment_and_time(store: Arc<dyn St
         .await
         .unwrap()
         .events;
-    assert_eq!(got, [], "not the other workspace's event");
+    assert_eq!(
+        got,
+        std::slice::from_ref(&live),
+        "its own, not the other workspace's"
+    );
+    let by_id = store.event(&ws, Environment::Live, &live.id).await.unwrap();
+    assert_eq!(by_id.as_ref(), Some(&live));
+    let theirs = store
+        .event(&collide.workspace, Environment::Live, &live.id)
+        .await
+        .unwrap();
+    assert_eq!(theirs, Some(collide));
 }
 
 async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn Store>) {
@@ -1492,6 +1504,30 @@ async fn redis_consumers_of_workers_that_are_gone_leave_the_group() {
     let mut names: Vec<&str> = reply.consumers.iter().map(|c| c.name.as_str()).collect();
     names.sort();
     assert_eq!(names, ["fresh", "holding"]);
+}
+
+/// An event kept by id alone (before session 12) can still be replayed by id, by its own
+/// workspace only.
+#[tokio::test]
+async fn redis_an_event_kept_by_id_alone_is_still_found_for_its_workspace() {
+    let ns = TestNamespace::new();
+    let store = RedisStore::connect(&redis_url(), &ns.name).unwrap();
+    let e = event(&new_id("ws"), "agent.run.completed");
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = ::redis::cmd("SET")
+        .arg(format!("{{{}}}:wh:evt:{}", ns.name, e.id))
+        .arg(serde_json::to_string(&e).unwrap())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let found = store
+        .event(&e.workspace, e.environment, &e.id)
+        .await
+        .unwrap();
+    assert_eq!(found.as_ref(), Some(&e));
+    let elsewhere = store.event("ws_other", e.environment, &e.id).await.unwrap();
+    assert_eq!(elsewhere, None);
 }
 
 /// A delivery record that does not read is passed over: the others of its claim go out.

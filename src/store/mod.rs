@@ -380,8 +380,14 @@ pub trait Store: Send + Sync + 'static {
     /// The latest deliveries to an endpoint, newest first.
     async fn deliveries(&self, endpoint: &str, limit: usize) -> Result<Vec<Delivery>, StoreError>;
 
-    /// A delivered (or undeliverable) event by id, within the retention window.
-    async fn event(&self, id: &str) -> Result<Option<Event>, StoreError>;
+    /// An event of a workspace and environment that workers have taken from the log, by id,
+    /// within the retention window (another workspace's event of the same id is not it).
+    async fn event(
+        &self,
+        workspace: &str,
+        environment: Environment,
+        id: &str,
+    ) -> Result<Option<Event>, StoreError>;
 
     /// The events of a workspace and environment created at or after `since` (unix seconds),
     /// in (created, id) order, at most `max`; with `after`, only those past it among the

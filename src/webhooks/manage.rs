@@ -234,7 +234,7 @@ pub async fn replay(
     let (events, next) = match (input.event_id, input.since, input.after) {
         (Some(event_id), None, None) => {
             let event = store
-                .event(&event_id)
+                .event(&endpoint.workspace, endpoint.environment, &event_id)
                 .await?
                 .filter(|e| {
                     e.workspace == endpoint.workspace

@@ -679,8 +679,13 @@ impl Store for MemoryStore {
         Ok(self.read().webhooks.deliveries(endpoint, limit))
     }
 
-    async fn event(&self, id: &str) -> Result<Option<Event>, StoreError> {
-        Ok(self.read().webhooks.event(id))
+    async fn event(
+        &self,
+        workspace: &str,
+        environment: Environment,
+        id: &str,
+    ) -> Result<Option<Event>, StoreError> {
+        Ok(self.read().webhooks.event(workspace, environment, id))
     }
 
     async fn events_since(

@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 use super::{Inner, MemoryStore};
 use crate::events::{Event, LoggedEvent, RETENTION_SECS};
 use crate::ids::unix_now;
+use crate::keys::Environment;
 use crate::store::{
     AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointRetry, EventFeed, QueueStats, StoreError,
 };
@@ -27,8 +28,8 @@ pub(super) struct WebhookState {
     /// not yet fanned out, with when.
     group_next: u64,
     group_pending: BTreeMap<u64, Instant>,
-    /// Events fanned out, by id, for replay.
-    by_id: HashMap<String, Event>,
+    /// Events fanned out, by workspace, environment and id, for replay.
+    by_id: HashMap<(String, Environment, String), Event>,
     deliveries: HashMap<String, Delivery>,
     /// Queued delivery ids and when they are due (ms; a claimed one: its lease's end).
     due: HashMap<String, u64>,
@@ -99,7 +100,8 @@ impl WebhookState {
             }
         }
         for event in events {
-            self.by_id.insert(event.id.clone(), Event::clone(event));
+            let key = (event.workspace.clone(), event.environment, event.id.clone());
+            self.by_id.insert(key, Event::clone(event));
         }
         for d in deliveries {
             // An entry fanned out again (taken over from a worker that was only slow) keys its
@@ -291,8 +293,14 @@ impl WebhookState {
             .collect()
     }
 
-    pub(super) fn event(&self, id: &str) -> Option<Event> {
-        self.by_id.get(id).cloned()
+    pub(super) fn event(
+        &self,
+        workspace: &str,
+        environment: Environment,
+        id: &str,
+    ) -> Option<Event> {
+        let key = (workspace.to_string(), environment, id.to_string());
+        self.by_id.get(&key).cloned()
     }
 
     pub(super) fn stats(&self) -> QueueStats {

@@ -21,7 +21,7 @@
 //! | `{ns}:wh:due:<endpoint id>` | sorted set | the endpoint's queued delivery ids, scored by due time (ms); a claimed one by its lease's end |
 //! | `{ns}:wh:dlv:<delivery id>` | string | delivery JSON: event, status, attempts, last attempt (30 days) |
 //! | `{ns}:wh:log:<endpoint id>` | list | the endpoint's latest delivery ids, newest first (1,000) |
-//! | `{ns}:wh:evt:<event id>` | string | event JSON, for replay by id (30 days) |
+//! | `{ns}:wh:evt:<ws>:<env>:<event id>` | string | event JSON, for replay (30 days; `{ns}:wh:evt:<event id>` before session 12, still read) |
 //! | `{ns}:wh:replay:<ws>:<env>` | sorted set | the workspace's event ids in one environment, scored by `created` (unix seconds), for replays since a time (30 days) |
 //! | `{ns}:wh:hold:<endpoint id>` | hash | an endpoint held back by a failure: `failures` in a row, `until` (ms) nothing of its queue is due, `probe` the delivery that goes first then, `tries` its claims with no attempt saved; gone once it answers, is paused, deleted, resumed or given a new URL |
 //! | `{ns}:wh:pending` | integer | queued deliveries |
@@ -1267,8 +1267,13 @@ impl Store for RedisStore {
         self.list_deliveries(endpoint, limit).await
     }
 
-    async fn event(&self, id: &str) -> Result<Option<Event>, StoreError> {
-        self.event_by_id(id).await
+    async fn event(
+        &self,
+        workspace: &str,
+        environment: Environment,
+        id: &str,
+    ) -> Result<Option<Event>, StoreError> {
+        self.event_by_id(workspace, environment, id).await
     }
 
     async fn events_since(

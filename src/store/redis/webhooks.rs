@@ -102,13 +102,14 @@ end
 
 /// Fans event-log entries out. KEYS: the event log. ARGV: prefix, group, ttl, the oldest
 /// `created` kept (unix seconds), then a count and that many entry ids, a count and that many
-/// `(event id, event json, replay index key, created)`, a count and that many `(workspace,
+/// `(event record key, event json, replay index key, created, event id)`, a count and that many `(workspace,
 /// endpoint, delivery id, due ms, delivery json)`. A delivery whose id is stored already (its
 /// entry was fanned out before) is left as it is. Returns how many deliveries it queued.
 ///
-/// Each event is kept by id for replay, and indexed by its workspace and environment
-/// (`{ns}:wh:replay:<ws>:<env>`, scored by `created`), so a replay since a time reads only
-/// that workspace's events.
+/// Each event is kept for replay by workspace, environment and id
+/// (`{ns}:wh:evt:<ws>:<env>:<id>`: backends choose ids, and two workspaces may choose the
+/// same), and indexed by its workspace and environment (`{ns}:wh:replay:<ws>:<env>`, scored by
+/// `created`), so a replay since a time reads only that workspace's events.
 ///
 /// The cursor only moves forward, and never past an entry still pending in the group: every
 /// entry up to it is fanned out, so a group recreated there misses nothing (a newer batch that
@@ -137,12 +138,12 @@ if n > 0 then
 end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
-  redis.call('SET', p .. ':wh:evt:' .. ARGV[i], ARGV[i + 1], 'EX', ttl)
+  redis.call('SET', ARGV[i], ARGV[i + 1], 'EX', ttl)
   local index = ARGV[i + 2]
-  redis.call('ZADD', index, ARGV[i + 3], ARGV[i])
+  redis.call('ZADD', index, ARGV[i + 3], ARGV[i + 4])
   redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. oldest)
   redis.call('EXPIRE', index, ttl)
-  i = i + 4
+  i = i + 5
 end
 n = tonumber(ARGV[i]); i = i + 1
 local queued = 0
@@ -503,10 +504,11 @@ impl RedisStore {
             .arg(events.len());
         for event in events {
             invocation
-                .arg(&event.id)
+                .arg(self.event_record(&event.workspace, event.environment, &event.id))
                 .arg(encode(event))
                 .arg(self.replay_index(&event.workspace, event.environment))
-                .arg(event.created);
+                .arg(event.created)
+                .arg(&event.id);
         }
         invocation.arg(deliveries.len());
         for d in deliveries {
@@ -721,9 +723,30 @@ impl RedisStore {
             .collect()
     }
 
-    pub(super) async fn event_by_id(&self, id: &str) -> Result<Option<Event>, StoreError> {
-        self.get_json(&format!("{}:wh:evt:{id}", self.prefix()))
-            .await
+    /// The key of an event's record.
+    fn event_record(&self, workspace: &str, environment: Environment, id: &str) -> String {
+        format!(
+            "{}:wh:evt:{workspace}:{}:{id}",
+            self.prefix(),
+            environment.as_str()
+        )
+    }
+
+    pub(super) async fn event_by_id(
+        &self,
+        workspace: &str,
+        environment: Environment,
+        id: &str,
+    ) -> Result<Option<Event>, StoreError> {
+        let record = self.event_record(workspace, environment, id);
+        if let Some(event) = self.get_json::<Event>(&record).await? {
+            return Ok(Some(event));
+        }
+        // Kept by id alone before session 12: still there for up to 30 days after an upgrade.
+        let legacy: Option<Event> = self
+            .get_json(&format!("{}:wh:evt:{id}", self.prefix()))
+            .await?;
+        Ok(legacy.filter(|e| e.workspace == workspace && e.environment == environment))
     }
 
     /// The key of a workspace's replay index in one environment.
@@ -766,16 +789,14 @@ impl RedisStore {
         for chunk in ids.chunks(1_000) {
             let keys: Vec<String> = chunk
                 .iter()
-                .map(|id| format!("{}:wh:evt:{id}", self.prefix()))
+                .map(|id| self.event_record(workspace, environment, id))
                 .collect();
             let raws: Vec<Option<String>> = redis::cmd("MGET")
                 .arg(&keys)
                 .query_async(&mut self.conn())
                 .await
                 .map_err(unavailable)?;
-            // An event whose record expired first, or does not read, is not replayed; nor is
-            // one whose id another workspace or environment has used since (the record is
-            // keyed by id alone).
+            // An event whose record expired first, or does not read, is not replayed.
             events.extend(
                 raws.iter()
                     .flatten()
