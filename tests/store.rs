@@ -917,6 +917,23 @@ async fn an_entry_fanned_out_twice_queues_its_deliveries_once(store: Arc<dyn Sto
     assert_eq!(store.queue_stats().await.unwrap().pending, 3);
 }
 
+/// `delivery` failed `tried`, its endpoint having failed `failures` times in a row before:
+/// retried on `schedule`, and saved as the endpoint's failure. Answers it as saved.
+async fn save_failure(
+    store: &Arc<dyn Store>,
+    mut delivery: Delivery,
+    tried: Attempt,
+    schedule: &[Duration],
+    failures: u32,
+) -> Delivery {
+    assert!(!delivery.fail(tried, schedule, failures));
+    store
+        .save_delivery(&delivery, AfterAttempt::Failing(failures + 1))
+        .await
+        .unwrap();
+    delivery
+}
+
 fn attempt(at_ms: u64, status_code: Option<u16>) -> Attempt {
     Attempt {
         at_ms,
@@ -1076,12 +1093,14 @@ async fn a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_relea
         .save_delivery(&probe, AfterAttempt::Failing(2))
         .await
         .unwrap();
-    let mut straggler = first[1].delivery.clone();
-    assert!(!straggler.fail(attempt(retry_at + 2, None), &schedule, 0));
-    store
-        .save_delivery(&straggler, AfterAttempt::Failing(1))
-        .await
-        .unwrap();
+    save_failure(
+        &store,
+        first[1].delivery.clone(),
+        attempt(retry_at + 2, None),
+        &schedule,
+        0,
+    )
+    .await;
     assert!(claim(second_retry - 1, 10).await.is_empty());
     let retried = claim(second_retry, 10).await;
     assert_eq!(
@@ -1107,18 +1126,22 @@ async fn a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_relea
     // Two attempts in flight together fail: the first holds the queue, the second, with the
     // same count, moves nothing.
     let now = second_retry + 1;
-    let mut failed = released[0].delivery.clone();
-    assert!(!failed.fail(attempt(now, None), &schedule, 0));
-    store
-        .save_delivery(&failed, AfterAttempt::Failing(1))
-        .await
-        .unwrap();
-    let mut alongside = released[1].delivery.clone();
-    assert!(!alongside.fail(attempt(now + 30_000, None), &schedule, 0));
-    store
-        .save_delivery(&alongside, AfterAttempt::Failing(1))
-        .await
-        .unwrap();
+    let failed = save_failure(
+        &store,
+        released[0].delivery.clone(),
+        attempt(now, None),
+        &schedule,
+        0,
+    )
+    .await;
+    save_failure(
+        &store,
+        released[1].delivery.clone(),
+        attempt(now + 30_000, None),
+        &schedule,
+        0,
+    )
+    .await;
     let retried = claim(failed.next_attempt_ms.unwrap(), 10).await;
     let ids: Vec<&str> = retried.iter().map(|c| c.delivery.id.as_str()).collect();
     assert_eq!(ids, [failed.id.as_str()]);
@@ -1137,12 +1160,14 @@ async fn a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_relea
 
     // A hold on an endpoint that is deleted is dropped at once: its queue is skipped at full
     // speed, not when the hold would have ended.
-    let mut failed = fresh[0].delivery.clone();
-    assert!(!failed.fail(attempt(now + 5_000, None), &schedule, 0));
-    store
-        .save_delivery(&failed, AfterAttempt::Failing(1))
-        .await
-        .unwrap();
+    save_failure(
+        &store,
+        fresh[0].delivery.clone(),
+        attempt(now + 5_000, None),
+        &schedule,
+        0,
+    )
+    .await;
     assert!(store.delete_endpoint(&ws, &a.id).await.unwrap());
     let skipped = claim(now + 10_001, 10).await;
     assert_eq!(skipped.len(), 2, "{skipped:?}");
@@ -1150,12 +1175,14 @@ async fn a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_relea
         .iter()
         .all(|c| c.endpoint.is_none() && c.failures == 0));
     // And a failure saved late for it holds nothing.
-    let mut late = skipped[0].delivery.clone();
-    assert!(!late.fail(attempt(now + 10_001, None), &schedule, 0));
-    store
-        .save_delivery(&late, AfterAttempt::Failing(1))
-        .await
-        .unwrap();
+    save_failure(
+        &store,
+        skipped[0].delivery.clone(),
+        attempt(now + 10_001, None),
+        &schedule,
+        0,
+    )
+    .await;
     let due = claim(now + 15_002, 10).await;
     assert_eq!(due.len(), 1, "{due:?}");
 }
@@ -1431,12 +1458,14 @@ async fn redis_a_retry_no_worker_can_read_gives_way_to_the_next_delivery() {
         }
     };
     let first = claim(2_000).await;
-    let mut failed = first[0].delivery.clone();
-    assert!(!failed.fail(attempt(2_000, Some(500)), &[Duration::from_secs(1)], 0));
-    store
-        .save_delivery(&failed, AfterAttempt::Failing(1))
-        .await
-        .unwrap();
+    let failed = save_failure(
+        &store,
+        first[0].delivery.clone(),
+        attempt(2_000, Some(500)),
+        &[Duration::from_secs(1)],
+        0,
+    )
+    .await;
     let client = ::redis::Client::open(redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let _: () = ::redis::cmd("SET")

@@ -427,11 +427,9 @@ impl Gateway {
         let path = session.req_header().uri.path();
         let body = simulate::response_body(route, environment, &summary, path);
         let body = serde_json::to_vec(&body).unwrap_or_default();
-        let head = session.req_header().method == http::Method::HEAD;
         let price = match environment {
             Environment::Test => Credits::ZERO,
-            _ if head => Credits::ZERO,
-            _ => route.price,
+            _ => route.price_for(&session.req_header().method),
         };
         ctx.billable = true;
         ctx.reported_credits = Some(price);
@@ -804,13 +802,14 @@ impl Gateway {
             (None, Some(refused)) => refused,
             (None, None) => return,
         };
-        // The backend's figure if it gave one; else the route's price for a success (not for a
-        // HEAD: nothing was made); nothing for what the gateway refused itself.
-        let head = session.req_header().method == http::Method::HEAD;
+        // The backend's figure if it gave one; else the route's price for a success; nothing
+        // for what the gateway refused itself.
         let cost = match (ctx.billable, ctx.reported_credits, self.route(ctx)) {
             (false, _, _) => Credits::ZERO,
             (true, Some(reported), _) => reported,
-            (true, None, Some(route)) if (200..300).contains(&status) && !head => route.price,
+            (true, None, Some(route)) if (200..300).contains(&status) => {
+                route.price_for(&session.req_header().method)
+            }
             _ => Credits::ZERO,
         };
         let cost = match key.effective_environment() {

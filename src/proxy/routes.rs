@@ -97,6 +97,17 @@ pub struct Route {
     pub metrics: crate::metrics::RouteMetrics,
 }
 
+impl Route {
+    /// The credits charged for a success when the backend reports none: the route's price,
+    /// nothing for a `HEAD` (the `GET` route's answer without its body: nothing was made).
+    pub fn price_for(&self, method: &Method) -> Credits {
+        match *method == Method::HEAD {
+            true => Credits::ZERO,
+            false => self.price,
+        }
+    }
+}
+
 /// A route's place in its table. A request keeps this, not a counted reference to the route,
 /// which every request on the route would increment and decrement from every core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
