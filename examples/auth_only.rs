@@ -110,7 +110,11 @@ fn main() {
         cache
     });
     let conf = pingora::server::configuration::ServerConf {
-        threads: std::thread::available_parallelism().map_or(2, usize::from),
+        // `THREADS` as `svcgate serve` takes `SVCGATE_SERVER_THREADS`: 0 or unset, one per CPU.
+        threads: match std::env::var("THREADS").ok().and_then(|t| t.parse().ok()) {
+            Some(n) if n > 0 => n,
+            _ => std::thread::available_parallelism().map_or(2, usize::from),
+        },
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
         ..Default::default()

@@ -198,6 +198,10 @@ async fn backend_sees_identity_headers_and_never_the_credential() {
         .header("Service_Workspace", "ws_evil")
         .header("service_project", "evil project")
         .header("X_Trace_Id", "kept")
+        // Client addresses of the client's own: the gateway's `X-Forwarded-For` is the one.
+        .header("X_Forwarded_For", "6.6.6.6")
+        .header("Forwarded", "for=6.6.6.6")
+        .header("X-Real-IP", "6.6.6.6")
         // The client's own headers pass, repeated ones in order.
         .header("X-Trace", "a")
         .header("X-Trace", "b")
@@ -248,6 +252,13 @@ async fn backend_sees_identity_headers_and_never_the_credential() {
     assert!(r.headers.get("service_workspace").is_none());
     assert!(r.headers.get("service_project").is_none());
     assert_eq!(r.headers["x_trace_id"], "kept");
+    for spoofed in ["x_forwarded_for", "forwarded", "x-real-ip"] {
+        assert!(
+            r.headers.get(spoofed).is_none(),
+            "{spoofed} reached the backend"
+        );
+    }
+    assert_eq!(r.headers["x-forwarded-for"], "127.0.0.1");
     let trace: Vec<_> = r.headers.get_all("x-trace").iter().collect();
     assert_eq!(trace, ["a", "b"]);
     assert_eq!(&r.body[..], body.as_bytes(), "body forwarded byte for byte");

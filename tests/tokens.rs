@@ -145,6 +145,7 @@ async fn bad_token_requests_get_clear_errors() {
         json!({"scopes": ["chat.completions:create"], "expires_in": 901}),
         json!({"scopes": ["chat.completions:create"], "expires_in": -5}),
         json!({"scopes": ["chat.completions:create"], "expires_in": "soon"}),
+        json!({"scopes": ["chat.completions:create"], "expires_in": null}),
         json!({"scopes": []}),
         json!({"scopes": ["tokens:create"]}),
         json!({"expires_in": 60}),

@@ -195,11 +195,12 @@ impl RouteTable {
         // `{id}` must name something: `/v1/agents/runs//approve` is not a route. Nor is a
         // dot-segment, or a parameter with an encoded dot, slash or backslash: a backend that
         // normalizes `/v1/agents/runs/../approve` serves `/v1/agents/approve`, which is not the
-        // route whose scope was checked.
+        // route whose scope was checked. A catch-all parameter (`{*path}`) spans segments:
+        // each of them is held to the same rule.
         if matched
             .params
             .iter()
-            .any(|(_, value)| !is_plain_segment(value))
+            .any(|(_, value)| !value.split('/').all(is_plain_segment))
         {
             return None;
         }
@@ -368,6 +369,33 @@ mod tests {
         let delete = t.find(&Method::DELETE, "/v1/webhooks/listen").unwrap();
         assert_eq!(delete.handler, Handler::Webhooks(WebhookOp::Delete));
         assert!(t.find(&Method::GET, "/v1/webhooks/listen/x").is_none());
+    }
+
+    #[test]
+    fn a_catch_all_parameter_is_held_to_the_segment_rule_in_every_segment() {
+        let mut routes = default_routes();
+        routes.push(RouteConfig {
+            method: "POST".into(),
+            path: "/v1/files/{*path}".into(),
+            scope: "files:write".into(),
+            price: Credits::ZERO,
+        });
+        let t = RouteTable::new(&routes).unwrap();
+        let file = t
+            .find(&Method::POST, "/v1/files/reports/2026/q3.pdf")
+            .unwrap();
+        assert_eq!(&*file.scope, "files:write");
+        // A backend that normalizes paths would serve the chat route under `files:write`.
+        for path in [
+            "/v1/files/x/../../chat/completions",
+            "/v1/files/x/./y",
+            "/v1/files/x//y",
+            "/v1/files/x/",
+            "/v1/files/x/%2e%2e/y",
+            "/v1/files/x/..;/y",
+        ] {
+            assert!(t.find(&Method::POST, path).is_none(), "{path}");
+        }
     }
 
     #[test]

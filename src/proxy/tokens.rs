@@ -67,6 +67,12 @@ pub async fn mint(
     if !value.is_object() {
         return Err(ApiError::invalid("the body must be a JSON object"));
     }
+    // Absent means the default; `null` is not a number of seconds.
+    if value.get("expires_in").is_some_and(Value::is_null) {
+        return Err(ApiError::invalid(format!(
+            "expires_in must be between 1 and {MAX_EXPIRES_IN} seconds"
+        )));
+    }
     let req: MintRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::invalid(format!("invalid token request: {e}")))?;
 

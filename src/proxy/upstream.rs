@@ -4,7 +4,7 @@
 //! on every request and panic on failure). `svc_test_` keys can never be sent to the live
 //! backend: [`Upstreams::target`] has no path from `Test` to `Live`.
 
-use http::header::AUTHORIZATION;
+use http::header::{AUTHORIZATION, FORWARDED};
 use http::{HeaderName, HeaderValue};
 use pingora::http::RequestHeader;
 use pingora::upstreams::peer::{HttpPeer, Peer};
@@ -110,12 +110,20 @@ pub fn set_identity_headers(
         (request, id_value(request_id)?),
     ];
     // A client's own `Service-Token-Id` goes; a token's is replaced by the insert. So does
-    // `X-Forwarded-For`, unless the gateway has one to send.
+    // `X-Forwarded-For`, unless the gateway has one to send. The gateway's `X-Forwarded-For`
+    // is the one statement of the client's address the backend gets: a client's `Forwarded`
+    // and `X-Real-IP` go.
     let removed: &[&HeaderName] = match (token_id.is_some(), forwarded_for.is_some()) {
-        (false, false) => &[&AUTHORIZATION, token, &X_FORWARDED_FOR],
-        (false, true) => &[&AUTHORIZATION, token],
-        (true, false) => &[&AUTHORIZATION, &X_FORWARDED_FOR],
-        (true, true) => &[&AUTHORIZATION],
+        (false, false) => &[
+            &AUTHORIZATION,
+            token,
+            &X_FORWARDED_FOR,
+            &FORWARDED,
+            &X_REAL_IP,
+        ],
+        (false, true) => &[&AUTHORIZATION, token, &FORWARDED, &X_REAL_IP],
+        (true, false) => &[&AUTHORIZATION, &X_FORWARDED_FOR, &FORWARDED, &X_REAL_IP],
+        (true, true) => &[&AUTHORIZATION, &FORWARDED, &X_REAL_IP],
     };
     let token = token_id.map(|t| (token, t));
     let forwarded = forwarded_for.map(|v| (&X_FORWARDED_FOR, v));
@@ -126,9 +134,13 @@ pub fn set_identity_headers(
     )
 }
 
+/// A client address some backends read (nginx's `real_ip_header`, many frameworks).
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
 /// Drops client headers that backends may read as the gateway's own: CGI, WSGI and Rack turn
 /// both `-` and `_` into `_`, so to them `Service_Workspace` is `Service-Workspace` (and
-/// `Service_Project` an unvalidated project). The whole `service-` namespace is the gateway's.
+/// `Service_Project` an unvalidated project), and `X_Forwarded_For` the gateway's
+/// `X-Forwarded-For`. The whole `service-` namespace is the gateway's.
 fn drop_lookalikes(req: &mut RequestHeader) {
     // The common case, no `_` in any name, costs one look at each name.
     if !req.headers.keys().any(|n| n.as_str().contains('_')) {
@@ -138,7 +150,12 @@ fn drop_lookalikes(req: &mut RequestHeader) {
         .headers
         .keys()
         .filter(|n| {
-            n.as_str().contains('_') && n.as_str().replace('_', "-").starts_with("service-")
+            n.as_str().contains('_') && {
+                let dashed = n.as_str().replace('_', "-");
+                dashed.starts_with("service-")
+                    || dashed == "x-forwarded-for"
+                    || dashed == "x-real-ip"
+            }
         })
         .cloned()
         .collect();
