@@ -920,7 +920,12 @@ async fn what_cannot_be_written_at_shutdown_is_spooled_and_written_at_the_next_s
         spooled.iter().any(|f| f.starts_with("audit-")),
         "{spooled:?}"
     );
-    assert!(spooled.iter().any(|f| f == "spend.json"), "{spooled:?}");
+    assert!(
+        spooled
+            .iter()
+            .any(|f| f.starts_with("spend-") && f.ends_with(".json")),
+        "{spooled:?}"
+    );
 
     redis.resume().await;
     let gw = Gateway::builder()
@@ -940,6 +945,247 @@ async fn what_cannot_be_written_at_shutdown_is_spooled_and_written_at_the_next_s
     .expect("the spooled spend is charged");
     let left = std::fs::read_dir(spool.path()).unwrap().count();
     assert_eq!(left, 0, "the spool is emptied");
+}
+
+/// The names of the files in `dir` that start with `prefix`.
+fn spool_files(dir: &std::path::Path, prefix: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|files| {
+            files
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .filter(|f| f.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn sigterm(gw: &mut Gateway) {
+    std::process::Command::new("kill")
+        .args(["-TERM", &gw.pid().to_string()])
+        .status()
+        .unwrap();
+    gw.wait_exit(Duration::from_secs(15))
+        .expect("the gateway stops after SIGTERM");
+}
+
+#[tokio::test]
+async fn a_long_outage_keeps_spooling_audit_records_past_the_memory_bound() {
+    let mut redis = RedisServer::start().await;
+    let spool = tempfile::tempdir().unwrap();
+    let gw = Gateway::builder()
+        .redis(&redis.url(), "long-outage")
+        .spool_dir(spool.path())
+        .metering("audit_backlog = 5")
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    assert_eq!(gw.chat(&key).await.status(), 200);
+    redis.stop().await;
+    // In three bursts, each past the bound: each goes to the spool, not only the first.
+    for burst in 1..=3 {
+        for _ in 0..10 {
+            assert_eq!(gw.chat(&key).await.status(), 200);
+        }
+        eventually(Duration::from_secs(5), || async {
+            spool_files(spool.path(), "audit-").len() >= burst
+        })
+        .await
+        .unwrap_or_else(|| {
+            let files = spool_files(spool.path(), "audit-");
+            panic!("burst {burst} is spooled: {files:?}")
+        });
+    }
+    redis.resume().await;
+    eventually(Duration::from_secs(15), || async {
+        audit(&gw, &format!("workspace={ws}&limit=1000"))
+            .await
+            .len()
+            == 31
+    })
+    .await
+    .expect("all 31 audit records, 30 of them through the spool");
+    assert!(spool_files(spool.path(), "audit-").is_empty());
+}
+
+#[tokio::test]
+async fn a_spool_file_the_store_refuses_is_set_aside_and_holds_up_nothing() {
+    let redis = RedisServer::start().await;
+    let spool = tempfile::tempdir().unwrap();
+    // A record for a workspace whose audit stream Redis will not append to (the key holds a
+    // string): the store refuses this file for ever, while it takes every other record.
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("SET")
+        .arg("refused:audit:{ws_broken}")
+        .arg("not a stream")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let record = json!({
+        "time_ms": 1_700_000_000_000u64, "request_id": "req_spooled", "workspace": "ws_broken",
+        "key_id": "key_1", "key": "svc_live_…abcd", "environment": "live", "project": null,
+        "method": "POST", "path": "/v1/chat/completions", "model": null, "status": 200,
+        "credits": 1.0, "client_ip": null, "latency_ms": 1
+    });
+    let name = "audit-00000000000000000001-s_test.jsonl";
+    std::fs::write(spool.path().join(name), format!("{record}\n")).unwrap();
+    let gw = Gateway::builder()
+        .redis(&redis.url(), "refused")
+        .spool_dir(spool.path())
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    for _ in 0..3 {
+        assert_eq!(gw.chat(&key).await.status(), 200);
+    }
+    eventually(Duration::from_secs(10), || async {
+        audit(&gw, &format!("workspace={ws}")).await.len() == 3
+    })
+    .await
+    .expect("records are written past a file the store refuses");
+    eventually(Duration::from_secs(5), || async {
+        spool_files(spool.path(), "audit-") == [format!("{name}.refused")]
+    })
+    .await
+    .expect("the refused file is set aside, kept");
+}
+
+#[tokio::test]
+async fn spend_behind_a_batch_in_flight_at_shutdown_is_written() {
+    let mut redis = RedisServer::start().await;
+    let spool = tempfile::tempdir().unwrap();
+    // No flush but the ones requests ask for (totals unknown) and the last one.
+    let url = redis.url();
+    let builder = || {
+        Gateway::builder()
+            .redis(&url, "closing")
+            .spool_dir(spool.path())
+            .metering("flush_interval_ms = 600000")
+    };
+    let mut gw = builder().start().await;
+    let ws1 = gw.create_workspace().await;
+    let ws2 = gw.create_workspace().await;
+    let (id1, key1) = gw
+        .create_key_in(&ws1, "live", &["chat.completions:create"])
+        .await;
+    let (id2, key2) = gw
+        .create_key_in(&ws2, "live", &["chat.completions:create"])
+        .await;
+    assert_eq!(gw.chat(&key1).await.status(), 200);
+    // Cached, and its workspace's totals not read yet.
+    let resp = gw
+        .request(Method::GET, "/v1/nope")
+        .bearer_auth(&key2)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    redis.stop().await;
+    // Asks for a flush that fails: a batch in flight.
+    assert_eq!(gw.chat(&key2).await.status(), 200);
+    for _ in 0..3 {
+        assert_eq!(gw.chat(&key1).await.status(), 200);
+        assert_eq!(gw.chat(&key2).await.status(), 200);
+    }
+    redis.resume().await;
+    sigterm(&mut gw);
+    drop(gw);
+    let gw = builder().start().await;
+    eventually(Duration::from_secs(5), || async {
+        usage(&gw, &ws1).await["keys"][&id1] == 4.0 && usage(&gw, &ws2).await["keys"][&id2] == 4.0
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "all spend written; spool: {:?}",
+            spool_files(spool.path(), "")
+        )
+    });
+}
+
+#[tokio::test]
+async fn spooled_spend_stays_on_disk_until_it_is_written() {
+    let mut redis = RedisServer::start().await;
+    let spool = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let builder = || {
+        Gateway::builder()
+            .redis(&url, "kept-spool")
+            .spool_dir(spool.path())
+    };
+    let mut gw = builder().start().await;
+    let ws = gw.create_workspace().await;
+    let (id, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    assert_eq!(gw.chat(&key).await.status(), 200);
+    redis.stop().await;
+    for _ in 0..4 {
+        assert_eq!(gw.chat(&key).await.status(), 200);
+    }
+    sigterm(&mut gw);
+    drop(gw);
+    let spooled = spool_files(spool.path(), "spend-");
+    assert_eq!(spooled.len(), 1);
+    // Started again while Redis is still down, then killed: nothing written, nothing lost.
+    let gw = builder().start().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(spool_files(spool.path(), "spend-"), spooled);
+    drop(gw);
+    redis.resume().await;
+    let gw = builder().start().await;
+    eventually(Duration::from_secs(5), || async {
+        usage(&gw, &ws).await["keys"][&id] == 5.0
+    })
+    .await
+    .expect("the spooled spend is charged");
+    eventually(Duration::from_secs(5), || async {
+        spool_files(spool.path(), "spend-").is_empty()
+    })
+    .await
+    .expect("and its file removed once written");
+}
+
+#[tokio::test]
+async fn a_graceful_upgrade_during_an_outage_hands_over_what_the_old_process_spooled() {
+    let mut redis = RedisServer::start().await;
+    let spool = tempfile::tempdir().unwrap();
+    let mut gw = Gateway::builder()
+        .redis(&redis.url(), "upgrade-spool")
+        .spool_dir(spool.path())
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (id, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    assert_eq!(gw.chat(&key).await.status(), 200);
+    redis.stop().await;
+    for _ in 0..3 {
+        assert_eq!(gw.chat(&key).await.status(), 200);
+    }
+    gw.upgrade();
+    assert!(!spool_files(spool.path(), "spend-").is_empty());
+    redis.resume().await;
+    // Taken over by the new process, without a restart.
+    eventually(Duration::from_secs(15), || async {
+        usage(&gw, &ws).await["keys"][&id] == 4.0
+            && audit(&gw, &format!("workspace={ws}")).await.len() == 4
+    })
+    .await
+    .expect("the old process's spend and audit records are written");
+    eventually(Duration::from_secs(5), || async {
+        spool_files(spool.path(), "").is_empty()
+    })
+    .await
+    .expect("and the spool emptied");
 }
 
 /// The demo workspace's one audit record, once it is written.

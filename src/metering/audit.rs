@@ -12,11 +12,12 @@ use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use thread_local::ThreadLocal;
 
+use super::spool;
 use crate::ids::RequestId;
 use crate::keys::{CachedKey, Environment};
 use crate::metering::Credits;
@@ -305,7 +306,9 @@ pub fn audit_log(
             backlog: VecDeque::new(),
             spool: Spool {
                 dir: spool_dir,
-                may_hold_files: true,
+                next_look: None,
+                current: None,
+                stuck: Vec::new(),
             },
             max_backlog,
         },
@@ -327,67 +330,90 @@ impl AuditWriter {
         }
     }
 
-    /// One write attempt: spooled records first (oldest), then the backlog. Returns how many
-    /// records were written.
+    /// One write attempt: spooled records first (they are older), then the backlog. Returns
+    /// how many records were written. While the store does not take them, the backlog keeps
+    /// at most `max_backlog` records: the rest goes to spool files.
     pub async fn flush(&mut self) -> usize {
         self.drain_queues(false);
         let mut written = 0;
-        // Spooled records are older than anything in memory.
-        while let Some((path, records)) = self.spool.oldest() {
-            match self.store.append_audit(&records).await {
-                Ok(()) => {
-                    written += records.len();
-                    if !self.spool.remove(&path) {
-                        return written;
-                    }
-                }
-                Err(_) => return written,
+        let mut spool_refused = false;
+        // Bounded, so a large spool does not hold up the next spend flush for long.
+        for _ in 0..SPOOL_WRITES_PER_FLUSH {
+            let Some(file) = self.spool.oldest() else {
+                break;
+            };
+            let chunk = file.chunk();
+            let n = chunk.len();
+            if self.store.append_audit(chunk).await.is_err() {
+                spool_refused = true;
+                break;
             }
+            written += n;
+            self.spool.chunk_written();
         }
-        while !self.backlog.is_empty() {
-            let n = self.backlog.len().min(5_000);
+        // Behind a file the store refuses, the backlog waits: most likely the store is down.
+        // A file refused again and again while the store answers is not an outage: it is
+        // set aside, and the backlog goes past it.
+        let mut try_backlog = !spool_refused;
+        if spool_refused && self.spool.refused_often() && self.store.ping().await.is_ok() {
+            self.spool.refused_while_up();
+            try_backlog = true;
+        }
+        while try_backlog && !self.backlog.is_empty() {
+            let n = self.backlog.len().min(SPOOL_FILE_RECORDS);
             // Moved out, not copied; put back in order if the store refuses them.
             let batch: Vec<AuditRecord> = self.backlog.drain(..n).collect();
-            match self.store.append_audit(&batch).await {
-                Ok(()) => written += n,
-                Err(e) => {
-                    for record in batch.into_iter().rev() {
-                        self.backlog.push_front(record);
-                    }
-                    if self.backlog.len() > self.max_backlog {
-                        let spilled: Vec<AuditRecord> = self.backlog.drain(..).collect();
-                        match self.spool.write(&spilled) {
-                            Ok(()) => tracing::warn!(
-                                records = spilled.len(),
-                                error = %e,
-                                "store unreachable: audit records spooled to disk"
-                            ),
-                            Err(io) => {
-                                tracing::error!(error = %io, "cannot spool audit records; keeping them in memory");
-                                self.backlog.extend(spilled);
-                            }
-                        }
-                    }
-                    break;
+            if let Err(e) = self.store.append_audit(&batch).await {
+                tracing::debug!(error = %e, "audit records not written; kept");
+                for record in batch.into_iter().rev() {
+                    self.backlog.push_front(record);
                 }
+                break;
             }
+            written += n;
+        }
+        if self.backlog.len() > self.max_backlog {
+            self.spill();
         }
         written
     }
 
-    /// At shutdown: a last attempt, then whatever is left goes to the spool.
+    /// Moves the whole backlog to spool files; what cannot be written stays in memory.
+    fn spill(&mut self) {
+        let spilled: Vec<AuditRecord> = self.backlog.drain(..).collect();
+        match self.spool.write(&spilled) {
+            Ok(()) => tracing::warn!(
+                records = spilled.len(),
+                "store unreachable: audit records spooled to disk"
+            ),
+            Err((e, kept)) => {
+                tracing::error!(error = %e, "cannot spool audit records; keeping them in memory");
+                self.backlog.extend(kept);
+            }
+        }
+    }
+
+    /// At shutdown: one attempt at the backlog (spool files are left for the next start, or
+    /// the process taking over), then whatever is left goes to the spool.
     pub async fn close(mut self) {
-        self.flush().await;
         self.drain_queues(true);
+        while !self.backlog.is_empty() {
+            let n = self.backlog.len().min(SPOOL_FILE_RECORDS);
+            let batch: Vec<AuditRecord> = self.backlog.drain(..n).collect();
+            if self.store.append_audit(&batch).await.is_err() {
+                for record in batch.into_iter().rev() {
+                    self.backlog.push_front(record);
+                }
+                break;
+            }
+        }
         if !self.backlog.is_empty() {
             let left: Vec<AuditRecord> = self.backlog.drain(..).collect();
+            let records = left.len();
             match self.spool.write(&left) {
-                Ok(()) => tracing::warn!(
-                    records = left.len(),
-                    "audit records spooled for the next start"
-                ),
-                Err(e) => {
-                    tracing::error!(error = %e, records = left.len(), "audit records lost: cannot spool")
+                Ok(()) => tracing::warn!(records, "audit records spooled for the next start"),
+                Err((e, lost)) => {
+                    tracing::error!(error = %e, records = lost.len(), "audit records lost: cannot spool")
                 }
             }
         }
@@ -404,76 +430,195 @@ impl AuditWriter {
     }
 }
 
-/// Spool files: one JSON-lines file per spilled batch, named by time so the oldest goes first.
+/// Records per spool file, and per write to the store: a file is one write, whatever the
+/// size of the backlog spilled.
+const SPOOL_FILE_RECORDS: usize = 5_000;
+
+/// Writes of spooled records in one flush, at most.
+const SPOOL_WRITES_PER_FLUSH: usize = 20;
+
+/// How long a spool directory found empty is not listed again. Another process may spool
+/// into it meanwhile: the one a graceful upgrade replaces, at its exit.
+const SPOOL_LOOK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Flushes in a row in which the store refused a spool file before it is asked whether it
+/// is up; and flushes in which it was up and refused the file before the file is set aside
+/// (renamed `….refused`, out of every listing, for an operator to look at).
+const REFUSALS_BEFORE_SETTING_ASIDE: u32 = 3;
+
+/// Audit spool files: JSON lines, at most [`SPOOL_FILE_RECORDS`] to a file, named by time so
+/// the oldest goes first.
 struct Spool {
     dir: PathBuf,
-    /// False once the directory was found empty, until this process spools again: flushes run
-    /// every few milliseconds under load, and need not list the directory each time.
-    may_hold_files: bool,
+    /// When to list the directory again, if it was found empty.
+    next_look: Option<std::time::Instant>,
+    /// The file being replayed, kept between flushes while the store refuses it.
+    current: Option<SpoolFile>,
+    /// Files written and not removable: held, so that no process replays them again while
+    /// this one runs.
+    stuck: Vec<spool::Taken>,
+}
+
+/// A spool file taken for replay, with its records.
+struct SpoolFile {
+    taken: spool::Taken,
+    records: Vec<AuditRecord>,
+    /// Records already written (a file of an earlier version may hold more than one write).
+    written: usize,
+    /// Flushes in which the store refused this file.
+    failures: u32,
+    /// Of those, flushes in which the store answered a ping.
+    refused_while_up: u32,
+}
+
+impl SpoolFile {
+    /// The records of the next write.
+    fn chunk(&self) -> &[AuditRecord] {
+        let end = self.records.len().min(self.written + SPOOL_FILE_RECORDS);
+        &self.records[self.written..end]
+    }
 }
 
 impl Spool {
-    fn write(&mut self, records: &[AuditRecord]) -> std::io::Result<()> {
+    /// Writes `records` to new files; on an error, the records not in a file come back.
+    fn write(&mut self, records: &[AuditRecord]) -> Result<(), (std::io::Error, Vec<AuditRecord>)> {
         use std::io::Write;
-        self.may_hold_files = true;
-        std::fs::create_dir_all(&self.dir)?;
-        let name = format!(
-            "audit-{:020}-{}.jsonl",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0),
-            crate::ids::new_id("s")
-        );
-        let tmp = self.dir.join(format!("{name}.tmp"));
-        let mut file = std::fs::File::create(&tmp)?;
-        for r in records {
-            serde_json::to_writer(&mut file, r)?;
-            file.write_all(b"\n")?;
+        for (i, chunk) in records.chunks(SPOOL_FILE_RECORDS).enumerate() {
+            let written = spool::write(&self.dir, &spool::new_name("audit", "jsonl"), |out| {
+                for r in chunk {
+                    serde_json::to_writer(&mut *out, r)?;
+                    out.write_all(b"\n")?;
+                }
+                Ok(())
+            });
+            if let Err(e) = written {
+                return Err((e, records[i * SPOOL_FILE_RECORDS..].to_vec()));
+            }
+            self.next_look = None;
         }
-        file.sync_all()?;
-        // Renamed only once complete, so a crash never leaves half a file to replay.
-        std::fs::rename(&tmp, self.dir.join(name))
+        Ok(())
     }
 
-    fn oldest(&mut self) -> Option<(PathBuf, Vec<AuditRecord>)> {
-        if !self.may_hold_files {
+    /// The file to replay next: the one under way, or the oldest this process can take.
+    fn oldest(&mut self) -> Option<&SpoolFile> {
+        if self.current.is_none() {
+            self.current = self.take_oldest();
+        }
+        self.current.as_ref()
+    }
+
+    fn take_oldest(&mut self) -> Option<SpoolFile> {
+        if self
+            .next_look
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
             return None;
         }
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.dir)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| is_spool_file(p))
-            .collect();
-        files.sort();
-        let Some(path) = files.into_iter().next() else {
-            self.may_hold_files = false;
-            return None;
+        for path in spool::list(&self.dir, is_spool_file) {
+            let Some(mut taken) = spool::take(&path) else {
+                continue;
+            };
+            let text = match taken.read() {
+                Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                Err(e) => {
+                    tracing::error!(error = %e, path = %path.display(), "cannot read an audit spool file");
+                    continue;
+                }
+            };
+            let records: Vec<AuditRecord> = text
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            if records.is_empty() {
+                if let Err(taken) = remove(taken) {
+                    self.stuck.push(taken);
+                }
+                continue;
+            }
+            return Some(SpoolFile {
+                taken,
+                records,
+                written: 0,
+                failures: 0,
+                refused_while_up: 0,
+            });
+        }
+        self.next_look = Some(std::time::Instant::now() + SPOOL_LOOK_INTERVAL);
+        None
+    }
+
+    /// The store took the current chunk.
+    fn chunk_written(&mut self) {
+        let Some(file) = &mut self.current else {
+            return;
         };
-        let text = std::fs::read_to_string(&path).ok()?;
-        let records = text
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
-        Some((path, records))
+        file.written += file.chunk().len();
+        file.failures = 0;
+        file.refused_while_up = 0;
+        if file.written < file.records.len() {
+            return;
+        }
+        if let Some(file) = self.current.take() {
+            if let Err(taken) = remove(file.taken) {
+                self.stuck.push(taken);
+            }
+        }
     }
 
-    fn remove(&self, path: &Path) -> bool {
-        match std::fs::remove_file(path) {
-            Ok(()) => true,
+    /// Counts a refusal of the current file; whether there were a few in a row.
+    fn refused_often(&mut self) -> bool {
+        self.current.as_mut().is_some_and(|file| {
+            file.failures += 1;
+            file.failures >= REFUSALS_BEFORE_SETTING_ASIDE
+        })
+    }
+
+    /// The store answers and refused the current file: after a few such flushes, the file
+    /// is set aside.
+    fn refused_while_up(&mut self) {
+        let Some(file) = &mut self.current else {
+            return;
+        };
+        file.refused_while_up += 1;
+        if file.refused_while_up < REFUSALS_BEFORE_SETTING_ASIDE {
+            return;
+        }
+        let Some(file) = self.current.take() else {
+            return;
+        };
+        let from = file.taken.path().display().to_string();
+        let name = format!(
+            "{}.refused",
+            file.taken
+                .path()
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        );
+        match file.taken.set_aside(&name) {
+            Ok(to) => tracing::error!(
+                from,
+                to = %to.display(),
+                records = file.records.len() - file.written,
+                "the store refuses an audit spool file it takes other records with; set aside"
+            ),
             Err(e) => {
-                tracing::error!(error = %e, path = %path.display(), "cannot remove a replayed spool file");
-                false
+                tracing::error!(error = %e, path = from, "cannot set aside a refused audit spool file")
             }
         }
     }
 }
 
-fn is_spool_file(p: &Path) -> bool {
-    p.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("audit-") && n.ends_with(".jsonl"))
+/// Removes a replayed spool file; gives it back if it cannot.
+fn remove(taken: spool::Taken) -> Result<(), spool::Taken> {
+    taken.remove().map_err(|(e, taken)| {
+        tracing::error!(error = %e, path = %taken.path().display(), "cannot remove a replayed spool file");
+        taken
+    })
+}
+
+fn is_spool_file(name: &str) -> bool {
+    name.starts_with("audit-") && name.ends_with(".jsonl")
 }
 
 #[cfg(test)]

@@ -7,13 +7,14 @@
 //! counts, one for audit records.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit};
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
+use super::spool;
 use super::usage::{
     BudgetScope, KeyBudget, PendingSpend, RateFlush, SpendByMonth, SpendSpool, Usage, UsageFlush,
     Verdict,
@@ -49,7 +50,22 @@ pub struct Meter {
     config: MeterConfig,
     /// Where the next flush resumes refreshing idle keys' global counts.
     idle_cursor: std::sync::atomic::AtomicUsize,
+    /// Spend spool files taken in and not yet all written, each with the flush that writes
+    /// the last of it ([`Usage::restore_spool`]). Removed once it lands: until then a crash
+    /// leaves the file for the next start.
+    held_spools: Mutex<Vec<(spool::Taken, u64)>>,
 }
+
+/// How often the flush task looks for spend spooled by another process (the one a graceful
+/// upgrade replaced, at its exit).
+const SPEND_SPOOL_LOOK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// In place of a flush number: a spend spool file that could not be read, held (so it is
+/// not read again) and never removed.
+const UNREADABLE: u64 = u64::MAX;
+
+/// Flushes at shutdown, at most: a batch in flight goes alone, the spend behind it next.
+const CLOSING_FLUSHES: usize = 3;
 
 /// How often the flush task looks at how many audit records are waiting.
 const AUDIT_CHECK_INTERVAL: Duration = Duration::from_millis(20);
@@ -111,8 +127,9 @@ impl Meter {
             store,
             config,
             idle_cursor: Default::default(),
+            held_spools: Mutex::default(),
         });
-        meter.restore_spooled_spend();
+        meter.take_spooled_spend();
         (meter, writer)
     }
 
@@ -245,6 +262,7 @@ impl Meter {
                     );
                 }
                 self.rate.forget_idle(window);
+                self.release_written_spools();
                 true
             }
             Err(e) => {
@@ -275,6 +293,7 @@ impl Meter {
         let mut ticker = tokio::time::interval(tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_usage = tokio::time::Instant::now();
+        let mut last_spool_look = last_usage;
         let mut usage_ok = true;
         let mut failing = false;
         loop {
@@ -285,6 +304,10 @@ impl Meter {
                 _ = self.usage.flush_wanted() => !failing,
                 _ = shutdown.changed() => break,
             };
+            if last_spool_look.elapsed() >= SPEND_SPOOL_LOOK_INTERVAL {
+                last_spool_look = tokio::time::Instant::now();
+                self.take_spooled_spend();
+            }
             if wanted || last_usage.elapsed() >= self.config.flush_interval {
                 last_usage = tokio::time::Instant::now();
                 usage_ok = self.flush_usage().await;
@@ -313,53 +336,113 @@ impl Meter {
 
     /// Last flush; what cannot be written is spooled for the next start.
     pub async fn close(&self, writer: AuditWriter) {
-        if !self.flush_usage().await {
-            self.spool_spend();
+        for _ in 0..CLOSING_FLUSHES {
+            if !self.flush_usage().await || self.usage.spool().is_empty() {
+                break;
+            }
         }
+        self.spool_spend();
         writer.close().await;
     }
 
-    fn spend_spool(&self) -> PathBuf {
-        self.config.spool_dir.join("spend.json")
-    }
-
+    /// Writes what is unflushed to a new spool file. The files taken in and not all written
+    /// are in it too, so they go.
     fn spool_spend(&self) {
         let unflushed = self.usage.spool();
         if unflushed.is_empty() {
             return;
         }
-        let path = self.spend_spool();
-        let written = std::fs::create_dir_all(&self.config.spool_dir).and_then(|()| {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, serde_json::to_vec(&unflushed).unwrap_or_default())?;
-            std::fs::rename(&tmp, &path)
-        });
+        let written = spool::write(
+            &self.config.spool_dir,
+            &spool::new_name("spend", "json"),
+            |out| Ok(serde_json::to_writer(out, &unflushed)?),
+        );
         match written {
-            Ok(()) => {
-                tracing::warn!(path = %path.display(), "unflushed spend spooled for the next start")
+            Ok(path) => {
+                tracing::warn!(path = %path.display(), "unflushed spend spooled for the next start");
+                let held = std::mem::take(&mut *self.held());
+                for (taken, flush) in held {
+                    if flush != UNREADABLE {
+                        remove_spool(taken);
+                    }
+                }
             }
             Err(e) => tracing::error!(error = %e, "unflushed spend lost: cannot spool"),
         }
     }
 
-    fn restore_spooled_spend(&self) {
-        let path = self.spend_spool();
-        let Ok(bytes) = std::fs::read(&path) else {
+    fn held(&self) -> std::sync::MutexGuard<'_, Vec<(spool::Taken, u64)>> {
+        self.held_spools
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Removes the spool files taken in whose spend has all landed.
+    fn release_written_spools(&self) {
+        let landed = self.usage.landed();
+        let mut held = self.held();
+        if !held.iter().any(|(_, flush)| *flush <= landed) {
             return;
-        };
-        // With the batch in flight kept apart since session 11; by month since session 9; a
-        // spool of an earlier version holds one month's spend by workspace, the month it was
-        // written in.
-        let spooled = serde_json::from_slice::<SpendSpool>(&bytes).or_else(|_| {
-            serde_json::from_slice::<SpendByMonth>(&bytes).map(|pending| SpendSpool {
+        }
+        let (written, kept) = std::mem::take(&mut *held)
+            .into_iter()
+            .partition(|(_, flush)| *flush <= landed);
+        *held = kept;
+        drop(held);
+        for (taken, _) in written {
+            tracing::info!(path = %taken.path().display(), "spooled spend written");
+            remove_spool(taken);
+        }
+    }
+
+    /// Takes in the spend spool files no process holds: at start, and from time to time
+    /// after (a process that hands over in a graceful upgrade spools at its exit).
+    fn take_spooled_spend(&self) {
+        let held: Vec<PathBuf> = self.held().iter().map(|(t, _)| t.path().into()).collect();
+        let files = spool::list(&self.config.spool_dir, |name| {
+            name == "spend.json" || (name.starts_with("spend-") && name.ends_with(".json"))
+        });
+        for path in files.into_iter().filter(|p| !held.contains(p)) {
+            let Some(mut taken) = spool::take(&path) else {
+                continue;
+            };
+            let spooled = taken
+                .read()
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| read_spend_spool(&path, &bytes).map_err(|e| e.to_string()));
+            let spooled = match spooled {
+                Ok(spooled) => spooled,
+                Err(e) => {
+                    // Held until exit, so it is not read again meanwhile; left for a person.
+                    tracing::error!(error = %e, path = %path.display(), "spooled spend unreadable; left in place");
+                    self.held().push((taken, UNREADABLE));
+                    continue;
+                }
+            };
+            // Taken again once the batch in flight has landed, if it holds a batch of its own.
+            if let Some(flush) = self.usage.restore_spool(spooled) {
+                tracing::info!(path = %path.display(), "spooled spend restored");
+                self.held().push((taken, flush));
+            }
+        }
+    }
+}
+
+/// A spend spool file: this version's, by month with the batch in flight apart (since
+/// session 11), or by month alone (session 9), or by workspace alone, the month it was
+/// written in.
+fn read_spend_spool(path: &Path, bytes: &[u8]) -> serde_json::Result<SpendSpool> {
+    serde_json::from_slice::<SpendSpool>(bytes)
+        .or_else(|_| {
+            serde_json::from_slice::<SpendByMonth>(bytes).map(|pending| SpendSpool {
                 batch: None,
                 pending,
             })
-        });
-        let spooled = spooled.or_else(|e| {
-            serde_json::from_slice::<HashMap<String, PendingSpend>>(&bytes)
+        })
+        .or_else(|e| {
+            serde_json::from_slice::<HashMap<String, PendingSpend>>(bytes)
                 .map(|spend| {
-                    let written = std::fs::metadata(&path)
+                    let written = std::fs::metadata(path)
                         .and_then(|m| m.modified())
                         .ok()
                         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
@@ -370,17 +453,12 @@ impl Meter {
                     }
                 })
                 .map_err(|_| e)
-        });
-        match spooled {
-            Ok(spool) => {
-                self.usage.restore_spool(spool);
-                tracing::info!(path = %path.display(), "spooled spend restored");
-                if let Err(e) = std::fs::remove_file(&path) {
-                    tracing::error!(error = %e, "cannot remove the spend spool");
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "spooled spend unreadable; left in place"),
-        }
+        })
+}
+
+fn remove_spool(taken: spool::Taken) {
+    if let Err((e, taken)) = taken.remove() {
+        tracing::error!(error = %e, path = %taken.path().display(), "cannot remove a written spend spool");
     }
 }
 
@@ -463,11 +541,55 @@ mod spool_tests {
         let spend: PendingSpend =
             serde_json::from_str(r#"{"total": 5, "keys": {"key_1": 5}, "projects": {}}"#).unwrap();
         assert_eq!(meter.usage.unflushed()[&month]["ws_1"], spend);
-        assert!(!spool.exists(), "a restored spool is removed");
-        // And what this version spools comes back by month.
+        // Kept until it is written: a crash before then leaves it for the next start.
+        assert!(spool.exists(), "a restored spool stays until written");
+        // What this version spools comes back by month, in a file that replaces it.
         meter.spool_spend();
-        assert!(std::fs::read_to_string(&spool).unwrap().contains(&month));
+        assert!(!spool.exists(), "the new spool holds what it held");
+        let files = spool::list(dir.path(), |n| n.starts_with("spend-"));
+        assert_eq!(files.len(), 1);
+        assert!(std::fs::read_to_string(&files[0]).unwrap().contains(&month));
+        drop(meter);
         let again = self::meter(dir.path());
         assert_eq!(again.usage.unflushed()[&month]["ws_1"], spend);
+    }
+
+    #[tokio::test]
+    async fn a_spend_spool_is_taken_by_one_meter_and_removed_once_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let spooling = meter(dir.path());
+        let key = CachedKey::new(
+            &crate::keys::tests::record(crate::keys::KeyStatus::Active, None),
+            "ws_1".into(),
+            Arc::new(crate::keys::Scopes::default()),
+        );
+        let now_ms = crate::ids::unix_now() * 1000;
+        spooling
+            .usage
+            .charge(&key, None, crate::metering::Credits::from_micros(7), now_ms);
+        spooling.spool_spend();
+        let files = spool::list(dir.path(), |n| n.starts_with("spend-"));
+        assert_eq!(files.len(), 1);
+
+        // Two processes on one spool directory (a graceful upgrade): one takes it.
+        let (first, second) = (meter(dir.path()), meter(dir.path()));
+        let month = month_of(crate::ids::unix_now());
+        let holds = |m: &Meter| {
+            m.usage
+                .unflushed()
+                .get(&month)
+                .is_some_and(|ws| ws.contains_key("ws_1"))
+        };
+        assert!(holds(&first) != holds(&second), "exactly one takes it");
+        let (taker, other) = match holds(&first) {
+            true => (first, second),
+            false => (second, first),
+        };
+        other.take_spooled_spend();
+        assert!(!holds(&other), "a held spool is not taken twice");
+        assert!(files[0].exists());
+        assert!(taker.flush_usage().await);
+        assert!(!files[0].exists(), "written, then removed");
+        assert!(!holds(&taker));
     }
 }

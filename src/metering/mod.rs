@@ -10,6 +10,7 @@ mod credits;
 pub mod meter;
 pub mod month;
 pub mod ratelimit;
+mod spool;
 pub mod usage;
 
 pub use credits::Credits;

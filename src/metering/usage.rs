@@ -234,6 +234,8 @@ struct Ledger {
     flushes: u64,
     /// The number of the batch in flight (retries keep it).
     batch_flush: u64,
+    /// Batches the store took so far, spooled ones included.
+    landings: u64,
     /// The month of the totals and of `pending`.
     month: String,
     /// Its unix milliseconds: a request that arrived in them is charged to `pending`.
@@ -264,24 +266,6 @@ impl Ledger {
         // What is in flight was spent in the month that ended: not this month's spend.
         self.in_flight.clear();
     }
-}
-
-/// The spend of a batch's parts, by month (every part has one) and workspace.
-fn spend_of(parts: &[WorkspaceFlush]) -> SpendByMonth {
-    let mut all = SpendByMonth::new();
-    for w in parts {
-        let spend = PendingSpend {
-            total: w.total,
-            keys: w.keys.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-            projects: w.projects.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-        };
-        all.entry(w.month.clone().unwrap_or_default())
-            .or_default()
-            .entry(w.workspace.clone())
-            .or_default()
-            .add(&spend);
-    }
-    all
 }
 
 /// [`WorkspaceTotals`] as the ledger keeps them, in [`FastMap`]s.
@@ -622,6 +606,7 @@ impl Usage {
         let mut ledger = self.ledger();
         ledger.in_flight.clear();
         ledger.in_flight_batch = None;
+        ledger.landings += 1;
         for (ws, totals) in &snapshot.workspaces {
             ledger.totals.insert(ws.clone(), totals.into());
         }
@@ -693,33 +678,47 @@ impl Usage {
     }
 
     /// Takes back what [`spool`](Self::spool) kept: the batch goes out first, under its id (the
-    /// store adds a batch it has already taken nothing), then the rest.
-    pub fn restore_spool(&self, spool: SpendSpool) {
+    /// store adds a batch it has already taken nothing), then the rest. A spool with a batch
+    /// is not taken while another batch is in flight (`None`): its id would be lost.
+    ///
+    /// Returns the number of landings ([`landed`](Self::landed)) after which all of it is in
+    /// the store.
+    pub fn restore_spool(&self, spool: SpendSpool) -> Option<u64> {
+        let mut ledger = self.ledger();
         if let Some(batch) = spool.batch {
-            let mut ledger = self.ledger();
-            match &ledger.in_flight_batch {
-                None => ledger.in_flight_batch = Some(batch),
-                // Not at a start: send it as new spend behind the batch under way.
-                Some(_) => {
-                    drop(ledger);
-                    self.restore(spend_of(&batch.1));
-                }
+            if ledger.in_flight_batch.is_some() {
+                return None;
             }
+            ledger.in_flight_batch = Some(batch);
         }
-        self.restore(spool.pending);
+        // The batch in flight lands first, then the next batch, which takes all that is
+        // pending.
+        let batches =
+            u64::from(ledger.in_flight_batch.is_some()) + u64::from(!spool.pending.is_empty());
+        restore(&mut ledger, spool.pending);
+        Some(ledger.landings + batches)
+    }
+
+    /// How many batches the store has taken.
+    pub fn landed(&self) -> u64 {
+        self.ledger().landings
     }
 
     /// Adds spend recovered from the spool, each to its month.
     pub fn restore(&self, spend: SpendByMonth) {
-        let mut ledger = self.ledger();
-        for (month, workspaces) in spend {
-            for (ws, s) in workspaces {
-                let to = match month == ledger.month {
-                    true => ledger.pending.entry(ws).or_default(),
-                    false => ledger.pending_other.entry((month.clone(), ws)).or_default(),
-                };
-                to.add(&s);
-            }
+        restore(&mut self.ledger(), spend);
+    }
+}
+
+/// Adds `spend` to the ledger's pending spend, each to its month.
+fn restore(ledger: &mut Ledger, spend: SpendByMonth) {
+    for (month, workspaces) in spend {
+        for (ws, s) in workspaces {
+            let to = match month == ledger.month {
+                true => ledger.pending.entry(ws).or_default(),
+                false => ledger.pending_other.entry((month.clone(), ws)).or_default(),
+            };
+            to.add(&s);
         }
     }
 }
@@ -965,7 +964,9 @@ mod tests {
         let spooled = serde_json::to_vec(&usage.spool()).unwrap();
 
         let restored = Usage::new(HashMap::new());
-        restored.restore_spool(serde_json::from_slice(&spooled).unwrap());
+        let written_by = restored
+            .restore_spool(serde_json::from_slice(&spooled).unwrap())
+            .unwrap();
         // The batch goes first, as it was (the store adds a batch id it knows nothing), with
         // its month written down; the rest follows in a batch of its own.
         let (retry_id, retried) = restored.begin_flush(&month);
@@ -976,12 +977,40 @@ mod tests {
         assert_eq!(retried[0].event_id, sent[0].event_id);
         assert_eq!(retried[0].month.as_deref(), Some(month.as_str()));
         restored.finish_flush(&UsageSnapshot::default());
+        assert!(
+            restored.landed() < written_by,
+            "the spool is not all written yet"
+        );
         let (next_id, next) = restored.begin_flush(&month);
         assert_ne!(next_id, id);
         assert_eq!(next.iter().map(|w| w.total).sum::<i64>(), 3);
         // Nothing left over: every micro-credit went out exactly once.
         restored.finish_flush(&UsageSnapshot::default());
         assert!(restored.spool().is_empty());
+        assert!(restored.landed() >= written_by, "the spool is all written");
+    }
+
+    #[test]
+    fn a_spooled_batch_waits_while_another_is_in_flight() {
+        let month = this_month();
+        let spooled = |amount| {
+            let usage = Usage::new(HashMap::new());
+            usage.charge(&key(None), None, Credits::from_micros(amount), now_ms());
+            usage.begin_flush(&month);
+            usage.spool()
+        };
+        let usage = Usage::new(HashMap::new());
+        let written_by = usage.restore_spool(spooled(5)).unwrap();
+        // Its id would be lost behind the batch in flight: not taken now.
+        assert!(usage.restore_spool(spooled(9)).is_none());
+        usage.begin_flush(&month);
+        assert!(usage.landed() < written_by);
+        usage.finish_flush(&UsageSnapshot::default());
+        // A spool of a batch alone is written with it.
+        assert!(usage.landed() >= written_by);
+        assert!(usage.restore_spool(spooled(9)).is_some());
+        let (_, batch) = usage.begin_flush(&month);
+        assert_eq!(batch.iter().map(|w| w.total).sum::<i64>(), 9);
     }
 
     #[test]

@@ -1,0 +1,166 @@
+//! Spool files: what the store could not take (spend, audit records), kept on disk until it
+//! does. A file is written whole or not at all (a temporary file, synced, then renamed), and
+//! is used by one process at a time: the process that takes it holds an exclusive lock on it
+//! until it has removed it, and the lock goes with the process if it dies. So the two
+//! processes of a graceful upgrade, sharing one spool directory, never both replay a file,
+//! and one of them takes over what the other spooled.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// A spool file this process holds.
+#[derive(Debug)]
+pub struct Taken {
+    path: PathBuf,
+    /// Open, and locked for as long as it is.
+    file: File,
+}
+
+impl Taken {
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The whole file.
+    pub fn read(&mut self) -> io::Result<Vec<u8>> {
+        let mut bytes = Vec::new();
+        self.file.read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Removes the file: what it held is written. Its lock goes with it; if it cannot be
+    /// removed, it comes back, still held.
+    pub fn remove(self) -> Result<(), (io::Error, Self)> {
+        std::fs::remove_file(&self.path).map_err(|e| (e, self))
+    }
+
+    /// Renames the file to `name` in its directory, out of every listing, and lets it go.
+    pub fn set_aside(self, name: &str) -> io::Result<PathBuf> {
+        let to = self.path.with_file_name(name);
+        std::fs::rename(&self.path, &to)?;
+        Ok(to)
+    }
+}
+
+/// Takes `path` for this process: `None` if another process (or this one, elsewhere) holds
+/// it, or it is gone.
+pub fn take(path: &Path) -> Option<Taken> {
+    hold(path, File::open(path).ok()?)
+}
+
+/// Locks `file`, opened from `path`, if it is still the file at `path`.
+fn hold(path: &Path, file: File) -> Option<Taken> {
+    file.try_lock().ok()?;
+    // The file may have been replayed and removed between the open and the lock by the
+    // process that held it: then this handle is to a file no longer in the directory.
+    let held = file.metadata().ok()?;
+    let listed = std::fs::metadata(path).ok()?;
+    (held.dev() == listed.dev() && held.ino() == listed.ino()).then(|| Taken {
+        path: path.to_path_buf(),
+        file,
+    })
+}
+
+/// A new file name, `<prefix>-<nanoseconds>-<random>.<extension>`: names sort by the time
+/// they were made, and two processes never pick the same one.
+pub fn new_name(prefix: &str, extension: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{prefix}-{nanos:020}-{}.{extension}",
+        crate::ids::new_id("s")
+    )
+}
+
+/// The files in `dir` whose names `matches` accepts, oldest name first.
+pub fn list(dir: &Path, matches: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(&matches))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Writes `dir/name` whole or not at all: `fill` writes into a temporary file, which is synced
+/// and then renamed.
+pub fn write(
+    dir: &Path,
+    name: &str,
+    fill: impl FnOnce(&mut io::BufWriter<&File>) -> io::Result<()>,
+) -> io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let written = (|| {
+        let file = File::create(&tmp)?;
+        let mut out = io::BufWriter::new(&file);
+        fill(&mut out)?;
+        out.flush()?;
+        drop(out);
+        file.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map(|()| path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_taken_by_one_holder_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), &new_name("spend", "json"), |out| {
+            out.write_all(b"{}")
+        })
+        .unwrap();
+        let mut first = take(&path).expect("a free file is taken");
+        assert!(take(&path).is_none(), "a held file is not taken twice");
+        assert_eq!(first.read().unwrap(), b"{}");
+        first.remove().map_err(|(e, _)| e).unwrap();
+        assert!(take(&path).is_none(), "a removed file is gone");
+        assert!(list(dir.path(), |_| true).is_empty());
+    }
+
+    #[test]
+    fn a_file_replayed_and_removed_while_waiting_for_its_lock_is_not_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "audit-1.jsonl", |out| out.write_all(b"x")).unwrap();
+        let holder = take(&path).unwrap();
+        // Two readers opened it before the holder replayed and removed it.
+        let (late, later) = (File::open(&path).unwrap(), File::open(&path).unwrap());
+        holder.remove().map_err(|(e, _)| e).unwrap();
+        assert!(hold(&path, late).is_none(), "gone from the directory");
+        // Written again under the same name: a new file, not the one `later` opened.
+        write(dir.path(), "audit-1.jsonl", |out| out.write_all(b"y")).unwrap();
+        assert!(hold(&path, later).is_none(), "another file now");
+        let mut again = take(&path).expect("the new file is free");
+        assert_eq!(again.read().unwrap(), b"y");
+    }
+
+    #[test]
+    fn names_sort_by_time_and_listing_filters() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = new_name("audit", "jsonl");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = new_name("audit", "jsonl");
+        assert!(a < b);
+        for name in [&b, &a, &"spend.json".to_string(), &format!("{a}.tmp")] {
+            std::fs::write(dir.path().join(name), b"").unwrap();
+        }
+        let listed = list(dir.path(), |n| {
+            n.starts_with("audit-") && n.ends_with(".jsonl")
+        });
+        assert_eq!(listed, [dir.path().join(&a), dir.path().join(&b)]);
+    }
+}
