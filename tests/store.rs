@@ -1715,3 +1715,32 @@ async fn redis_a_recreated_group_still_reads_entries_that_were_pending_when_it_w
         .unwrap()
         .is_empty());
 }
+
+/// Redis 7 gives an ACL user no channel rights unless granted: the change notice is best
+/// effort (replicas also poll the change log), so a key write is still whole and answered.
+#[tokio::test]
+async fn redis_a_user_without_channel_rights_still_writes_keys() {
+    let redis = RedisServer::start().await;
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    ::redis::cmd("ACL")
+        .arg(&["SETUSER", "writer", "on", ">pw", "resetchannels", "~*", "+@all"])
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let url = format!("{}?user=writer&pass=pw", redis.url());
+    let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&url, "acl").unwrap());
+    let ws = new_id("ws");
+    let k = key(&ws, 1);
+    store.insert_key(&k).await.expect("the key is written and answered");
+    assert_eq!(
+        store.key_by_hash(&k.hash).await.unwrap().as_deref(),
+        Some(&k)
+    );
+    let revoked = store
+        .update_key(&k.id, &|r: &mut KeyRecord| r.status = KeyStatus::Revoked)
+        .await
+        .expect("the update is answered")
+        .unwrap();
+    assert_eq!(revoked.status, KeyStatus::Revoked);
+}

@@ -139,7 +139,7 @@ redis.call('SET', KEYS[2], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
 local e = redis.call('INCR', KEYS[4])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], e .. '-0', 'h', ARGV[2])
-redis.call('PUBLISH', ARGV[5], e)
+redis.pcall('PUBLISH', ARGV[5], e)
 return e
 ",
     )
@@ -161,7 +161,7 @@ if ARGV[6] then
   redis.call('XADD', KEYS[4], '*', 'id', ARGV[6], 'type', ARGV[7], 'created', ARGV[8],
     'workspace', ARGV[9], 'environment', ARGV[10], 'data', ARGV[11])
 end
-redis.call('PUBLISH', ARGV[4], e)
+redis.pcall('PUBLISH', ARGV[4], e)
 return e
 ",
     )
@@ -186,7 +186,7 @@ local e = redis.call('INCR', KEYS[5])
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[4])
 e = redis.call('INCR', KEYS[5])
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[5])
-redis.call('PUBLISH', ARGV[8], e)
+redis.pcall('PUBLISH', ARGV[8], e)
 return e
 ",
     )
