@@ -1724,7 +1724,15 @@ async fn redis_a_user_without_channel_rights_still_writes_keys() {
     let client = ::redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     ::redis::cmd("ACL")
-        .arg(&["SETUSER", "writer", "on", ">pw", "resetchannels", "~*", "+@all"])
+        .arg(&[
+            "SETUSER",
+            "writer",
+            "on",
+            ">pw",
+            "resetchannels",
+            "~*",
+            "+@all",
+        ])
         .query_async::<()>(&mut conn)
         .await
         .unwrap();
@@ -1732,7 +1740,10 @@ async fn redis_a_user_without_channel_rights_still_writes_keys() {
     let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&url, "acl").unwrap());
     let ws = new_id("ws");
     let k = key(&ws, 1);
-    store.insert_key(&k).await.expect("the key is written and answered");
+    store
+        .insert_key(&k)
+        .await
+        .expect("the key is written and answered");
     assert_eq!(
         store.key_by_hash(&k.hash).await.unwrap().as_deref(),
         Some(&k)
@@ -1743,4 +1754,89 @@ async fn redis_a_user_without_channel_rights_still_writes_keys() {
         .expect("the update is answered")
         .unwrap();
     assert_eq!(revoked.status, KeyStatus::Revoked);
+}
+
+/// A TCP relay to a Redis that can stop carrying the connections it has, keeping their
+/// sockets open, while it carries new ones: a Redis host gone without a reset, or a NAT or
+/// proxy that dropped the flow.
+struct FreezingRelay {
+    addr: std::net::SocketAddr,
+    connections: Arc<std::sync::Mutex<Vec<Arc<std::sync::atomic::AtomicBool>>>>,
+}
+
+impl FreezingRelay {
+    async fn start(redis: &RedisServer) -> Self {
+        let socket = redis
+            .url()
+            .strip_prefix("redis+unix://")
+            .unwrap()
+            .to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections: Arc<std::sync::Mutex<Vec<_>>> = Arc::default();
+        let registry = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::UnixStream::connect(&socket).await else {
+                    continue;
+                };
+                let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                registry.lock().unwrap().push(frozen.clone());
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pump(client_read, server_write, frozen.clone()));
+                tokio::spawn(pump(server_read, client_write, frozen));
+            }
+        });
+        Self { addr, connections }
+    }
+
+    /// Every connection made so far carries nothing more; new ones work.
+    fn freeze_existing(&self) {
+        for frozen in self.connections.lock().unwrap().iter() {
+            frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+async fn pump(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    mut to: impl tokio::io::AsyncWrite + Unpin,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if frozen.load(std::sync::atomic::Ordering::SeqCst) {
+            // Holds both sockets open, and forwards nothing.
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A command that times out leaves the connection manager's socket in place: without a
+/// watchdog, every command on it would time out for as long as the socket stays open.
+#[tokio::test]
+async fn redis_a_connection_that_stops_answering_is_replaced() {
+    let redis = RedisServer::start().await;
+    let relay = FreezingRelay::start(&redis).await;
+    let store = RedisStore::connect(&format!("redis://{}", relay.addr), "frozen").unwrap();
+    store.ping().await.expect("Redis answers through the relay");
+    relay.freeze_existing();
+    assert!(
+        store.ping().await.is_err(),
+        "the frozen connection times out"
+    );
+    eventually(Duration::from_secs(15), || async {
+        store.ping().await.is_ok()
+    })
+    .await
+    .expect("a new connection answers");
 }

@@ -20,6 +20,16 @@ use crate::store::StoreError;
 /// How often the Sentinels are asked where the master is.
 const SENTINEL_POLL: Duration = Duration::from_secs(1);
 
+/// How often the shared connection is checked with a `PING`.
+const HEALTH_CHECK: Duration = Duration::from_secs(1);
+
+/// `PING`s in a row that time out before the shared connection is replaced. A timeout does
+/// not make the connection manager reconnect (only a dropped connection does): a socket that
+/// stays open and carries nothing (a Redis host gone without a reset, a NAT or proxy that
+/// dropped the flow) would otherwise time out every command for as long as the kernel keeps
+/// it, or for ever.
+const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
+
 /// The Sentinels that name the store's master.
 #[derive(Debug, Clone)]
 pub struct Sentinels {
@@ -57,12 +67,17 @@ pub(super) struct Connections {
 }
 
 impl Connections {
-    /// Connections to `client`'s node, for good.
+    /// Connections to `client`'s node, for good. Inside a Tokio runtime, a watchdog replaces
+    /// the shared connection when it stops answering ([`TIMEOUTS_BEFORE_RECONNECT`]).
     pub fn direct(client: Client) -> Result<Arc<Self>, StoreError> {
-        Ok(Arc::new(Self {
+        let this = Arc::new(Self {
             node: ArcSwap::from_pointee(Node::new(client)?),
             moved: watch::Sender::new(0),
-        }))
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(watch_health(Arc::downgrade(&this)));
+        }
+        Ok(this)
     }
 
     /// Connections to the master `sentinels` name, starting with `client`'s node (`store.url`,
@@ -108,6 +123,43 @@ impl Connections {
         self.node.store(Arc::new(Node::new(client)?));
         self.moved.send_modify(|n| *n += 1);
         Ok(())
+    }
+
+    /// New connections to the same node: the shared one, and (signalled as a move) every
+    /// connection of its own.
+    fn reconnect(&self) -> Result<(), StoreError> {
+        self.switch_to(self.client())
+    }
+}
+
+/// `PING`s the shared connection every [`HEALTH_CHECK`], and replaces it after
+/// [`TIMEOUTS_BEFORE_RECONNECT`] timeouts in a row. Ends with the store.
+async fn watch_health(connections: std::sync::Weak<Connections>) {
+    let mut timeouts = 0;
+    loop {
+        tokio::time::sleep(HEALTH_CHECK).await;
+        let Some(this) = connections.upgrade() else {
+            return;
+        };
+        let mut conn = this.manager();
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<()>(&mut conn);
+        timeouts = match tokio::time::timeout(HEALTH_CHECK * 2, ping).await {
+            Ok(Err(e)) if e.is_timeout() => timeouts + 1,
+            Err(_) => timeouts + 1,
+            // Answered, or refused: a connection the manager itself replaces.
+            Ok(_) => 0,
+        };
+        if timeouts >= TIMEOUTS_BEFORE_RECONNECT {
+            timeouts = 0;
+            tracing::warn!(
+                redis = %this.address(),
+                "Redis does not answer on its connection; opening new connections"
+            );
+            if let Err(e) = this.reconnect() {
+                tracing::error!(error = %e, "cannot open new Redis connections");
+            }
+        }
     }
 }
 
@@ -202,14 +254,38 @@ async fn follow_master(connections: std::sync::Weak<Connections>, mut sentinel: 
     }
 }
 
-/// `store.url` read as a client (its host is where a store with Sentinels starts).
+/// `store.url` read as a client (its host is where a store with Sentinels starts). Its TCP
+/// connections probe an idle peer (keepalive) and give up on data not acknowledged within
+/// [`TCP_USER_TIMEOUT`]: a connection to a host that is gone fails, and is replaced, in
+/// seconds instead of the kernel's ~15 minutes. The change subscription, idle most of the
+/// time, relies on this.
 pub fn client_for(url: &str, tls: Option<TlsCertificates>) -> Result<Client, StoreError> {
+    use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
+    use redis::IntoConnectionInfo;
+    let bad =
+        |e: redis::RedisError| StoreError::Unavailable(format!("bad Redis URL or TLS files: {e}"));
+    let keepalive = TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE)
+        .with_interval(TCP_KEEPALIVE)
+        .with_retries(3);
+    let info = url.into_connection_info().map_err(bad)?.set_tcp_settings(
+        TcpSettings::default()
+            .set_nodelay(true)
+            .set_keepalive(keepalive)
+            .set_user_timeout(TCP_USER_TIMEOUT),
+    );
     match tls {
-        Some(certificates) => Client::build_with_tls(url, certificates),
-        None => Client::open(url),
+        Some(certificates) => Client::build_with_tls(info, certificates),
+        None => Client::open(info),
     }
-    .map_err(|e| StoreError::Unavailable(format!("bad Redis URL or TLS files: {e}")))
+    .map_err(bad)
 }
+
+/// Idle time before a keepalive probe, and between probes.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// How long sent data may go unacknowledged before the connection fails.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {
