@@ -186,6 +186,12 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
             std::time::Duration::from_secs(server_cfg.shutdown_grace_seconds),
         )),
     });
+    // The last writes go over connections of the store runtime's own: a connection that a
+    // request or the admin API reopened runs on a Pingora runtime, stopped now.
+    {
+        let _guard = store_runtime.enter();
+        store.reopen_connections();
+    }
     // Attempts in flight get to finish; anything unfinished is taken over after its lease.
     let _ = stop_worker.send(true);
     if let Some(worker) = worker {

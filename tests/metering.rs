@@ -1255,3 +1255,43 @@ async fn an_answer_the_backend_cuts_short_is_recorded_as_502_and_not_charged() {
     assert_eq!(usage["total"], 0.0, "{usage}");
     assert!(usage["keys"].get(&id).is_none(), "{usage}");
 }
+
+/// The shared Redis connection is reopened by whichever task finds it broken; after a Redis
+/// restart that can be a request, on a gateway thread's runtime, which stops before the last
+/// flush. The last flush still reaches Redis.
+#[tokio::test]
+async fn spend_is_written_at_shutdown_after_a_request_reopened_the_connection() {
+    let mut redis = RedisServer::start().await;
+    let spool = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let builder = || {
+        Gateway::builder()
+            .redis(&url, "reopened")
+            .spool_dir(spool.path())
+            .no_worker()
+            .store_settings("sync_interval_ms = 600000")
+            .metering("flush_interval_ms = 600000")
+    };
+    let mut gw = builder().start().await;
+    let ws = gw.create_workspace().await;
+    let (id, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    redis.stop().await;
+    redis.resume().await;
+    // An uncached key: its lookup is the first store call after the restart.
+    eventually(Duration::from_secs(10), || async {
+        gw.chat(&key).await.status() == 200
+    })
+    .await
+    .expect("the key is served once Redis is back");
+    sigterm(&mut gw);
+    assert!(
+        spool_files(spool.path(), "spend").is_empty(),
+        "spend spooled with Redis up: {}",
+        gw.logs()
+    );
+    drop(gw);
+    let gw = builder().start().await;
+    assert_eq!(usage(&gw, &ws).await["keys"][&id], 1.0);
+}

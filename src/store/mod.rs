@@ -204,6 +204,12 @@ pub trait Store: Send + Sync + 'static {
     /// Checks that the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// Opens new connections, driven from the calling runtime. A connection is reopened by
+    /// whichever task finds it broken, and runs on that task's runtime: at shutdown, once
+    /// the gateway's runtimes have stopped, the store runtime calls this before its last
+    /// writes. Nothing to do for a store without connections.
+    fn reopen_connections(&self) {}
+
     /// Creates a workspace; fails with [`StoreError::Conflict`] if the id exists.
     async fn create_workspace(&self, workspace: &Workspace) -> Result<(), StoreError>;
 

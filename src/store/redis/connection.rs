@@ -127,7 +127,7 @@ impl Connections {
 
     /// New connections to the same node: the shared one, and (signalled as a move) every
     /// connection of its own.
-    fn reconnect(&self) -> Result<(), StoreError> {
+    pub fn reconnect(&self) -> Result<(), StoreError> {
         self.switch_to(self.client())
     }
 }

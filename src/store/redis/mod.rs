@@ -659,6 +659,12 @@ fn encode<T: serde::Serialize>(value: &T) -> String {
 
 #[async_trait]
 impl Store for RedisStore {
+    fn reopen_connections(&self) {
+        if let Err(e) = self.connections.reconnect() {
+            tracing::warn!(error = %e, "cannot reopen the Redis connections");
+        }
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         let _: String = redis::cmd("PING")
             .query_async(&mut self.conn())
