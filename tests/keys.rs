@@ -535,3 +535,44 @@ async fn bad_rotations_change_nothing() {
     assert!(first.get("rotated_to").is_none());
     assert_eq!(gw.chat(&key).await.status(), 200);
 }
+
+/// A Redis failover that loses the last writes takes the change log back an epoch or more;
+/// the next write reuses the epoch. A replica that had read up to it must not take the new
+/// change for the one it read, and miss it: a revocation would never reach its cache.
+#[tokio::test]
+async fn a_revocation_after_a_failover_that_lost_writes_reaches_every_replica() {
+    let ns = TestNamespace::new();
+    let (a, b) = replicas(&ns).await;
+    let ws = a.create_workspace().await;
+    let (x_id, x) = a
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    assert_eq!(b.chat(&x).await.status(), 200, "cached on b");
+    // A write b reads, and that the new master never got.
+    a.create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let prefix = format!("{{{}}}:keys:", ns.name);
+    redis::Script::new(
+        r"
+local epoch = tonumber(redis.call('GET', KEYS[2])) - 1
+local kept = redis.call('XRANGE', KEYS[1], '-', epoch .. '-0')
+redis.call('DEL', KEYS[1])
+for _, e in ipairs(kept) do redis.call('XADD', KEYS[1], e[1], unpack(e[2])) end
+redis.call('SET', KEYS[2], epoch)
+",
+    )
+    .key(format!("{prefix}log"))
+    .key(format!("{prefix}epoch"))
+    .invoke_async::<()>(&mut conn)
+    .await
+    .unwrap();
+    a.revoke(&x_id).await;
+    eventually(Duration::from_secs(5), || async {
+        b.chat(&x).await.status() == 401
+    })
+    .await
+    .expect("b drops the revoked key");
+}

@@ -171,8 +171,9 @@ async fn concurrent_updates_lose_nothing(store: Arc<dyn Store>) {
 }
 
 async fn changes_are_logged_by_epoch(store: Arc<dyn Store>) {
-    let start = store.key_changes_since(0).await.unwrap().epoch;
-    let nothing = store.key_changes_since(start).await.unwrap();
+    let first = store.key_changes_since(0, "").await.unwrap();
+    let (start, mark) = (first.epoch, first.mark);
+    let nothing = store.key_changes_since(start, &mark).await.unwrap();
     assert_eq!(nothing.changed, Some(vec![]));
 
     let signal = store.key_change_signal();
@@ -180,6 +181,8 @@ async fn changes_are_logged_by_epoch(store: Arc<dyn Store>) {
     let b = key(&new_id("ws"), 1);
     store.insert_key(&a).await.unwrap();
     store.insert_key(&b).await.unwrap();
+    let mid = store.key_changes_since(start, &mark).await.unwrap();
+    assert_eq!(mid.epoch, start + 2);
     store
         .update_key(&a.id, &|r: &mut KeyRecord| r.status = KeyStatus::Revoked)
         .await
@@ -188,13 +191,13 @@ async fn changes_are_logged_by_epoch(store: Arc<dyn Store>) {
         .await
         .expect("change signal fires");
 
-    let changes = store.key_changes_since(start).await.unwrap();
+    let changes = store.key_changes_since(start, &mark).await.unwrap();
     assert_eq!(changes.epoch, start + 3);
     assert_eq!(changes.changed, Some(vec![a.hash, b.hash, a.hash]));
-    let later = store.key_changes_since(start + 2).await.unwrap();
+    let later = store.key_changes_since(mid.epoch, &mid.mark).await.unwrap();
     assert_eq!(later.changed, Some(vec![a.hash]));
     // An epoch from the future (the store was reset) means: drop everything.
-    let future = store.key_changes_since(start + 1000).await.unwrap();
+    let future = store.key_changes_since(start + 1000, &mark).await.unwrap();
     assert_eq!(future.changed, None);
 }
 
@@ -236,7 +239,8 @@ async fn rotation_is_atomic_and_idempotent(store: Arc<dyn Store>) {
     let old = key(&new_id("ws"), 1);
     store.insert_key(&old).await.unwrap();
     let successor = keys::successor(&old, &keys::format::generate(Environment::Live), 2);
-    let start = store.key_changes_since(0).await.unwrap().epoch;
+    let first = store.key_changes_since(0, "").await.unwrap();
+    let (start, mark) = (first.epoch, first.mark);
 
     match store.rotate_key(&old.id, &successor, 500).await.unwrap() {
         Rotation::Rotated { old: rotated, .. } => {
@@ -279,7 +283,7 @@ async fn rotation_is_atomic_and_idempotent(store: Arc<dyn Store>) {
             .len(),
         2
     );
-    let changes = store.key_changes_since(start).await.unwrap();
+    let changes = store.key_changes_since(start, &mark).await.unwrap();
     assert_eq!(changes.changed, Some(vec![old.hash, successor.hash]));
 }
 
@@ -1839,4 +1843,52 @@ async fn redis_a_connection_that_stops_answering_is_replaced() {
     })
     .await
     .expect("a new connection answers");
+}
+
+/// After a failover that lost the last writes (or a restore from an older copy), the epoch a
+/// replica read may name another change: the mark of the change tells, and the replica starts
+/// over instead of taking "nothing new" (or the changes after it) for the truth.
+#[tokio::test]
+async fn redis_a_change_log_that_lost_writes_is_not_taken_for_the_one_read() {
+    let ns = TestNamespace::new();
+    let store = RedisStore::connect(&redis_url(), &ns.name).unwrap();
+    let ws = new_id("ws");
+    store.insert_key(&key(&ws, 1)).await.unwrap();
+    let lost = key(&ws, 2);
+    store.insert_key(&lost).await.unwrap();
+    let read = store.key_changes_since(0, "").await.unwrap();
+
+    // The write of `lost` never reached the node that takes over: its epoch and log entry go.
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let prefix = format!("{{{}}}:keys:", ns.name);
+    ::redis::Script::new(
+        r"
+local kept = redis.call('XRANGE', KEYS[1], '-', ARGV[1] .. '-0')
+redis.call('DEL', KEYS[1])
+for _, e in ipairs(kept) do redis.call('XADD', KEYS[1], e[1], unpack(e[2])) end
+redis.call('SET', KEYS[2], ARGV[1])
+",
+    )
+    .key(format!("{prefix}log"))
+    .key(format!("{prefix}epoch"))
+    .arg(read.epoch - 1)
+    .invoke_async::<()>(&mut conn)
+    .await
+    .unwrap();
+    // Another replica writes on the new node: the same epoch, another change.
+    let revoked = key(&ws, 3);
+    store.insert_key(&revoked).await.unwrap();
+    let after = store
+        .key_changes_since(read.epoch, &read.mark)
+        .await
+        .unwrap();
+    assert_eq!(after.epoch, read.epoch);
+    assert_eq!(after.changed, None, "every cached key must go");
+    // And from the new history's mark on, changes are read again.
+    let again = store
+        .key_changes_since(after.epoch, &after.mark)
+        .await
+        .unwrap();
+    assert_eq!(again.changed, Some(vec![]));
 }

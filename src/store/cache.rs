@@ -12,7 +12,7 @@
 
 use dashmap::{DashMap, DashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Store, StoreError};
@@ -67,8 +67,9 @@ pub struct KeyCache {
     /// One shared copy of each workspace id and each scope set: most keys share both.
     workspaces: DashSet<Arc<str>>,
     scope_sets: DashSet<Arc<Scopes>>,
-    /// The store epoch the cache has caught up to.
-    epoch: AtomicU64,
+    /// Where in the store's change log the cache has caught up to: the epoch and the mark
+    /// of the change at it.
+    position: Mutex<(u64, String)>,
     /// Bumped before entries are dropped, so a fetch that raced a change does not re-insert
     /// what it read before the change.
     generation: AtomicU64,
@@ -88,7 +89,7 @@ impl KeyCache {
             unknown: DashMap::default(),
             workspaces: DashSet::new(),
             scope_sets: DashSet::new(),
-            epoch: AtomicU64::new(0),
+            position: Mutex::new((0, String::new())),
             generation: AtomicU64::new(0),
             synced_at_ms: AtomicU64::new(0),
             origin: Instant::now(),
@@ -196,8 +197,8 @@ impl KeyCache {
 
     /// Catches up with the store's change log once.
     pub async fn sync(&self) -> Result<(), StoreError> {
-        let since = self.epoch.load(Ordering::Acquire);
-        let changes = self.store.key_changes_since(since).await?;
+        let (since, mark) = self.position().clone();
+        let changes = self.store.key_changes_since(since, &mark).await?;
         match changes.changed {
             None => {
                 self.generation.fetch_add(1, Ordering::AcqRel);
@@ -213,10 +214,16 @@ impl KeyCache {
             }
             Some(_) => {}
         }
-        self.epoch.store(changes.epoch, Ordering::Release);
+        *self.position() = (changes.epoch, changes.mark);
         self.synced_at_ms
             .store(self.now_ms().max(1), Ordering::Release);
         Ok(())
+    }
+
+    fn position(&self) -> std::sync::MutexGuard<'_, (u64, String)> {
+        self.position
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Drops scoped tokens that expired before unix second `now`.

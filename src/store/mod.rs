@@ -60,6 +60,10 @@ pub type KeyChange<'a> = &'a (dyn Fn(&mut KeyRecord) + Send + Sync);
 pub struct KeyChanges {
     /// The registry's current epoch; pass it to the next call.
     pub epoch: u64,
+    /// The mark of the change at `epoch`; pass it to the next call. It tells one history from
+    /// another: after a Redis failover that lost the last writes, the same epoch may name a
+    /// different change.
+    pub mark: String,
     /// Digests of the keys that changed, or `None` when the history no longer reaches back
     /// that far (or the store was reset): every cached key must then be dropped.
     pub changed: Option<Vec<KeyHash>>,
@@ -252,9 +256,11 @@ pub trait Store: Send + Sync + 'static {
         event: &Event,
     ) -> Result<Option<Arc<KeyRecord>>, StoreError>;
 
-    /// Key changes after `epoch`. Every write to a key (insert, update) advances the epoch, so
-    /// a cache that remembers the epoch it has seen can catch up on anything it missed.
-    async fn key_changes_since(&self, epoch: u64) -> Result<KeyChanges, StoreError>;
+    /// Key changes after `epoch`, read before with `mark`. Every write to a key (insert,
+    /// update) advances the epoch, so a cache that remembers the epoch it has seen can catch
+    /// up on anything it missed; if the change at `epoch` is no longer the one it read (the
+    /// store lost writes), every cached key must go (`changed: None`).
+    async fn key_changes_since(&self, epoch: u64, mark: &str) -> Result<KeyChanges, StoreError>;
 
     /// Woken (best effort) whenever a key changes, on this replica or any other.
     fn key_change_signal(&self) -> Arc<Notify>;

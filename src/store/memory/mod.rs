@@ -251,7 +251,8 @@ impl Store for MemoryStore {
         self.update(id, change, Some(event))
     }
 
-    async fn key_changes_since(&self, epoch: u64) -> Result<KeyChanges, StoreError> {
+    /// Its history lives and ends with the process: one mark for every change.
+    async fn key_changes_since(&self, epoch: u64, _mark: &str) -> Result<KeyChanges, StoreError> {
         let inner = self.read();
         let oldest = inner.changes.front().map_or(inner.epoch + 1, |(e, _)| *e);
         let changed = if epoch > inner.epoch || epoch + 1 < oldest {
@@ -268,6 +269,7 @@ impl Store for MemoryStore {
         };
         Ok(KeyChanges {
             epoch: inner.epoch,
+            mark: "0".into(),
             changed,
         })
     }

@@ -129,7 +129,7 @@ impl Layout {
 
 /// Inserts a key record and its indexes, then records the change.
 /// KEYS: record, id index, workspace set, epoch, log. ARGV: json, hash hex, id, created_at,
-/// channel, log length. Returns the new epoch, or -1 if the key or id exists.
+/// channel, log length, mark. Returns the new epoch, or -1 if the key or id exists.
 static INSERT_KEY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -138,7 +138,7 @@ redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
 local e = redis.call('INCR', KEYS[4])
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], e .. '-0', 'h', ARGV[2])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], e .. '-0', 'h', ARGV[2], 'm', ARGV[7])
 redis.pcall('PUBLISH', ARGV[5], e)
 return e
 ",
@@ -147,8 +147,8 @@ return e
 
 /// Replaces a key record if it still holds what the caller read (compare-and-set), records
 /// the change and, when given one, appends an event. KEYS: record, epoch, log, events.
-/// ARGV: expected json, new json, hash hex, channel, log length, then (optional) the event's
-/// id, type, created, workspace, environment, data. Returns the new epoch, or -1 if the record
+/// ARGV: expected json, new json, hash hex, channel, log length, mark, then (optional) the
+/// event's id, type, created, workspace, environment, data. Returns the new epoch, or -1 if the record
 /// changed meanwhile. A scoped token's record keeps its TTL.
 static UPDATE_KEY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -156,10 +156,10 @@ static UPDATE_KEY: LazyLock<Script> = LazyLock::new(|| {
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 local e = redis.call('INCR', KEYS[2])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], e .. '-0', 'h', ARGV[3])
-if ARGV[6] then
-  redis.call('XADD', KEYS[4], '*', 'id', ARGV[6], 'type', ARGV[7], 'created', ARGV[8],
-    'workspace', ARGV[9], 'environment', ARGV[10], 'data', ARGV[11])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], e .. '-0', 'h', ARGV[3], 'm', ARGV[6])
+if ARGV[7] then
+  redis.call('XADD', KEYS[4], '*', 'id', ARGV[7], 'type', ARGV[8], 'created', ARGV[9],
+    'workspace', ARGV[10], 'environment', ARGV[11], 'data', ARGV[12])
 end
 redis.pcall('PUBLISH', ARGV[4], e)
 return e
@@ -171,7 +171,7 @@ return e
 /// indexes are inserted, and both changes are recorded. KEYS: old record, successor record,
 /// successor id index, workspace set, epoch, log. ARGV: expected old json, rotated old json,
 /// successor json, old hash hex, successor hash hex, successor id, created_at, channel, log
-/// length. Returns the epoch, -1 if the old record changed meanwhile, -2 if the successor
+/// length, mark. Returns the epoch, -1 if the old record changed meanwhile, -2 if the successor
 /// exists already.
 static ROTATE_KEY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -183,9 +183,9 @@ redis.call('SET', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[3], ARGV[5])
 redis.call('ZADD', KEYS[4], ARGV[7], ARGV[6])
 local e = redis.call('INCR', KEYS[5])
-redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[4])
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[4], 'm', ARGV[10])
 e = redis.call('INCR', KEYS[5])
-redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[5])
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[5], 'm', ARGV[10])
 redis.pcall('PUBLISH', ARGV[8], e)
 return e
 ",
@@ -409,20 +409,33 @@ return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
     )
 });
 
-/// Reads the changes after an epoch. KEYS: epoch, log. ARGV: since, max.
-/// Returns `{epoch}` (nothing new), `{epoch, 'reset'}` (history gone), or
-/// `{epoch, hash, hash, …}`.
+/// Reads the changes after an epoch. KEYS: epoch, log. ARGV: since, max, the mark the caller
+/// read with `since`. Returns `{epoch, mark}` (nothing new), `{epoch, mark, 'reset'}` (history
+/// gone, or not the one the caller read), or `{epoch, mark, hash, hash, …}`.
+///
+/// Each entry carries a random mark, and a reader keeps the mark of the entry at its epoch:
+/// after a failover that lost the last writes, or a restore from an older copy, the same
+/// epoch names another change, and only the mark tells. (Entries written before marks read
+/// as `0`; an entry that is gone as `-`.)
 static CHANGES_SINCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local function mark_at(e)
+  if e == 0 then return '0' end
+  local at = redis.call('XRANGE', KEYS[2], e .. '-0', e .. '-0')
+  if #at == 0 then return '-' end
+  return at[1][2][4] or '0'
+end
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 local since = tonumber(ARGV[1])
-if cur == since then return {cur} end
-if cur < since or cur - since > tonumber(ARGV[2]) then return {cur, 'reset'} end
+local mark = mark_at(cur)
+if cur < since or cur - since > tonumber(ARGV[2]) then return {cur, mark, 'reset'} end
+if since > 0 and mark_at(since) ~= ARGV[3] then return {cur, mark, 'reset'} end
+if cur == since then return {cur, mark} end
 local first = (since + 1) .. '-0'
 local entries = redis.call('XRANGE', KEYS[2], first, '+', 'COUNT', ARGV[2])
-if #entries == 0 or entries[1][1] ~= first then return {cur, 'reset'} end
-local out = {cur}
+if #entries == 0 or entries[1][1] ~= first then return {cur, mark, 'reset'} end
+local out = {cur, mark}
 for _, entry in ipairs(entries) do out[#out + 1] = entry[2][2] end
 return out
 ",
@@ -537,7 +550,8 @@ impl RedisStore {
                 .arg(encode(&next))
                 .arg(hash.to_hex())
                 .arg(self.layout.channel())
-                .arg(CHANGE_LOG_LEN);
+                .arg(CHANGE_LOG_LEN)
+                .arg(new_mark());
             if let Some(event) = event {
                 invocation
                     .arg(&event.id)
@@ -635,6 +649,11 @@ async fn listen_for_changes(
     }
 }
 
+/// A random mark for a change-log entry ([`CHANGES_SINCE`]).
+fn new_mark() -> String {
+    crate::ids::new_id("m")
+}
+
 /// `Ok` for a write that created its record; a conflict naming it otherwise.
 fn created_or_conflict(created: bool, what: &str, id: &str) -> Result<(), StoreError> {
     if created {
@@ -700,6 +719,7 @@ impl Store for RedisStore {
             .arg(key.created_at)
             .arg(l.channel())
             .arg(CHANGE_LOG_LEN)
+            .arg(new_mark())
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -792,12 +812,13 @@ impl Store for RedisStore {
         self.update(id, change, Some(event)).await
     }
 
-    async fn key_changes_since(&self, epoch: u64) -> Result<KeyChanges, StoreError> {
+    async fn key_changes_since(&self, epoch: u64, mark: &str) -> Result<KeyChanges, StoreError> {
         let reply: Vec<Value> = CHANGES_SINCE
             .key(self.layout.epoch())
             .key(self.layout.log())
             .arg(epoch)
             .arg(CATCH_UP_MAX)
+            .arg(mark)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -810,25 +831,31 @@ impl Store for RedisStore {
                 )))
             }
         };
+        let text = |item: &Value| -> String {
+            match item {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                Value::SimpleString(s) => s.clone(),
+                _ => String::new(),
+            }
+        };
+        let mark = items.next().map(|m| text(&m)).unwrap_or_default();
         let mut changed = Vec::new();
         for item in items {
-            let text = match &item {
-                Value::BulkString(b) => std::str::from_utf8(b).unwrap_or_default(),
-                Value::SimpleString(s) => s.as_str(),
-                _ => "",
-            };
+            let text = text(&item);
             if text == "reset" {
                 return Ok(KeyChanges {
                     epoch: current,
+                    mark,
                     changed: None,
                 });
             }
-            if let Some(hash) = KeyHash::from_hex(text) {
+            if let Some(hash) = KeyHash::from_hex(&text) {
                 changed.push(hash);
             }
         }
         Ok(KeyChanges {
             epoch: current,
+            mark,
             changed: Some(changed),
         })
     }
@@ -894,6 +921,7 @@ impl Store for RedisStore {
                 .arg(successor.created_at)
                 .arg(l.channel())
                 .arg(CHANGE_LOG_LEN)
+                .arg(new_mark())
                 .invoke_async(&mut self.conn())
                 .await
                 .map_err(unavailable)?;
