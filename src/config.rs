@@ -952,6 +952,32 @@ fn without_quoted_values(message: &str) -> String {
     out
 }
 
+/// Whether `SVCGATE_<rest>=value` is a Kubernetes service link, not a setting: a pod created
+/// after a Service named `svcgate` gets `SVCGATE_SERVICE_HOST`, `SVCGATE_SERVICE_PORT[_NAME]`,
+/// `SVCGATE_PORT` (`tcp://10.0.0.1:80`) and `SVCGATE_PORT_80_TCP[_PROTO|_PORT|_ADDR]`, and one
+/// named `svcgate-metrics` the same names with `METRICS_` after `SVCGATE_`. (`SVCGATE_SMTP_PORT`
+/// is a setting, unless it holds an address such as `tcp://…`.)
+fn is_service_link(rest: &str, value: &str) -> bool {
+    let words: Vec<&str> = rest.split('_').collect();
+    let address = ["tcp://", "udp://", "sctp://"]
+        .iter()
+        .any(|scheme| value.starts_with(scheme));
+    words.iter().enumerate().any(|(i, word)| {
+        let next = |n: usize| words.get(i + n).copied();
+        match *word {
+            "SERVICE" => matches!(next(1), Some("HOST" | "PORT")),
+            "PORT" => match next(1) {
+                None => address,
+                Some(port) => {
+                    port.bytes().all(|b| b.is_ascii_digit())
+                        && matches!(next(2), Some("TCP" | "UDP" | "SCTP"))
+                }
+            },
+            _ => false,
+        }
+    })
+}
+
 fn apply_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
@@ -969,9 +995,7 @@ fn apply_env(
         if CLI_VARIABLES.contains(&rest) {
             continue;
         }
-        // Kubernetes gives every pod created after a Service named `svcgate` its address as
-        // `SVCGATE_PORT`, `SVCGATE_PORT_80_TCP_ADDR`, `SVCGATE_SERVICE_HOST`…: not settings.
-        if rest == "PORT" || rest.starts_with("PORT_") || rest.starts_with("SERVICE_") {
+        if is_service_link(rest, &value) {
             continue;
         }
         let rest = rest.to_ascii_lowercase();
@@ -1243,10 +1267,20 @@ mod tests {
             ("SVCGATE_PORT_80_TCP_ADDR", "10.0.0.1"),
             ("SVCGATE_SERVICE_HOST", "10.0.0.1"),
             ("SVCGATE_SERVICE_PORT_HTTP", "80"),
+            // A Service named `svcgate-metrics`, and one named `svcgate-smtp`.
+            ("SVCGATE_METRICS_SERVICE_HOST", "10.0.0.2"),
+            ("SVCGATE_METRICS_SERVICE_PORT", "9090"),
+            ("SVCGATE_METRICS_PORT", "tcp://10.0.0.2:9090"),
+            ("SVCGATE_METRICS_PORT_9090_TCP_PROTO", "tcp"),
+            ("SVCGATE_SMTP_PORT", "tcp://10.0.0.3:25"),
+            ("SVCGATE_SMTP_PORT_25_TCP", "tcp://10.0.0.3:25"),
             ("SVCGATE_SERVER_THREADS", "3"),
         ]);
         let c = Config::load(None, vars).unwrap();
         assert_eq!(c.server.threads, 3);
+        // The setting of the same name is still one.
+        let c = Config::load(None, env(&[("SVCGATE_SMTP_PORT", "2525")])).unwrap();
+        assert_eq!(c.smtp.port, 2525);
         // A misspelt section is still an error.
         assert!(Config::load(None, env(&[("SVCGATE_SERVR_THREADS", "3")])).is_err());
     }

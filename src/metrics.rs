@@ -179,10 +179,11 @@ pub fn init() {
     LazyLock::force(&UPSTREAM_DURATION);
     LazyLock::force(&CACHE_KEYS);
     LazyLock::force(&CACHE_SYNC_AGE);
-    init_webhooks();
 }
 
-/// Registers the webhook worker's metrics.
+/// Registers the webhook worker's metrics: only where a worker runs, so a gateway without one
+/// (`serve --no-worker`) exports no queue gauges stuck at 0 that would hide workers that are
+/// all down.
 pub fn init_webhooks() {
     LazyLock::force(&DELIVERIES);
     LazyLock::force(&DELIVERY_DURATION);

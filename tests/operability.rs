@@ -484,3 +484,67 @@ async fn an_ingress_speaking_for_many_clients_is_not_held_up_by_unknown_keys() {
         assert_error(resp, 401, "authentication_error").await;
     }
 }
+
+/// Queue gauges stuck at 0 on every gateway would hide workers that are all down: only a
+/// process that runs a worker exports the webhook metrics.
+#[tokio::test]
+async fn only_a_process_running_a_webhook_worker_exports_its_metrics() {
+    let ns = TestNamespace::new();
+    let without = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .no_worker()
+        .start()
+        .await;
+    let text = without.metrics_text().await;
+    assert!(text.contains("svcgate_key_cache_entries"), "{text}");
+    assert!(!text.contains("svcgate_webhook_"), "{text}");
+    let with = on_redis(&ns).await;
+    eventually(Duration::from_secs(5), || async {
+        with.metrics_text()
+            .await
+            .contains("svcgate_webhook_oldest_pending_seconds")
+    })
+    .await
+    .expect("a worker's gateway exports them");
+}
+
+/// `/readyz` on the gateway port is public: a flood of probes must not become a flood of
+/// Redis commands.
+#[tokio::test]
+async fn a_flood_of_readiness_probes_asks_redis_about_once_a_second() {
+    let redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .redis(&redis.url(), "probes")
+        .no_worker()
+        .start()
+        .await;
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let pings = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_ping:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut info = async || -> String {
+        redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    };
+    let before = pings(info().await);
+    let started = Instant::now();
+    for _ in 0..300 {
+        let resp = gw.request(Method::GET, "/readyz").send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let seconds = started.elapsed().as_secs();
+    let asked = pings(info().await) - before;
+    // One a second from the probes, one from the connection watchdog, and a little slack.
+    assert!(
+        asked <= 2 * (seconds + 2),
+        "{asked} PINGs for 300 probes in {seconds} s"
+    );
+}

@@ -15,6 +15,7 @@ pub mod cors;
 pub mod headers;
 pub mod listen;
 pub mod policy;
+pub mod readiness;
 pub mod respond;
 pub mod routes;
 pub mod simulate;
@@ -147,6 +148,8 @@ pub struct Gateway {
     trusted_proxies: TrustedProxies,
     /// The `svcgate listen` streams open here.
     listen_streams: listen::OpenStreams,
+    /// The store's last answer to `/readyz`.
+    store_check: readiness::StoreCheck,
 }
 
 /// What `request_filter` decided.
@@ -180,6 +183,7 @@ impl Gateway {
             cors: Cors::default(),
             trusted_proxies: TrustedProxies::default(),
             listen_streams: listen::OpenStreams::default(),
+            store_check: readiness::StoreCheck::default(),
         }
     }
 
@@ -461,13 +465,17 @@ impl Gateway {
             "/readyz" if self.draining.is_draining() => {
                 return Err(ApiError::ServiceUnavailable("shutting down".into()))
             }
-            "/readyz" => match self.store.ping().await {
-                Ok(()) => (200, br#"{"status":"ready"}"#.to_vec()),
-                Err(_) if self.auth.keys_are_fresh() => (
+            "/readyz" => match self
+                .store_check
+                .store_answers(&*self.store, ctx.arrived_ms)
+                .await
+            {
+                true => (200, br#"{"status":"ready"}"#.to_vec()),
+                false if self.auth.keys_are_fresh() => (
                     200,
                     br#"{"status":"degraded","store":"unreachable"}"#.to_vec(),
                 ),
-                Err(_) => return Err(ApiError::ServiceUnavailable("store unreachable".into())),
+                false => return Err(ApiError::ServiceUnavailable("store unreachable".into())),
             },
             _ => return Err(ApiError::not_found("only /v1 paths are served here")),
         };
