@@ -352,13 +352,11 @@ impl AuditWriter {
             self.spool.chunk_written();
         }
         // Behind a file the store refuses, the backlog waits: most likely the store is down.
-        // A file refused again and again while the store answers is not an outage: it is
-        // set aside, and the backlog goes past it.
-        let mut try_backlog = !spool_refused;
-        if spool_refused && self.spool.refused_often() && self.store.ping().await.is_ok() {
-            self.spool.refused_while_up();
-            try_backlog = true;
-        }
+        // A file refused a few times in a row is tried past: if the store takes the backlog
+        // and still refuses the file, again and again, it is the file (set aside), not the
+        // store (which may answer and refuse writes a while: out of memory, read-only).
+        let try_backlog = !spool_refused || self.spool.refused_often();
+        let mut backlog_taken = false;
         while try_backlog && !self.backlog.is_empty() {
             let n = self.backlog.len().min(SPOOL_FILE_RECORDS);
             // Moved out, not copied; put back in order if the store refuses them.
@@ -371,6 +369,10 @@ impl AuditWriter {
                 break;
             }
             written += n;
+            backlog_taken = true;
+        }
+        if spool_refused && backlog_taken {
+            self.spool.refused_alone();
         }
         if self.backlog.len() > self.max_backlog {
             self.spill();
@@ -441,9 +443,9 @@ const SPOOL_WRITES_PER_FLUSH: usize = 20;
 /// into it meanwhile: the one a graceful upgrade replaces, at its exit.
 const SPOOL_LOOK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Flushes in a row in which the store refused a spool file before it is asked whether it
-/// is up; and flushes in which it was up and refused the file before the file is set aside
-/// (renamed `….refused`, out of every listing, for an operator to look at).
+/// Flushes in a row in which the store refused a spool file before the backlog is tried past
+/// it; and flushes in which the store took the backlog and refused the file before the file
+/// is set aside (renamed `….refused`, out of every listing, for an operator to look at).
 const REFUSALS_BEFORE_SETTING_ASIDE: u32 = 3;
 
 /// Audit spool files: JSON lines, at most [`SPOOL_FILE_RECORDS`] to a file, named by time so
@@ -467,8 +469,8 @@ struct SpoolFile {
     written: usize,
     /// Flushes in which the store refused this file.
     failures: u32,
-    /// Of those, flushes in which the store answered a ping.
-    refused_while_up: u32,
+    /// Of those, flushes in which the store took other records.
+    refused_alone: u32,
 }
 
 impl SpoolFile {
@@ -540,7 +542,7 @@ impl Spool {
                 records,
                 written: 0,
                 failures: 0,
-                refused_while_up: 0,
+                refused_alone: 0,
             });
         }
         self.next_look = Some(std::time::Instant::now() + SPOOL_LOOK_INTERVAL);
@@ -554,7 +556,7 @@ impl Spool {
         };
         file.written += file.chunk().len();
         file.failures = 0;
-        file.refused_while_up = 0;
+        file.refused_alone = 0;
         if file.written < file.records.len() {
             return;
         }
@@ -573,14 +575,14 @@ impl Spool {
         })
     }
 
-    /// The store answers and refused the current file: after a few such flushes, the file
-    /// is set aside.
-    fn refused_while_up(&mut self) {
+    /// The store took other records and refused the current file: after a few such flushes,
+    /// the file is set aside.
+    fn refused_alone(&mut self) {
         let Some(file) = &mut self.current else {
             return;
         };
-        file.refused_while_up += 1;
-        if file.refused_while_up < REFUSALS_BEFORE_SETTING_ASIDE {
+        file.refused_alone += 1;
+        if file.refused_alone < REFUSALS_BEFORE_SETTING_ASIDE {
             return;
         }
         let Some(file) = self.current.take() else {

@@ -60,9 +60,10 @@ pub struct Meter {
 /// upgrade replaced, at its exit).
 const SPEND_SPOOL_LOOK_INTERVAL: Duration = Duration::from_secs(5);
 
-/// In place of a flush number: a spend spool file that could not be read, held (so it is
-/// not read again) and never removed.
-const UNREADABLE: u64 = u64::MAX;
+/// In place of a flush number: a spend spool file that could not be read, or was written and
+/// could not be removed (it was emptied, if it could be). Held until exit, so that it is not
+/// read again meanwhile (its spend would be charged again), and left in place.
+const KEPT: u64 = u64::MAX;
 
 /// Flushes at shutdown, at most: a batch in flight goes alone, the spend behind it next.
 const CLOSING_FLUSHES: usize = 3;
@@ -362,12 +363,21 @@ impl Meter {
                 tracing::warn!(path = %path.display(), "unflushed spend spooled for the next start");
                 let held = std::mem::take(&mut *self.held());
                 for (taken, flush) in held {
-                    if flush != UNREADABLE {
-                        remove_spool(taken);
+                    match flush {
+                        KEPT => self.held().push((taken, KEPT)),
+                        _ => self.remove_spool(taken),
                     }
                 }
             }
             Err(e) => tracing::error!(error = %e, "unflushed spend lost: cannot spool"),
+        }
+    }
+
+    /// Removes a spool file whose spend is written; one that cannot be removed is kept held.
+    fn remove_spool(&self, taken: spool::Taken) {
+        if let Err((e, taken)) = taken.remove() {
+            tracing::error!(error = %e, path = %taken.path().display(), "cannot remove a written spend spool");
+            self.held().push((taken, KEPT));
         }
     }
 
@@ -391,7 +401,7 @@ impl Meter {
         drop(held);
         for (taken, _) in written {
             tracing::info!(path = %taken.path().display(), "spooled spend written");
-            remove_spool(taken);
+            self.remove_spool(taken);
         }
     }
 
@@ -406,16 +416,22 @@ impl Meter {
             let Some(mut taken) = spool::take(&path) else {
                 continue;
             };
-            let spooled = taken
-                .read()
-                .map_err(|e| e.to_string())
-                .and_then(|bytes| read_spend_spool(&path, &bytes).map_err(|e| e.to_string()));
+            let spooled = taken.read().map_err(|e| e.to_string()).and_then(|bytes| {
+                // Emptied once written, by a process that could not remove it.
+                match bytes.iter().all(u8::is_ascii_whitespace) {
+                    true => Ok(SpendSpool::default()),
+                    false => read_spend_spool(&path, &bytes).map_err(|e| e.to_string()),
+                }
+            });
             let spooled = match spooled {
+                Ok(spooled) if spooled.is_empty() => {
+                    self.remove_spool(taken);
+                    continue;
+                }
                 Ok(spooled) => spooled,
                 Err(e) => {
-                    // Held until exit, so it is not read again meanwhile; left for a person.
                     tracing::error!(error = %e, path = %path.display(), "spooled spend unreadable; left in place");
-                    self.held().push((taken, UNREADABLE));
+                    self.held().push((taken, KEPT));
                     continue;
                 }
             };
@@ -454,12 +470,6 @@ fn read_spend_spool(path: &Path, bytes: &[u8]) -> serde_json::Result<SpendSpool>
                 })
                 .map_err(|_| e)
         })
-}
-
-fn remove_spool(taken: spool::Taken) {
-    if let Err((e, taken)) = taken.remove() {
-        tracing::error!(error = %e, path = %taken.path().display(), "cannot remove a written spend spool");
-    }
 }
 
 #[cfg(test)]
@@ -552,6 +562,18 @@ mod spool_tests {
         drop(meter);
         let again = self::meter(dir.path());
         assert_eq!(again.usage.unflushed()[&month]["ws_1"], spend);
+    }
+
+    #[test]
+    fn an_emptied_spend_spool_holds_nothing_and_goes() {
+        // What a process leaves when it wrote a spool's spend and could not remove the file.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spend-00000000000000000001-s_x.json");
+        std::fs::write(&path, b"").unwrap();
+        let meter = meter(dir.path());
+        assert!(meter.usage.unflushed().is_empty());
+        assert!(!path.exists());
+        assert!(meter.held().is_empty());
     }
 
     #[tokio::test]

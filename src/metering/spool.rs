@@ -31,10 +31,30 @@ impl Taken {
         Ok(bytes)
     }
 
-    /// Removes the file: what it held is written. Its lock goes with it; if it cannot be
-    /// removed, it comes back, still held.
+    /// Removes the file: what it held is written. Its lock goes with it. If it cannot be
+    /// removed, it is emptied (an empty spool file holds nothing to replay) and comes back,
+    /// still held. A file that another process has put at the path meanwhile is left alone.
     pub fn remove(self) -> Result<(), (io::Error, Self)> {
-        std::fs::remove_file(&self.path).map_err(|e| (e, self))
+        if !self.still_listed() {
+            return Ok(());
+        }
+        match std::fs::remove_file(&self.path) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if let Err(e) = self.file.set_len(0) {
+                    tracing::error!(error = %e, path = %self.path.display(), "cannot empty a spool file either");
+                }
+                Err((e, self))
+            }
+        }
+    }
+
+    /// Whether the file at the path is still this one.
+    fn still_listed(&self) -> bool {
+        match (self.file.metadata(), std::fs::metadata(&self.path)) {
+            (Ok(held), Ok(listed)) => held.dev() == listed.dev() && held.ino() == listed.ino(),
+            _ => false,
+        }
     }
 
     /// Renames the file to `name` in its directory, out of every listing, and lets it go.
@@ -46,22 +66,37 @@ impl Taken {
 }
 
 /// Takes `path` for this process: `None` if another process (or this one, elsewhere) holds
-/// it, or it is gone.
+/// it, or it is gone. Opened for writing too: NFS grants an exclusive lock only on a file
+/// open for writing.
 pub fn take(path: &Path) -> Option<Taken> {
-    hold(path, File::open(path).ok()?)
+    let file = match File::options().read(true).write(true).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::error!(error = %e, path = %path.display(), "cannot open a spool file");
+            return None;
+        }
+    };
+    hold(path, file)
 }
 
 /// Locks `file`, opened from `path`, if it is still the file at `path`.
 fn hold(path: &Path, file: File) -> Option<Taken> {
-    file.try_lock().ok()?;
-    // The file may have been replayed and removed between the open and the lock by the
-    // process that held it: then this handle is to a file no longer in the directory.
-    let held = file.metadata().ok()?;
-    let listed = std::fs::metadata(path).ok()?;
-    (held.dev() == listed.dev() && held.ino() == listed.ino()).then(|| Taken {
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return None,
+        Err(std::fs::TryLockError::Error(e)) => {
+            tracing::error!(error = %e, path = %path.display(), "cannot lock a spool file");
+            return None;
+        }
+    }
+    let taken = Taken {
         path: path.to_path_buf(),
         file,
-    })
+    };
+    // The file may have been replayed and removed between the open and the lock by the
+    // process that held it: then this handle is to a file no longer in the directory.
+    taken.still_listed().then_some(taken)
 }
 
 /// A new file name, `<prefix>-<nanoseconds>-<random>.<extension>`: names sort by the time
@@ -146,6 +181,17 @@ mod tests {
         assert!(hold(&path, later).is_none(), "another file now");
         let mut again = take(&path).expect("the new file is free");
         assert_eq!(again.read().unwrap(), b"y");
+    }
+
+    #[test]
+    fn a_file_replaced_at_its_path_is_not_removed_by_the_holder_of_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "spend.json", |out| out.write_all(b"old")).unwrap();
+        let held = take(&path).unwrap();
+        // Another process renames a new spool over the same name.
+        write(dir.path(), "spend.json", |out| out.write_all(b"new")).unwrap();
+        held.remove().map_err(|(e, _)| e).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
     }
 
     #[test]

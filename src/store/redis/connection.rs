@@ -181,7 +181,9 @@ fn sentinel_client(
     let mut builder =
         SentinelClientBuilder::new(addresses, &sentinels.master, SentinelServerType::Master)
             .map_err(bad)?
-            .set_client_to_redis_db(redis.db());
+            .set_client_to_redis_db(redis.db())
+            .set_client_to_redis_tcp_settings(tcp_settings())
+            .set_client_to_sentinel_tcp_settings(tcp_settings());
     if let Some(username) = redis.username() {
         builder = builder.set_client_to_redis_username(username);
     }
@@ -260,25 +262,31 @@ async fn follow_master(connections: std::sync::Weak<Connections>, mut sentinel: 
 /// seconds instead of the kernel's ~15 minutes. The change subscription, idle most of the
 /// time, relies on this.
 pub fn client_for(url: &str, tls: Option<TlsCertificates>) -> Result<Client, StoreError> {
-    use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
     use redis::IntoConnectionInfo;
     let bad =
         |e: redis::RedisError| StoreError::Unavailable(format!("bad Redis URL or TLS files: {e}"));
-    let keepalive = TcpKeepalive::new()
-        .with_time(TCP_KEEPALIVE)
-        .with_interval(TCP_KEEPALIVE)
-        .with_retries(3);
-    let info = url.into_connection_info().map_err(bad)?.set_tcp_settings(
-        TcpSettings::default()
-            .set_nodelay(true)
-            .set_keepalive(keepalive)
-            .set_user_timeout(TCP_USER_TIMEOUT),
-    );
+    let info = url
+        .into_connection_info()
+        .map_err(bad)?
+        .set_tcp_settings(tcp_settings());
     match tls {
         Some(certificates) => Client::build_with_tls(info, certificates),
         None => Client::open(info),
     }
     .map_err(bad)
+}
+
+/// The TCP settings of every connection to Redis and to the Sentinels ([`client_for`]).
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
+    let keepalive = TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE)
+        .with_interval(TCP_KEEPALIVE)
+        .with_retries(3);
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive)
+        .set_user_timeout(TCP_USER_TIMEOUT)
 }
 
 /// Idle time before a keepalive probe, and between probes.
