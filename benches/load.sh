@@ -17,7 +17,8 @@
 # Knobs (environment): DURATION (s per run, 10), CONNS (32), ROUNDS (3), KEYS (100000), REDIS_URL
 # (by default a redis-server of the run's own, so the command counts are svcgate's alone),
 # PHASES (which parts to run: "saturation half many", all by default; "half" needs "saturation"),
-# FRACTIONS (of svcgate's maximum throughput, for the constant-rate runs: "0.5 0.25").
+# FRACTIONS (of svcgate's maximum throughput, for the constant-rate runs: "0.5 0.25"), THREADS
+# (worker threads of every proxy: 0, one per CPU, by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/install  # cmake for the build, redis-server for the store
