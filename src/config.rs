@@ -178,6 +178,7 @@ impl StoreConfig {
             negative_ttl: std::time::Duration::from_secs(self.negative_cache_seconds),
             negative_capacity: self.negative_cache_entries,
             poll_interval: std::time::Duration::from_millis(self.sync_interval_ms),
+            ..crate::store::CacheConfig::default()
         }
     }
 

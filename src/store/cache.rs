@@ -11,7 +11,7 @@
 //! valid).
 
 use dashmap::{DashMap, DashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,23 @@ pub struct CacheConfig {
     pub negative_capacity: usize,
     /// How often to check the change log when no signal arrives.
     pub poll_interval: Duration,
+    /// Memory the cached scoped tokens may take ([`token_weight`]). A token minted past it is
+    /// not cached: it is read from the store on each use, until expired tokens make room.
+    pub token_budget_bytes: usize,
+}
+
+/// What a cached scoped token counts for, besides its metadata.
+const TOKEN_ENTRY_BYTES: usize = 512;
+
+/// What a cached key counts against [`CacheConfig::token_budget_bytes`]: nothing for a key; for
+/// a scoped token its entry, and its metadata at four times its JSON (parsed values, each
+/// string and map allocated apart). Keys are bounded by what the store holds; tokens are
+/// minted at up to a key's rate limit, each with up to 4 KiB of metadata.
+fn token_weight(key: &CachedKey) -> usize {
+    key.scoped.as_ref().map_or(0, |grant| {
+        let json = serde_json::to_vec(&grant.metadata).map_or(0, |v| v.len());
+        TOKEN_ENTRY_BYTES + 4 * json
+    })
 }
 
 impl Default for CacheConfig {
@@ -42,6 +59,7 @@ impl Default for CacheConfig {
             negative_ttl: Duration::from_secs(30),
             negative_capacity: 100_000,
             poll_interval: Duration::from_secs(1),
+            token_budget_bytes: 64 << 20,
         }
     }
 }
@@ -75,6 +93,10 @@ pub struct KeyCache {
     generation: AtomicU64,
     /// Milliseconds after `origin` of the last successful sync; 0 = never.
     synced_at_ms: AtomicU64,
+    /// What the cached scoped tokens weigh ([`token_weight`]).
+    token_bytes: AtomicUsize,
+    /// Milliseconds after `origin` of the last warning that the token budget is full.
+    token_budget_warned_ms: AtomicU64,
     origin: Instant,
     config: CacheConfig,
 }
@@ -92,6 +114,8 @@ impl KeyCache {
             position: Mutex::new((0, String::new())),
             generation: AtomicU64::new(0),
             synced_at_ms: AtomicU64::new(0),
+            token_bytes: AtomicUsize::new(0),
+            token_budget_warned_ms: AtomicU64::new(0),
             origin: Instant::now(),
             config,
         }
@@ -146,7 +170,11 @@ impl KeyCache {
             match &record {
                 Some(r) => {
                     self.unknown.remove(hash);
-                    self.known.insert(*hash, r.clone());
+                    if self.admit(r) {
+                        if let Some(old) = self.known.insert(*hash, r.clone()) {
+                            self.release(&old);
+                        }
+                    }
                 }
                 None => {
                     if self.unknown.len() >= self.config.negative_capacity {
@@ -165,11 +193,62 @@ impl KeyCache {
             // what changed, so it may have removed the hash before the insert: look again and
             // take back what may be stale (a revoked key would otherwise stay cached here).
             if self.generation.load(Ordering::Acquire) != generation {
-                self.known.remove(hash);
+                self.forget(hash);
                 self.unknown.remove(hash);
             }
         }
         Ok((record, CacheOutcome::Miss))
+    }
+
+    /// Whether `key` may be cached: always for a key; for a scoped token, while the tokens
+    /// cached fit [`CacheConfig::token_budget_bytes`] (expired ones go first). Counts it in.
+    fn admit(&self, key: &CachedKey) -> bool {
+        let weight = token_weight(key);
+        if weight == 0 {
+            return true;
+        }
+        let budget = self.config.token_budget_bytes;
+        let fits = |cache: &Self| cache.token_bytes.load(Ordering::Acquire) + weight <= budget;
+        if !fits(self) {
+            self.evict_expired(crate::ids::unix_now());
+        }
+        if !fits(self) {
+            let now = self.now_ms().max(1);
+            let warned = self.token_budget_warned_ms.load(Ordering::Acquire);
+            if (warned == 0 || now.saturating_sub(warned) >= 60_000)
+                && self
+                    .token_budget_warned_ms
+                    .compare_exchange(warned, now, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                tracing::warn!(
+                    budget_bytes = budget,
+                    "cached scoped tokens fill their memory budget; new tokens are read from the store on each use"
+                );
+            }
+            return false;
+        }
+        self.token_bytes.fetch_add(weight, Ordering::AcqRel);
+        true
+    }
+
+    /// Counts out a cached key that left the cache.
+    fn release(&self, key: &CachedKey) {
+        let weight = token_weight(key);
+        if weight > 0 {
+            let _ = self
+                .token_bytes
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                    Some(b.saturating_sub(weight))
+                });
+        }
+    }
+
+    /// Drops `hash` from the cached keys.
+    fn forget(&self, hash: &KeyHash) {
+        if let Some((_, old)) = self.known.remove(hash) {
+            self.release(&old);
+        }
     }
 
     fn compact(&self, record: &KeyRecord) -> CachedKey {
@@ -202,13 +281,16 @@ impl KeyCache {
         match changes.changed {
             None => {
                 self.generation.fetch_add(1, Ordering::AcqRel);
-                self.known.clear();
+                self.known.retain(|_, key| {
+                    self.release(key);
+                    false
+                });
                 self.unknown.clear();
             }
             Some(hashes) if !hashes.is_empty() => {
                 self.generation.fetch_add(1, Ordering::AcqRel);
                 for hash in &hashes {
-                    self.known.remove(hash);
+                    self.forget(hash);
                     self.unknown.remove(hash);
                 }
             }
@@ -228,7 +310,13 @@ impl KeyCache {
 
     /// Drops scoped tokens that expired before unix second `now`.
     pub fn evict_expired(&self, now: u64) {
-        self.known.retain(|_, key| !key.expired(now));
+        self.known.retain(|_, key| {
+            let expired = key.expired(now);
+            if expired {
+                self.release(key);
+            }
+            !expired
+        });
     }
 
     /// Follows the store's changes for the life of the process: syncs on every change signal
@@ -349,6 +437,75 @@ mod tests {
         cache.sync().await.unwrap();
         let (r, _) = cache.get(&k.hash).await.unwrap();
         assert!(r.is_some());
+    }
+
+    #[tokio::test]
+    async fn cached_tokens_stay_within_their_budget_and_expired_ones_make_room() {
+        let store = Arc::new(MemoryStore::new());
+        let parent = new_key();
+        store.insert_key(&parent).await.unwrap();
+        let metadata: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_value(serde_json::json!({"blob": "x".repeat(1000)})).unwrap();
+        let now = crate::ids::unix_now();
+        let parent_cached = CachedKey::new(&parent, "ws_1".into(), Arc::new(parent.scopes.clone()));
+        let mint = |minted_at: u64| {
+            let (_, token) = keys::mint(
+                &parent_cached,
+                parent.hash,
+                Scopes::new(["a:b"]),
+                60,
+                metadata.clone(),
+                minted_at,
+            );
+            token
+        };
+        // Room for three tokens.
+        let one = token_weight(&CachedKey::new(&mint(now), "ws_1".into(), Arc::default()));
+        let config = CacheConfig {
+            token_budget_bytes: 3 * one,
+            ..CacheConfig::default()
+        };
+        let cache = KeyCache::new(store.clone(), config);
+        cache.sync().await.unwrap();
+        let expired = mint(now - 3600);
+        let tokens = [expired, mint(now), mint(now), mint(now), mint(now)];
+        for t in &tokens {
+            store.insert_key(t).await.unwrap();
+        }
+        cache.sync().await.unwrap();
+        let outcome = |i: usize| {
+            let cache = &cache;
+            let hash = tokens[i].hash;
+            async move {
+                let (found, outcome) = cache.get(&hash).await.unwrap();
+                assert!(found.is_some(), "a token past the budget is still answered");
+                outcome
+            }
+        };
+        for i in 0..3 {
+            assert_eq!(outcome(i).await, CacheOutcome::Miss);
+            assert_eq!(outcome(i).await, CacheOutcome::Hit);
+        }
+        // Full: the expired token makes room for the fourth.
+        assert_eq!(outcome(3).await, CacheOutcome::Miss);
+        assert_eq!(outcome(3).await, CacheOutcome::Hit);
+        assert_eq!(outcome(0).await, CacheOutcome::Miss, "the expired one went");
+        // Full, and nothing expired: the fifth is read from the store on each use.
+        assert_eq!(outcome(4).await, CacheOutcome::Miss);
+        assert_eq!(outcome(4).await, CacheOutcome::Miss);
+        assert!(cache.token_bytes.load(Ordering::Acquire) <= 3 * one);
+        // Keys are not held to it.
+        assert_eq!(cache.get(&parent.hash).await.unwrap().1, CacheOutcome::Miss);
+        assert_eq!(cache.get(&parent.hash).await.unwrap().1, CacheOutcome::Hit);
+        // Revoked (a change in the log): counted out as it leaves.
+        store
+            .update_key(&tokens[1].id, &|r: &mut KeyRecord| {
+                r.status = KeyStatus::Revoked
+            })
+            .await
+            .unwrap();
+        cache.sync().await.unwrap();
+        assert_eq!(cache.token_bytes.load(Ordering::Acquire), 2 * one);
     }
 
     #[tokio::test]
