@@ -373,6 +373,29 @@ impl Meter {
         }
     }
 
+    /// Writes `pinned` over the spool file `taken` before any of it is sent: a batch whose id is
+    /// on disk goes out under that id however often the file is read again (after a crash,
+    /// say, with Redis having taken it and its answer lost). The new file is taken in turn;
+    /// `None` if another process took it first. If it cannot be written, the file is kept as
+    /// it was, and sent as new spend.
+    fn pin(&self, taken: spool::Taken, pinned: &SpendSpool) -> Option<spool::Taken> {
+        let path = taken.path().to_path_buf();
+        let name = path.file_name()?.to_string_lossy().into_owned();
+        let written = spool::write(&self.config.spool_dir, &name, |out| {
+            Ok(serde_json::to_writer(out, pinned)?)
+        });
+        match written {
+            Ok(_) => {
+                drop(taken);
+                spool::take(&path)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "cannot write a spend spool's batch id down; sent as new spend");
+                Some(taken)
+            }
+        }
+    }
+
     /// Removes a spool file whose spend is written; one that cannot be removed is kept held.
     fn remove_spool(&self, taken: spool::Taken) {
         if let Err((e, taken)) = taken.remove() {
@@ -434,6 +457,14 @@ impl Meter {
                     self.held().push((taken, KEPT));
                     continue;
                 }
+            };
+            let (taken, spooled) = match spooled.pinned() {
+                Some(pinned) => match self.pin(taken, &pinned) {
+                    Some(taken) => (taken, pinned),
+                    // Taken by another process meanwhile: it sends the same batch.
+                    None => continue,
+                },
+                None => (taken, spooled),
             };
             // Taken again once the batch in flight has landed, if it holds a batch of its own.
             if let Some(flush) = self.usage.restore_spool(spooled) {
@@ -562,6 +593,31 @@ mod spool_tests {
         drop(meter);
         let again = self::meter(dir.path());
         assert_eq!(again.usage.unflushed()[&month]["ws_1"], spend);
+    }
+
+    #[test]
+    fn spooled_spend_gets_a_batch_id_on_disk_before_it_is_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = dir.path().join("spend.json");
+        let month = month_of(crate::ids::unix_now());
+        std::fs::write(
+            &spool,
+            format!(r#"{{"pending": {{"{month}": {{"ws_1": {{"total": 5, "keys": {{"key_1": 5}}, "projects": {{}}}}}}}}}}"#),
+        )
+        .unwrap();
+        let first = meter(dir.path());
+        let (id, parts) = first.usage.begin_flush(&month);
+        assert_eq!(parts.iter().map(|p| p.total).sum::<i64>(), 5);
+        let on_disk: SpendSpool = serde_json::from_slice(&std::fs::read(&spool).unwrap()).unwrap();
+        assert_eq!(on_disk.batch.as_ref().map(|(id, _)| id), Some(&id));
+        assert!(on_disk.pending.is_empty());
+        // Killed before its flush landed (Redis may have taken it): the next start sends the
+        // same batch, which Redis adds once.
+        drop(first);
+        let again = meter(dir.path());
+        let (retried, parts) = again.usage.begin_flush(&month);
+        assert_eq!(retried, id);
+        assert_eq!(parts.iter().map(|p| p.total).sum::<i64>(), 5);
     }
 
     #[test]

@@ -188,6 +188,37 @@ impl SpendSpool {
     pub fn is_empty(&self) -> bool {
         self.batch.is_none() && self.pending.is_empty()
     }
+
+    /// The spool with its pending spend made a batch, under a new id, if it has no batch: once
+    /// that is written down, whoever sends it sends that id, and the store adds it once.
+    /// `None` if it has a batch already, or no spend.
+    pub fn pinned(&self) -> Option<SpendSpool> {
+        if self.batch.is_some() || self.pending.is_empty() {
+            return None;
+        }
+        let mut parts = Vec::new();
+        for (month, workspaces) in &self.pending {
+            for (ws, spend) in workspaces {
+                parts.push(WorkspaceFlush {
+                    workspace: ws.clone(),
+                    month: Some(month.clone()),
+                    total: spend.total,
+                    keys: spend.keys.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                    projects: spend
+                        .projects
+                        .iter()
+                        .map(|(k, v)| (k.clone(), *v))
+                        .collect(),
+                    event_id: crate::ids::new_id("evt"),
+                    ..WorkspaceFlush::default()
+                });
+            }
+        }
+        Some(SpendSpool {
+            batch: Some((crate::ids::new_id("flush"), parts)),
+            pending: SpendByMonth::new(),
+        })
+    }
 }
 
 /// Spend of one workspace not yet flushed.
