@@ -1334,6 +1334,24 @@ async fn audit_reads_the_newest_records_whichever_batch_holds_them(store: Arc<dy
     assert_eq!(&all[..3], &got[..3]);
 }
 
+/// Records carry their gateway's clock, stream entries Redis's: a gateway a second ahead of
+/// Redis still has its records found by `since`.
+async fn audit_since_finds_records_of_a_gateway_whose_clock_runs_ahead(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let now_s = unix_now();
+    store
+        .append_audit(&[audit_record(&ws, now_s * 1000 + 1_500)])
+        .await
+        .unwrap();
+    let query = AuditQuery {
+        workspace: ws.clone(),
+        since: Some(now_s + 1),
+        limit: 10,
+        ..AuditQuery::default()
+    };
+    assert_eq!(store.audit(&query).await.unwrap().len(), 1);
+}
+
 async fn audit_pages_after_a_cursor_hold_every_record_once(store: Arc<dyn Store>) {
     let ws = new_id("ws");
     let now = unix_now() * 1000;
@@ -1419,6 +1437,7 @@ store_suite!(
     claims_respect_due_times_leases_and_per_endpoint_caps,
     audit_reads_the_newest_records_whichever_batch_holds_them,
     audit_pages_after_a_cursor_hold_every_record_once,
+    audit_since_finds_records_of_a_gateway_whose_clock_runs_ahead,
     a_thousand_endpoints_with_no_room_do_not_hold_up_one_that_has,
     struggling_endpoints_take_at_most_their_share_between_them,
     a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_releases_it,

@@ -442,6 +442,10 @@ return out
     )
 });
 
+/// How far ahead of Redis's clock a gateway's may run without its audit records being left
+/// out of a `since` query or a page: the stream entries read go back this much further.
+const AUDIT_CLOCK_SKEW_MS: u64 = 2_000;
+
 /// Workspaces and keys in Redis.
 pub struct RedisStore {
     connections: Arc<Connections>,
@@ -1098,7 +1102,9 @@ impl Store for RedisStore {
                     .next()
                     .and_then(|ms| ms.parse().ok())
                     .unwrap_or(u64::MAX);
-                // A batch is written after every record in it arrived.
+                // A batch is written after every record in it arrived: by Redis's clock, while
+                // records carry their gateway's, which may run a little ahead.
+                let written_ms = written_ms.saturating_add(AUDIT_CLOCK_SKEW_MS);
                 if since_ms.is_some_and(|s| written_ms < s)
                     || cutoff_ms.is_some_and(|c| written_ms < c)
                 {
