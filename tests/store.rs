@@ -921,6 +921,50 @@ async fn an_entry_fanned_out_twice_queues_its_deliveries_once(store: Arc<dyn Sto
     assert_eq!(store.queue_stats().await.unwrap().pending, 3);
 }
 
+async fn resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let a = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&a, 10).await.unwrap();
+    let e = event(&ws, "agent.run.completed");
+    let now = svcgate::ids::unix_millis();
+    let queued = [Delivery::new(&e, &ws, &a.id, now, false)];
+    store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    let claim = |now_ms: u64| {
+        let store = store.clone();
+        async move {
+            store
+                .claim_deliveries(&ClaimRequest {
+                    now_ms,
+                    lease: Duration::from_secs(5),
+                    max: 10,
+                    per_endpoint: 4,
+                    busy: &[],
+                    struggling: &[],
+                    struggling_max: 10,
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let claimed = claim(now + 1).await;
+    assert_eq!(claimed.len(), 1);
+    let hour = [Duration::from_secs(3600)];
+    let failed = claimed[0].delivery.clone();
+    save_failure(&store, failed, attempt(now + 2, Some(500)), &hour, 0).await;
+    assert!(claim(now + 10_000).await.is_empty(), "held for an hour");
+    let resumed = store.resume_endpoint(&ws, &a.id).await.unwrap().unwrap();
+    assert_eq!(resumed.status, EndpointStatus::Active);
+    assert!(store.endpoint_retry(&a.id).await.unwrap().is_none());
+    let again = claim(svcgate::ids::unix_millis() + 10).await;
+    assert_eq!(again.len(), 1, "the failed delivery goes now");
+    assert_eq!(again[0].delivery.id, claimed[0].delivery.id);
+    assert!(store
+        .resume_endpoint(&ws, "we_missing")
+        .await
+        .unwrap()
+        .is_none());
+}
+
 /// `delivery` failed `tried`, its endpoint having failed `failures` times in a row before:
 /// retried on `schedule`, and saved as the endpoint's failure. Answers it as saved.
 async fn save_failure(
@@ -1446,7 +1490,8 @@ store_suite!(
     a_failure_at_a_url_the_endpoint_no_longer_has_counts_for_nothing,
     absurd_spend_saturates_and_never_jams_the_flushes,
     a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed,
-    an_entry_fanned_out_twice_queues_its_deliveries_once
+    an_entry_fanned_out_twice_queues_its_deliveries_once,
+    resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now
 );
 
 /// A held endpoint's failed delivery that no worker can read is passed over after a few

@@ -435,6 +435,28 @@ async fn an_endpoint_held_back_shows_its_retry_and_its_queue_waits_for_it() {
 }
 
 #[tokio::test]
+async fn resuming_an_endpoint_held_back_by_a_failure_tries_it_again_at_once() {
+    let s = setup("[30, 30]", 2, false).await;
+    let receiver = Receiver::start().await;
+    receiver.reply("/h", &[Reply::Status(500), Reply::Status(200)]);
+    let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/h"), &["agent.run.*"]).await;
+    let event_id = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    received(&receiver, "/h", 1, Duration::from_secs(10)).await;
+    let path = format!("/v1/webhooks/{id}");
+    let held = eventually(Duration::from_secs(5), || async {
+        let resp = call(&s.gw, &s.key, Method::GET, &path, None).await;
+        !resp.json::<Value>().await.unwrap()["retry"].is_null()
+    })
+    .await;
+    assert!(held.is_some(), "held back 30 s by the failure");
+    // The customer fixed the receiver and says so: not another 30 s.
+    let resp = call(&s.gw, &s.key, Method::POST, &format!("{path}/resume"), None).await;
+    assert_eq!(resp.status(), 200);
+    let got = received(&receiver, "/h", 2, Duration::from_secs(8)).await;
+    assert_eq!(header(&got[1], "service-event-id"), event_id);
+}
+
+#[tokio::test]
 async fn a_url_fixed_while_an_attempt_is_on_its_way_is_tried_at_once() {
     // A URL that hangs past the timeout (3 s): the attempt fails after the URL is changed.
     let s = setup("[30]", 3, false).await;

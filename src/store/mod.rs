@@ -320,6 +320,14 @@ pub trait Store: Send + Sync + 'static {
         change: EndpointChange<'_>,
     ) -> Result<Option<Endpoint>, StoreError>;
 
+    /// Makes an endpoint active and starts it afresh, whatever it was: a retry that a failure
+    /// held it back for goes now, and so does its queue. `None` if there is no such endpoint.
+    async fn resume_endpoint(
+        &self,
+        workspace: &str,
+        id: &str,
+    ) -> Result<Option<Endpoint>, StoreError>;
+
     /// Deletes an endpoint; whether it existed.
     async fn delete_endpoint(&self, workspace: &str, id: &str) -> Result<bool, StoreError>;
 

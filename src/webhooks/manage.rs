@@ -168,12 +168,12 @@ pub fn list_body<'a>(endpoints: impl Iterator<Item = &'a Endpoint>) -> serde_jso
     serde_json::json!({ "data": views })
 }
 
-/// Makes a paused endpoint active again; its backlog is not resent (that is a replay).
+/// Makes a paused endpoint active again, and one held back by a failure tries again now (the
+/// customer says the receiver is fixed); deliveries that failed for good are not resent (that
+/// is a replay).
 pub async fn resume(store: &dyn Store, endpoint: &Endpoint) -> Result<Endpoint, ApiError> {
     store
-        .update_endpoint(&endpoint.workspace, &endpoint.id, &|e: &mut Endpoint| {
-            e.status = EndpointStatus::Active
-        })
+        .resume_endpoint(&endpoint.workspace, &endpoint.id)
         .await?
         .ok_or_else(|| not_found(&endpoint.id))
 }

@@ -120,6 +120,37 @@ impl MemoryStore {
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// [`Store::update_endpoint`]; with `restart`, the endpoint starts afresh even if neither
+    /// its URL nor its status changes ([`Store::resume_endpoint`]).
+    fn change_endpoint(
+        &self,
+        workspace: &str,
+        id: &str,
+        change: EndpointChange<'_>,
+        restart: bool,
+    ) -> Result<Option<Endpoint>, StoreError> {
+        let mut inner = self.write();
+        let Some(current) = inner
+            .endpoints
+            .get_mut(workspace)
+            .and_then(|list| list.iter_mut().find(|e| e.id == id))
+        else {
+            return Ok(None);
+        };
+        let mut next = current.clone();
+        change(&mut next);
+        next.id = current.id.clone();
+        next.workspace = current.workspace.clone();
+        next.environment = current.environment;
+        next.secret = current.secret.clone();
+        let fresh_start = restart || next.url != current.url || next.status != current.status;
+        *current = next.clone();
+        if fresh_start {
+            inner.webhooks.restart(id, crate::ids::unix_millis());
+        }
+        Ok(Some(next))
+    }
 }
 
 impl MemoryStore {
@@ -550,26 +581,17 @@ impl Store for MemoryStore {
         id: &str,
         change: EndpointChange<'_>,
     ) -> Result<Option<Endpoint>, StoreError> {
-        let mut inner = self.write();
-        let Some(current) = inner
-            .endpoints
-            .get_mut(workspace)
-            .and_then(|list| list.iter_mut().find(|e| e.id == id))
-        else {
-            return Ok(None);
-        };
-        let mut next = current.clone();
-        change(&mut next);
-        next.id = current.id.clone();
-        next.workspace = current.workspace.clone();
-        next.environment = current.environment;
-        next.secret = current.secret.clone();
-        let fresh_start = next.url != current.url || next.status != current.status;
-        *current = next.clone();
-        if fresh_start {
-            inner.webhooks.release(id);
-        }
-        Ok(Some(next))
+        self.change_endpoint(workspace, id, change, false)
+    }
+
+    async fn resume_endpoint(
+        &self,
+        workspace: &str,
+        id: &str,
+    ) -> Result<Option<Endpoint>, StoreError> {
+        let resume =
+            |e: &mut Endpoint| e.status = crate::webhooks::endpoint::EndpointStatus::Active;
+        self.change_endpoint(workspace, id, &resume, true)
     }
 
     async fn delete_endpoint(&self, workspace: &str, id: &str) -> Result<bool, StoreError> {

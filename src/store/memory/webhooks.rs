@@ -232,9 +232,27 @@ impl WebhookState {
         })
     }
 
-    /// Forgets an endpoint's hold (it was deleted, its URL changed, or it was resumed).
+    /// Forgets an endpoint's hold (it was deleted).
     pub(super) fn release(&mut self, endpoint: &str) {
         self.holds.remove(endpoint);
+    }
+
+    /// Starts an endpoint afresh (its URL changed, or it was resumed): its hold goes, and the
+    /// delivery that failed, if it waits for its retry, is due at `now_ms` (one out on an
+    /// attempt, due at its lease's end, is left to it).
+    pub(super) fn restart(&mut self, endpoint: &str, now_ms: u64) {
+        let Some(hold) = self.holds.remove(endpoint) else {
+            return;
+        };
+        let retry_at = self
+            .deliveries
+            .get(&hold.probe)
+            .and_then(|d| d.next_attempt_ms);
+        if let Some(due) = self.due.get_mut(&hold.probe) {
+            if Some(*due) == retry_at && *due > now_ms {
+                *due = now_ms;
+            }
+        }
     }
 
     pub(super) fn queue_notice(&mut self, notice: &PauseNotice) {

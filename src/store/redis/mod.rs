@@ -350,7 +350,7 @@ impl RawMap {
 /// Replaces an endpoint if it still is what the caller read, and keeps the set of paused
 /// endpoints (for the metric) and its retry hold in step with it, in one step. ARGV: prefix,
 /// workspace, id, expected JSON, new JSON, 1 if paused, 1 to drop the hold (its URL changed,
-/// or it was resumed: the next attempt is a first one). Returns 1, 0 if it changed meanwhile,
+/// or it was resumed: the next attempt is a first one, and the delivery that failed goes now). Returns 1, 0 if it changed meanwhile,
 /// -1 if it is gone.
 static ENDPOINT_CAS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -366,8 +366,22 @@ if ARGV[6] == '1' then
 else
   redis.call('SREM', p .. ':wh:paused', member)
 end
-if ARGV[7] == '1' and redis.call('DEL', p .. ':wh:hold:' .. we) == 1 then
-  rescore(p, member, p .. ':wh:due:' .. we, we)
+if ARGV[7] == '1' then
+  local hold, queue = p .. ':wh:hold:' .. we, p .. ':wh:due:' .. we
+  local h = redis.call('HMGET', hold, 'probe', 'tries')
+  if redis.call('DEL', hold) == 1 then
+    -- The failed delivery waiting for its retry goes now (one out on an attempt, claimed
+    -- since, is left to it).
+    if h[1] and tonumber(h[2] or '0') == 0 then
+      local t = redis.call('TIME')
+      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      local at = redis.call('ZSCORE', queue, h[1])
+      if at and tonumber(at) > now then
+        redis.call('ZADD', queue, string.format('%d', now), h[1])
+      end
+    end
+    rescore(p, member, queue, we)
+  end
 end
 return 1
 "
@@ -514,6 +528,50 @@ impl RedisStore {
 
     fn conn(&self) -> ConnectionManager {
         self.connections.manager()
+    }
+
+    /// [`Store::update_endpoint`]; with `restart`, the endpoint starts afresh even if neither
+    /// its URL nor its status changes ([`Store::resume_endpoint`]).
+    async fn change_endpoint(
+        &self,
+        workspace: &str,
+        id: &str,
+        change: EndpointChange<'_>,
+        restart: bool,
+    ) -> Result<Option<Endpoint>, StoreError> {
+        let key = self.layout.endpoints(workspace);
+        for _ in 0..UPDATE_ATTEMPTS {
+            let raw: Option<String> = self.conn().hget(&key, id).await.map_err(unavailable)?;
+            let Some(raw) = raw else { return Ok(None) };
+            let current: Endpoint = decode(&key, &raw)?;
+            let mut next = current.clone();
+            change(&mut next);
+            next.id = current.id;
+            next.workspace = current.workspace;
+            next.environment = current.environment;
+            next.secret = current.secret;
+            let paused = next.status == crate::webhooks::endpoint::EndpointStatus::Paused;
+            let fresh_start = restart || next.url != current.url || next.status != current.status;
+            let swapped: i64 = ENDPOINT_CAS
+                .arg(self.prefix())
+                .arg(workspace)
+                .arg(id)
+                .arg(&raw)
+                .arg(encode(&next))
+                .arg(u8::from(paused))
+                .arg(u8::from(fresh_start))
+                .invoke_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            match swapped {
+                1 => return Ok(Some(next)),
+                -1 => return Ok(None),
+                _ => continue,
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "endpoint {id} is changing too often; retry"
+        )))
     }
 
     async fn update(
@@ -1196,39 +1254,17 @@ impl Store for RedisStore {
         id: &str,
         change: EndpointChange<'_>,
     ) -> Result<Option<Endpoint>, StoreError> {
-        let key = self.layout.endpoints(workspace);
-        for _ in 0..UPDATE_ATTEMPTS {
-            let raw: Option<String> = self.conn().hget(&key, id).await.map_err(unavailable)?;
-            let Some(raw) = raw else { return Ok(None) };
-            let current: Endpoint = decode(&key, &raw)?;
-            let mut next = current.clone();
-            change(&mut next);
-            next.id = current.id;
-            next.workspace = current.workspace;
-            next.environment = current.environment;
-            next.secret = current.secret;
-            let paused = next.status == crate::webhooks::endpoint::EndpointStatus::Paused;
-            let fresh_start = next.url != current.url || next.status != current.status;
-            let swapped: i64 = ENDPOINT_CAS
-                .arg(self.prefix())
-                .arg(workspace)
-                .arg(id)
-                .arg(&raw)
-                .arg(encode(&next))
-                .arg(u8::from(paused))
-                .arg(u8::from(fresh_start))
-                .invoke_async(&mut self.conn())
-                .await
-                .map_err(unavailable)?;
-            match swapped {
-                1 => return Ok(Some(next)),
-                -1 => return Ok(None),
-                _ => continue,
-            }
-        }
-        Err(StoreError::Conflict(format!(
-            "endpoint {id} is changing too often; retry"
-        )))
+        self.change_endpoint(workspace, id, change, false).await
+    }
+
+    async fn resume_endpoint(
+        &self,
+        workspace: &str,
+        id: &str,
+    ) -> Result<Option<Endpoint>, StoreError> {
+        let resume =
+            |e: &mut Endpoint| e.status = crate::webhooks::endpoint::EndpointStatus::Active;
+        self.change_endpoint(workspace, id, &resume, true).await
     }
 
     async fn delete_endpoint(&self, workspace: &str, id: &str) -> Result<bool, StoreError> {
