@@ -666,6 +666,12 @@ impl Config {
         let placeholder = s.admin_token.to_ascii_lowercase().contains("change-me");
         if s.admin_token.trim().is_empty() {
             problems.push(Problem::new("server.admin_token", "must not be empty"));
+        } else if s.admin_token.trim() != s.admin_token {
+            // No `Authorization` header can carry it: every admin call would be refused.
+            problems.push(Problem::new(
+                "server.admin_token",
+                "starts or ends with whitespace (a trailing newline from a Secret made from a                  file?); no request can present it",
+            ));
         } else if placeholder && self.store.kind == StoreKind::Redis {
             // A shared store is production: a token copied from an example (the Secret's
             // `CHANGE-ME-…`) is known to everyone, the model container next door included.
@@ -1259,6 +1265,21 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn an_admin_token_with_surrounding_whitespace_is_refused() {
+        let err = Config::load(
+            None,
+            env(&[("SVCGATE_SERVER_ADMIN_TOKEN", "a-long-admin-token\n")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("server.admin_token"), "{err}");
+        assert!(
+            !err.contains("a-long-admin-token"),
+            "the token is not echoed: {err}"
+        );
     }
 
     #[test]

@@ -396,3 +396,19 @@ async fn key_lists_come_a_page_at_a_time() {
         }
     }
 }
+
+/// A body past the admin API's limit gets the SPEC's error body on every route, rotation's
+/// (which reads the body itself: it may be empty) included.
+#[tokio::test]
+async fn an_oversized_rotation_body_gets_the_spec_error_body() {
+    let gw = Gateway::builder().start().await;
+    let (id, _) = gw.create_key("live", &["models:read"]).await;
+    let resp = gw
+        .admin_request(Method::POST, &format!("/admin/v1/keys/{id}/rotate"))
+        .header("content-type", "application/json")
+        .body(" ".repeat(2 * 1024 * 1024 + 16))
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 400, "invalid_request_error").await;
+}

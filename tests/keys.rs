@@ -576,3 +576,39 @@ redis.call('SET', KEYS[2], epoch)
     .await
     .expect("b drops the revoked key");
 }
+
+/// A test key is easier to leak (browser origins, `ignored` leak reports): the live key made
+/// with the same Idempotency-Key must not be computable from it, and the second request is
+/// another request, refused.
+#[tokio::test]
+async fn one_idempotency_key_for_a_test_and_a_live_key_gives_nothing_away() {
+    let gw = Gateway::builder().start().await;
+    let create = |environment: &str, idem: &str| {
+        gw.admin_request(Method::POST, "/admin/v1/keys")
+            .header("Idempotency-Key", idem)
+            .json(&serde_json::json!({
+                "workspace": DEMO_WS, "environment": environment, "scopes": ["models:read"]
+            }))
+            .send()
+    };
+    let test = create("test", "k1").await.unwrap();
+    assert_eq!(test.status(), 201);
+    let test: serde_json::Value = test.json().await.unwrap();
+    assert_error(
+        create("live", "k1").await.unwrap(),
+        400,
+        "invalid_request_error",
+    )
+    .await;
+    // In the other order, with another key: the same.
+    let live = create("live", "k2").await.unwrap();
+    assert_eq!(live.status(), 201);
+    let live: serde_json::Value = live.json().await.unwrap();
+    assert_error(
+        create("test", "k2").await.unwrap(),
+        400,
+        "invalid_request_error",
+    )
+    .await;
+    assert_ne!(test["key"], live["key"]);
+}

@@ -112,6 +112,20 @@ pub(super) async fn create(
         idempotency_key.as_deref(),
         [b"create", body.workspace.as_bytes()],
     );
+    // The same Idempotency-Key for the other environment: another request, refused as any
+    // other body is (below).
+    if let Some(idem) = idempotency_key.as_deref() {
+        let other = match body.environment {
+            Environment::Live => Environment::Test,
+            _ => Environment::Live,
+        };
+        let twin = state.new_key(other, Some(idem), [b"create", body.workspace.as_bytes()]);
+        if state.store.key_by_hash(&twin.hash).await?.is_some() {
+            return Err(ApiError::invalid(
+                "this Idempotency-Key was used for a different key",
+            ));
+        }
+    }
     let now = unix_now();
     let params = KeyParams {
         workspace: body.workspace,
@@ -309,9 +323,12 @@ pub(super) async fn rotate(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<KeyView>), ApiError> {
     refuse_token(&id)?;
+    // Too large, or cut off: the SPEC's error body, not axum's plain text.
+    let body =
+        body.map_err(|e| ApiError::invalid(format!("cannot read the body: {}", e.body_text())))?;
     let params: RotateKey = if body.iter().all(u8::is_ascii_whitespace) {
         RotateKey::default()
     } else {

@@ -81,10 +81,18 @@ impl AdminState {
         context: [&[u8]; 2],
     ) -> NewKey {
         match idempotency_key {
+            // The environment is part of what is derived from: with the same Idempotency-Key, a
+            // test key and a live key share no secret characters (a test key, easier to leak,
+            // would otherwise give the live key away, its checksum being public).
             Some(idem) => format::derive(
                 environment,
                 &self.idempotency_secret,
-                &[context[0], context[1], idem.as_bytes()],
+                &[
+                    context[0],
+                    context[1],
+                    environment.as_str().as_bytes(),
+                    idem.as_bytes(),
+                ],
             ),
             None => format::generate(environment),
         }
@@ -271,4 +279,29 @@ impl IntoResponse for ApiError {
 pub(super) fn unknown(what: &str, id: &str) -> ApiError {
     let shown: String = redact(id).chars().take(64).collect();
     ApiError::not_found(format!("no {what} '{shown}'"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{CacheConfig, MemoryStore};
+
+    #[test]
+    fn keys_of_one_idempotency_key_share_nothing_between_environments() {
+        let keys = Arc::new(KeyCache::new(
+            Arc::new(MemoryStore::new()),
+            CacheConfig::default(),
+        ));
+        let state = AdminState::new(keys, "an-admin-token-long-enough", 3600);
+        let make = |environment| {
+            state
+                .new_key(environment, Some("k1"), [b"create", b"ws_1"])
+                .value
+        };
+        let (live, test) = (make(Environment::Live), make(Environment::Test));
+        // Each the same on a retry; the random part (after `svc_live_` / `svc_test_`, before
+        // the checksum) not shared.
+        assert_eq!(live, make(Environment::Live));
+        assert_ne!(live[9..42], test[9..42]);
+    }
 }
