@@ -436,7 +436,7 @@ fn events(
         Some(text) => {
             serde_json::from_str(&text).map_err(|e| format!("--data is not JSON: {e}"))?
         }
-        None => crate::events::sample_data(&event_type).ok_or_else(|| {
+        None => crate::events::sample_data(&event_type, &workspace).ok_or_else(|| {
             format!(
                 "unknown event type '{event_type}'; one of: {}",
                 crate::events::EVENT_TYPES.join(", ")

@@ -27,8 +27,8 @@ pub fn is_event_type(name: &str) -> bool {
 }
 
 /// A realistic payload for each event type, for `svcgate events trigger` and for testing an
-/// endpoint end to end.
-pub fn sample_data(event_type: &str) -> Option<serde_json::Value> {
+/// endpoint end to end, in `workspace` (which some payloads name).
+pub fn sample_data(event_type: &str, workspace: &str) -> Option<serde_json::Value> {
     use serde_json::json;
     let id = |prefix: &str| new_id(prefix);
     Some(match event_type {
@@ -58,7 +58,8 @@ pub fn sample_data(event_type: &str) -> Option<serde_json::Value> {
             "run_id": id("run"), "steps": 25, "reason": "max_steps_exhausted", "max_steps": 25
         }),
         "billing.credits.low" => json!({
-            "workspace": "ws_…", "remaining": 120.5, "threshold": 500.0, "month": "2026-11"
+            "workspace": workspace, "remaining": 120.5, "threshold": 500.0,
+            "month": crate::metering::month::month_of(crate::ids::unix_now())
         }),
         "key.auto_revoked" => json!({
             "key_id": id("key"), "prefix": "svc_live_", "last4": "AbC1",

@@ -62,6 +62,14 @@ async fn a_backend_event_enters_the_log() {
         ),
         (json!({"type": "agent.run.completed"}), 400),
         (
+            json!({"workspace": ws, "type": "agent.run.completed", "id": "run_1"}),
+            400,
+        ),
+        (
+            json!({"workspace": ws, "type": "agent.run.completed", "id": "evt_a b"}),
+            400,
+        ),
+        (
             json!({"workspace": "ws_none", "type": "agent.run.completed"}),
             404,
         ),
@@ -106,6 +114,14 @@ async fn events_trigger_publishes_a_sample_of_every_type() {
         let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert!(answer["id"].as_str().unwrap().starts_with("evt_"));
     }
+    // A sample that names its workspace names the one it is sent for.
+    let credits_low = logged(&ns.name)
+        .await
+        .into_iter()
+        .find(|e| e.get::<String>("type").as_deref() == Some("billing.credits.low"))
+        .unwrap();
+    let data: Value = serde_json::from_str(&credits_low.get::<String>("data").unwrap()).unwrap();
+    assert_eq!(data["workspace"], ws.as_str());
     let out = svcgate_command()
         .args([
             "events",

@@ -434,6 +434,32 @@ async fn an_endpoint_held_back_shows_its_retry_and_its_queue_waits_for_it() {
     assert_eq!(receiver.received("/down").len(), 1);
 }
 
+/// A backend that retries `POST /admin/v1/events` after a lost answer names its event: the
+/// same event, delivered once, under the backend's id.
+#[tokio::test]
+async fn an_event_posted_twice_with_its_id_is_delivered_once() {
+    let s = setup("[30]", 2, false).await;
+    let receiver = Receiver::start().await;
+    endpoint(&s.gw, &s.key, &receiver.url("/once"), &["agent.run.*"]).await;
+    for _ in 0..2 {
+        let resp =
+            s.gw.admin_request(Method::POST, "/admin/v1/events")
+                .json(&json!({
+                    "workspace": s.ws, "type": "agent.run.completed", "id": "evt_backend_1",
+                    "data": {"run_id": "run_1"}
+                }))
+                .send()
+                .await
+                .unwrap();
+        assert_eq!(resp.status(), 202);
+        assert_eq!(resp.json::<Value>().await.unwrap()["id"], "evt_backend_1");
+    }
+    let got = received(&receiver, "/once", 1, Duration::from_secs(10)).await;
+    assert_eq!(header(&got[0], "service-event-id"), "evt_backend_1");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(receiver.received("/once").len(), 1, "delivered once");
+}
+
 #[tokio::test]
 async fn resuming_an_endpoint_held_back_by_a_failure_tries_it_again_at_once() {
     let s = setup("[30, 30]", 2, false).await;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::extract::JsonBody;
 use super::AdminState;
 use crate::error::ApiError;
-use crate::events::{is_event_type, Event, EVENT_TYPES};
+use crate::events::{is_event_id, is_event_type, Event, EVENT_TYPES};
 use crate::keys::Environment;
 
 #[derive(Deserialize)]
@@ -24,6 +24,10 @@ pub(super) struct NewEvent {
     /// `live` (default) or `test`: test-mode events go to test-mode endpoints only.
     #[serde(default)]
     environment: Option<Environment>,
+    /// The backend's own id for the event (`evt_…`), so that a retried call is the same event:
+    /// fanned out once, delivered under one `Service-Event-Id`. Drawn when absent.
+    #[serde(default)]
+    id: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -51,8 +55,16 @@ pub(super) async fn create(
             "environment must be \"live\" or \"test\"",
         ));
     }
+    if body.id.as_deref().is_some_and(|id| !is_event_id(id)) {
+        return Err(ApiError::invalid(
+            "id must be evt_ and 1 to 60 letters, digits, '_' or '-'",
+        ));
+    }
     state.require_workspace(&body.workspace).await?;
-    let event = Event::new(&body.event_type, &body.workspace, environment, data);
+    let mut event = Event::new(&body.event_type, &body.workspace, environment, data);
+    if let Some(id) = body.id {
+        event.id = id;
+    }
     state.store.append_event(&event).await?;
     tracing::info!(event_id = %event.id, event_type = %event.event_type, workspace = %event.workspace, "event accepted");
     Ok((StatusCode::ACCEPTED, Json(Accepted { id: event.id })))
