@@ -929,6 +929,8 @@ async fn resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now(store: 
     let now = svcgate::ids::unix_millis();
     let queued = [Delivery::new(&e, &ws, &a.id, now, false)];
     store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    assert_eq!(store.queued_deliveries(&a.id).await.unwrap(), 1);
+    assert_eq!(store.queued_deliveries("we_other").await.unwrap(), 0);
     let claim = |now_ms: u64| {
         let store = store.clone();
         async move {

@@ -320,6 +320,10 @@ pub trait Store: Send + Sync + 'static {
         change: EndpointChange<'_>,
     ) -> Result<Option<Endpoint>, StoreError>;
 
+    /// How many deliveries to `endpoint` are queued (due, waiting for a retry or out on an
+    /// attempt).
+    async fn queued_deliveries(&self, endpoint: &str) -> Result<u64, StoreError>;
+
     /// Makes an endpoint active and starts it afresh, whatever it was: a retry that a failure
     /// held it back for goes now, and so does its queue. `None` if there is no such endpoint.
     async fn resume_endpoint(

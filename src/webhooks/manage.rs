@@ -16,6 +16,9 @@ use crate::store::Store;
 
 /// Most events one replay queues.
 pub const REPLAY_MAX: usize = 10_000;
+
+/// Deliveries an endpoint may have queued for a replay to be taken: two replays' worth.
+pub const REPLAY_QUEUE_MAX: u64 = 2 * REPLAY_MAX as u64;
 /// Deliveries listed by default.
 pub const LISTED_DEFAULT: usize = 50;
 
@@ -229,6 +232,26 @@ pub async fn replay(
             "the endpoint is paused; resume it before replaying",
         ));
     }
+    // A replay queues up to REPLAY_MAX deliveries at once: not on top of a queue that long
+    // already (the same replay sent again and again would fill Redis, and aim it all at the
+    // endpoint's URL). A cut-short replay's `next` still goes at once.
+    let well_formed = matches!(
+        (&input.event_id, &input.since, &input.after),
+        (Some(_), None, None) | (None, Some(_), _)
+    );
+    let queued = match well_formed {
+        true => store.queued_deliveries(&endpoint.id).await?,
+        false => 0,
+    };
+    if queued >= REPLAY_QUEUE_MAX {
+        return Err(ApiError::RateLimited {
+            message: format!(
+                "the endpoint has {queued} deliveries queued; replay once they have gone out"
+            )
+            .into(),
+            retry_after_secs: 60,
+        });
+    }
     let now = unix_now();
     let oldest = now.saturating_sub(RETENTION_SECS);
     let (events, next) = match (input.event_id, input.since, input.after) {
@@ -365,6 +388,19 @@ mod tests {
         assert_eq!(rest["replayed"], 1);
         assert_eq!(rest["truncated"], false);
         assert!(rest["next"].is_null());
+        // Sent again and again: once two replays' worth wait, the next waits for them.
+        let again = replay(&store, &endpoint, body(serde_json::json!({"since": since})))
+            .await
+            .unwrap();
+        assert_eq!(again["replayed"], REPLAY_MAX as u64);
+        let refused = replay(&store, &endpoint, body(serde_json::json!({"since": since})))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.status(), 429);
+        assert_eq!(
+            store.queued_deliveries("we_1").await.unwrap(),
+            2 * REPLAY_MAX as u64 + 1
+        );
         // `after` only goes with `since`.
         let bad = body(serde_json::json!({"event_id": "evt_1", "after": "evt_2"}));
         assert_eq!(

@@ -584,6 +584,10 @@ impl Store for MemoryStore {
         self.change_endpoint(workspace, id, change, false)
     }
 
+    async fn queued_deliveries(&self, endpoint: &str) -> Result<u64, StoreError> {
+        Ok(self.read().webhooks.queued(endpoint))
+    }
+
     async fn resume_endpoint(
         &self,
         workspace: &str,

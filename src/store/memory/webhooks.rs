@@ -232,6 +232,18 @@ impl WebhookState {
         })
     }
 
+    /// Deliveries to `endpoint` queued.
+    pub(super) fn queued(&self, endpoint: &str) -> u64 {
+        self.due
+            .keys()
+            .filter(|id| {
+                self.deliveries
+                    .get(*id)
+                    .is_some_and(|d| d.endpoint == endpoint)
+            })
+            .count() as u64
+    }
+
     /// Forgets an endpoint's hold (it was deleted).
     pub(super) fn release(&mut self, endpoint: &str) {
         self.holds.remove(endpoint);

@@ -1257,6 +1257,13 @@ impl Store for RedisStore {
         self.change_endpoint(workspace, id, change, false).await
     }
 
+    async fn queued_deliveries(&self, endpoint: &str) -> Result<u64, StoreError> {
+        self.conn()
+            .zcard(format!("{}:wh:due:{endpoint}", self.prefix()))
+            .await
+            .map_err(unavailable)
+    }
+
     async fn resume_endpoint(
         &self,
         workspace: &str,
