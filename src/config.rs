@@ -670,7 +670,8 @@ impl Config {
             // No `Authorization` header can carry it: every admin call would be refused.
             problems.push(Problem::new(
                 "server.admin_token",
-                "starts or ends with whitespace (a trailing newline from a Secret made from a                  file?); no request can present it",
+                "starts or ends with whitespace (a trailing newline from a Secret made from a \
+                 file?); no request can present it",
             ));
         } else if placeholder && self.store.kind == StoreKind::Redis {
             // A shared store is production: a token copied from an example (the Secret's
