@@ -264,6 +264,9 @@ async fn bad_admin_input_gets_spec_errors() {
         .send()
         .await
         .unwrap();
+    // What the path does take (RFC 9110 asks a 405 for it).
+    let allow = resp.headers()["allow"].to_str().unwrap().to_string();
+    assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
     assert_error(resp, 405, "invalid_request_error").await;
     // A filter the API does not have is refused, not ignored; a path that is not UTF-8 gets
     // the same JSON error as any other bad input.
