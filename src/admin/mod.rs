@@ -236,12 +236,7 @@ async fn with_request_id(req: Request, next: Next) -> Response {
     let id = request_id();
     let mut resp = next.run(req).await;
     if let Some(err) = resp.extensions_mut().remove::<ApiError>() {
-        // A 405's `Allow` (the methods the path takes) stays.
-        let allow = resp.headers_mut().remove(http::header::ALLOW);
         resp = render(&err, &id);
-        if let Some(allow) = allow {
-            resp.headers_mut().insert(http::header::ALLOW, allow);
-        }
     }
     if let Ok(value) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert(&REQUEST_ID, value);
