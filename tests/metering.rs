@@ -891,16 +891,12 @@ async fn a_redis_outage_loses_no_audit_record_and_no_spend() {
 async fn what_cannot_be_written_at_shutdown_is_spooled_and_written_at_the_next_start() {
     let mut redis = RedisServer::start().await;
     let spool = tempfile::tempdir().unwrap();
-    let mut gw = Gateway::builder()
-        .redis(&redis.url(), "spool")
-        .spool_dir(spool.path())
-        .start()
-        .await;
-    let ws = gw.create_workspace().await;
-    let (id, key) = gw
-        .create_key_in(&ws, "live", &["chat.completions:create"])
-        .await;
-    warm_up(&gw, &ws, &id, &key).await;
+    let (mut gw, ws, id, key) = warmed_up(
+        Gateway::builder()
+            .redis(&redis.url(), "spool")
+            .spool_dir(spool.path()),
+    )
+    .await;
     redis.stop().await;
     for _ in 0..4 {
         assert_eq!(gw.chat(&key).await.status(), 200);
@@ -960,18 +956,25 @@ fn spool_files(dir: &std::path::Path, prefix: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Makes two requests with a new key, the second once the first is flushed, so the key is
-/// cached before Redis goes away: a first use may race the key cache's sync of the key's own
-/// creation, which takes back what it fetched (and with Redis gone an uncached key gets 503).
-async fn warm_up(gw: &Gateway, ws: &str, key_id: &str, key: &str) {
+/// A gateway from `builder`, a workspace, and a key of it (id, value) used twice, the second
+/// time once the first is flushed (2 credits spent), so the key is cached before Redis goes
+/// away: a first use may race the key cache's sync of the key's own creation, which takes back
+/// what it fetched (and with Redis gone an uncached key gets 503).
+async fn warmed_up(builder: GatewayBuilder) -> (Gateway, String, String, String) {
+    let gw = builder.start().await;
+    let ws = gw.create_workspace().await;
+    let (id, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
     for n in [1.0, 2.0] {
-        assert_eq!(gw.chat(key).await.status(), 200);
+        assert_eq!(gw.chat(&key).await.status(), 200);
         eventually(Duration::from_secs(5), || async {
-            usage(gw, ws).await["keys"][key_id] == n
+            usage(&gw, &ws).await["keys"][&id] == n
         })
         .await
         .expect("the spend is flushed");
     }
+    (gw, ws, id, key)
 }
 
 fn sigterm(gw: &mut Gateway) {
@@ -987,17 +990,11 @@ fn sigterm(gw: &mut Gateway) {
 async fn a_long_outage_keeps_spooling_audit_records_past_the_memory_bound() {
     let mut redis = RedisServer::start().await;
     let spool = tempfile::tempdir().unwrap();
-    let gw = Gateway::builder()
+    let builder = Gateway::builder()
         .redis(&redis.url(), "long-outage")
         .spool_dir(spool.path())
-        .metering("audit_backlog = 5")
-        .start()
-        .await;
-    let ws = gw.create_workspace().await;
-    let (id, key) = gw
-        .create_key_in(&ws, "live", &["chat.completions:create"])
-        .await;
-    warm_up(&gw, &ws, &id, &key).await;
+        .metering("audit_backlog = 5");
+    let (gw, ws, _, key) = warmed_up(builder).await;
     redis.stop().await;
     // In three bursts, each past the bound: each goes to the spool, not only the first.
     for burst in 1..=3 {
@@ -1205,12 +1202,7 @@ async fn spooled_spend_stays_on_disk_until_it_is_written() {
             .redis(&url, "kept-spool")
             .spool_dir(spool.path())
     };
-    let mut gw = builder().start().await;
-    let ws = gw.create_workspace().await;
-    let (id, key) = gw
-        .create_key_in(&ws, "live", &["chat.completions:create"])
-        .await;
-    warm_up(&gw, &ws, &id, &key).await;
+    let (mut gw, ws, id, key) = warmed_up(builder()).await;
     redis.stop().await;
     for _ in 0..4 {
         assert_eq!(gw.chat(&key).await.status(), 200);
@@ -1242,16 +1234,10 @@ async fn spooled_spend_stays_on_disk_until_it_is_written() {
 async fn a_graceful_upgrade_during_an_outage_hands_over_what_the_old_process_spooled() {
     let mut redis = RedisServer::start().await;
     let spool = tempfile::tempdir().unwrap();
-    let mut gw = Gateway::builder()
+    let builder = Gateway::builder()
         .redis(&redis.url(), "upgrade-spool")
-        .spool_dir(spool.path())
-        .start()
-        .await;
-    let ws = gw.create_workspace().await;
-    let (id, key) = gw
-        .create_key_in(&ws, "live", &["chat.completions:create"])
-        .await;
-    warm_up(&gw, &ws, &id, &key).await;
+        .spool_dir(spool.path());
+    let (mut gw, ws, id, key) = warmed_up(builder).await;
     redis.stop().await;
     for _ in 0..3 {
         assert_eq!(gw.chat(&key).await.status(), 200);

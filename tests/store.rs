@@ -931,23 +931,7 @@ async fn resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now(store: 
     store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
     assert_eq!(store.queued_deliveries(&a.id).await.unwrap(), 1);
     assert_eq!(store.queued_deliveries("we_other").await.unwrap(), 0);
-    let claim = |now_ms: u64| {
-        let store = store.clone();
-        async move {
-            store
-                .claim_deliveries(&ClaimRequest {
-                    now_ms,
-                    lease: Duration::from_secs(5),
-                    max: 10,
-                    per_endpoint: 4,
-                    busy: &[],
-                    struggling: &[],
-                    struggling_max: 10,
-                })
-                .await
-                .unwrap()
-        }
-    };
+    let claim = |now_ms: u64| claim_from(&store, now_ms, 10);
     let claimed = claim(now + 1).await;
     assert_eq!(claimed.len(), 1);
     let hour = [Duration::from_secs(3600)];
@@ -965,6 +949,26 @@ async fn resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now(store: 
         .await
         .unwrap()
         .is_none());
+}
+
+/// Claims at `now_ms` with 5 s leases, up to 10 deliveries, 4 per endpoint, nothing busy.
+async fn claim_from(
+    store: &Arc<dyn Store>,
+    now_ms: u64,
+    struggling_max: usize,
+) -> Vec<ClaimedDelivery> {
+    store
+        .claim_deliveries(&ClaimRequest {
+            now_ms,
+            lease: Duration::from_secs(5),
+            max: 10,
+            per_endpoint: 4,
+            busy: &[],
+            struggling: &[],
+            struggling_max,
+        })
+        .await
+        .unwrap()
 }
 
 /// `delivery` failed `tried`, its endpoint having failed `failures` times in a row before:
@@ -1086,23 +1090,7 @@ async fn a_failure_holds_its_endpoints_queue_until_the_retry_and_an_answer_relea
         .map(|i| Delivery::new(&e, &ws, &a.id, now + i, false))
         .collect();
     store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
-    let claim = |now_ms: u64, struggling_max: usize| {
-        let store = store.clone();
-        async move {
-            store
-                .claim_deliveries(&ClaimRequest {
-                    now_ms,
-                    lease: Duration::from_secs(5),
-                    max: 10,
-                    per_endpoint: 4,
-                    busy: &[],
-                    struggling: &[],
-                    struggling_max,
-                })
-                .await
-                .unwrap()
-        }
-    };
+    let claim = |now_ms: u64, struggling_max: usize| claim_from(&store, now_ms, struggling_max);
     let first = claim(now + 10, 10).await;
     assert_eq!(first.len(), 4);
     assert!(first.iter().all(|c| c.failures == 0));
