@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use super::{Store, StoreError};
 use crate::keys::{CachedKey, KeyHash, KeyRecord, Scopes};
 
+/// How many times a fetch reads the store when syncs keep overlapping it.
+const FETCH_ATTEMPTS: u32 = 3;
+
 /// How often expired scoped tokens are swept out of the cache.
 const EXPIRY_SWEEP: Duration = Duration::from_secs(30);
 
@@ -160,44 +163,73 @@ impl KeyCache {
         &self,
         hash: &KeyHash,
     ) -> Result<(Option<Arc<CachedKey>>, CacheOutcome), StoreError> {
-        let generation = self.generation.load(Ordering::Acquire);
-        let record = self
-            .store
-            .key_by_hash(hash)
-            .await?
-            .map(|r| Arc::new(self.compact(&r)));
-        if self.generation.load(Ordering::Acquire) == generation {
-            match &record {
-                Some(r) => {
-                    self.unknown.remove(hash);
-                    if self.admit(r) {
-                        if let Some(old) = self.known.insert(*hash, r.clone()) {
-                            self.release(&old);
-                        }
+        self.fetch_with(hash, || self.store.key_by_hash(hash)).await
+    }
+
+    /// [`KeyCache::fetch`], reading the store with `read`.
+    ///
+    /// A sync that runs while the store is read bumps the generation; what was read may then
+    /// predate a change the sync dropped, so it is not kept. The read is tried again (a key's
+    /// first use often meets the sync of the key's own creation, and a key left uncached is
+    /// refused while the store is away), up to [`FETCH_ATTEMPTS`] times; the answer is the
+    /// last read either way.
+    async fn fetch_with<F, Fut>(
+        &self,
+        hash: &KeyHash,
+        mut read: F,
+    ) -> Result<(Option<Arc<CachedKey>>, CacheOutcome), StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Option<Arc<KeyRecord>>, StoreError>>,
+    {
+        let mut attempt = 1;
+        loop {
+            let generation = self.generation.load(Ordering::Acquire);
+            let record = read().await?.map(|r| Arc::new(self.compact(&r)));
+            if self.remember(hash, &record, generation) || attempt == FETCH_ATTEMPTS {
+                return Ok((record, CacheOutcome::Miss));
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Caches what the store said of `hash`, read at `generation`; false (nothing kept) if a
+    /// sync has run since.
+    fn remember(&self, hash: &KeyHash, record: &Option<Arc<CachedKey>>, generation: u64) -> bool {
+        if self.generation.load(Ordering::Acquire) != generation {
+            return false;
+        }
+        match record {
+            Some(r) => {
+                self.unknown.remove(hash);
+                if self.admit(r) {
+                    if let Some(old) = self.known.insert(*hash, r.clone()) {
+                        self.release(&old);
                     }
-                }
-                None => {
-                    if self.unknown.len() >= self.config.negative_capacity {
-                        // Aged out first; cleared if that frees less than half, so the pass
-                        // runs at most once per half a set of inserts.
-                        let ttl = self.config.negative_ttl;
-                        self.unknown.retain(|_, seen| seen.elapsed() < ttl);
-                        if self.unknown.len() >= self.config.negative_capacity / 2 {
-                            self.unknown.clear();
-                        }
-                    }
-                    self.unknown.insert(*hash, Instant::now());
                 }
             }
-            // A sync that began after the check above bumps the generation and then removes
-            // what changed, so it may have removed the hash before the insert: look again and
-            // take back what may be stale (a revoked key would otherwise stay cached here).
-            if self.generation.load(Ordering::Acquire) != generation {
-                self.forget(hash);
-                self.unknown.remove(hash);
+            None => {
+                if self.unknown.len() >= self.config.negative_capacity {
+                    // Aged out first; cleared if that frees less than half, so the pass runs
+                    // at most once per half a set of inserts.
+                    let ttl = self.config.negative_ttl;
+                    self.unknown.retain(|_, seen| seen.elapsed() < ttl);
+                    if self.unknown.len() >= self.config.negative_capacity / 2 {
+                        self.unknown.clear();
+                    }
+                }
+                self.unknown.insert(*hash, Instant::now());
             }
         }
-        Ok((record, CacheOutcome::Miss))
+        // A sync that began after the check above bumps the generation and then removes what
+        // changed, so it may have removed the hash before the insert: look again and take back
+        // what may be stale (a revoked key would otherwise stay cached here).
+        if self.generation.load(Ordering::Acquire) != generation {
+            self.forget(hash);
+            self.unknown.remove(hash);
+            return false;
+        }
+        true
     }
 
     /// Whether `key` may be cached: always for a key; for a scoped token, while the tokens
@@ -420,6 +452,49 @@ mod tests {
         let (r, outcome) = cache.get(&k.hash).await.unwrap();
         assert_eq!(outcome, CacheOutcome::Miss);
         assert_eq!(r.unwrap().status, KeyStatus::Revoked);
+    }
+
+    #[tokio::test]
+    async fn a_fetch_that_meets_a_sync_reads_again_and_caches_the_key() {
+        // A key's first use meets the sync of the key's own creation: the first read may
+        // predate a change the sync drops, so it is not kept, and the key is read again.
+        let store = Arc::new(MemoryStore::new());
+        let cache = KeyCache::new(store.clone(), CacheConfig::default());
+        cache.sync().await.unwrap();
+        let k = new_key();
+        store.insert_key(&k).await.unwrap();
+        let reads = std::sync::atomic::AtomicU32::new(0);
+        let (r, outcome) = cache
+            .fetch_with(&k.hash, || async {
+                if reads.fetch_add(1, Ordering::AcqRel) == 0 {
+                    cache.sync().await?;
+                }
+                store.key_by_hash(&k.hash).await
+            })
+            .await
+            .unwrap();
+        assert_eq!((r.is_some(), outcome), (true, CacheOutcome::Miss));
+        assert_eq!(
+            reads.load(Ordering::Acquire),
+            2,
+            "read again after the sync"
+        );
+        assert_eq!(cache.get(&k.hash).await.unwrap().1, CacheOutcome::Hit);
+
+        // Syncs that keep overlapping: the reads stop at FETCH_ATTEMPTS, nothing cached.
+        let other = new_key();
+        reads.store(0, Ordering::Release);
+        let (r, _) = cache
+            .fetch_with(&other.hash, || async {
+                reads.fetch_add(1, Ordering::AcqRel);
+                cache.generation.fetch_add(1, Ordering::AcqRel);
+                store.key_by_hash(&other.hash).await
+            })
+            .await
+            .unwrap();
+        assert!(r.is_none());
+        assert_eq!(reads.load(Ordering::Acquire), FETCH_ATTEMPTS);
+        assert!(cache.cached(&other.hash).is_none(), "nothing kept");
     }
 
     #[tokio::test]
