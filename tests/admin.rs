@@ -102,6 +102,76 @@ async fn workspaces_are_created_and_validated() {
 }
 
 #[tokio::test]
+async fn workspaces_are_read_back_and_changed_on_both_stores() {
+    let ns = TestNamespace::new();
+    for gw in [Gateway::builder().start().await, on_redis(&ns).await] {
+        let created = gw
+            .admin_request(Method::POST, "/admin/v1/workspaces")
+            .json(&json!({"name": "Acme", "admin_emails": ["ops@acme.example"], "monthly_credits": 100, "credits_low_threshold": 10}))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap();
+        let path = format!("/admin/v1/workspaces/{}", created["id"].as_str().unwrap());
+        assert_eq!(gw.admin_get(&path).await, created);
+
+        let patch = |body: Value| gw.admin_request(Method::PATCH, &path).json(&body).send();
+        let resp = patch(json!({"name": " Acme Labs ", "admin_emails": ["a@acme.example", "b@acme.example"], "monthly_credits": 250.5}))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let changed: Value = resp.json().await.unwrap();
+        let mut expected = created.clone();
+        expected["name"] = json!("Acme Labs");
+        expected["admin_emails"] = json!(["a@acme.example", "b@acme.example"]);
+        expected["monthly_credits"] = json!(250.5);
+        assert_eq!(changed, expected, "what is absent stays");
+        assert_eq!(gw.admin_get(&path).await, expected);
+
+        // null removes a cap or a threshold.
+        let resp = patch(json!({"credits_low_threshold": null})).await.unwrap();
+        let changed: Value = resp.json().await.unwrap();
+        assert_eq!(changed["credits_low_threshold"], Value::Null);
+        assert_eq!(changed["monthly_credits"], 250.5);
+        let resp = patch(json!({"monthly_credits": null})).await.unwrap();
+        assert_eq!(gw.admin_get(&path).await["monthly_credits"], Value::Null);
+        assert_eq!(resp.status(), 200);
+
+        for bad in [
+            json!({"name": ""}),
+            json!({"name": "é".repeat(201)}),
+            json!({"admin_emails": []}),
+            json!({"admin_emails": ["not-an-email"]}),
+            json!({"monthly_credits": -5}),
+            json!({"credits_low_threshold": "ten"}),
+            json!({"id": "ws_other"}),
+            json!({"created_at": 1}),
+            json!([]),
+        ] {
+            let resp = patch(bad.clone()).await.unwrap();
+            assert_error(resp, 400, "invalid_request_error").await;
+        }
+        assert_eq!(
+            gw.admin_get(&path).await["name"],
+            "Acme Labs",
+            "nothing changed"
+        );
+
+        for method in [Method::GET, Method::PATCH] {
+            let resp = gw
+                .admin_request(method, "/admin/v1/workspaces/ws_nope")
+                .json(&json!({"name": "x"}))
+                .send()
+                .await
+                .unwrap();
+            assert_error(resp, 404, "not_found").await;
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_key_is_shown_once_and_then_only_by_prefix_and_last4() {
     let gw = Gateway::builder().start().await;
     let resp = gw

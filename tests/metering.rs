@@ -368,6 +368,56 @@ async fn a_workspace_new_to_a_replica_is_held_to_its_credits_from_its_first_requ
 }
 
 #[tokio::test]
+async fn raising_a_spent_workspace_s_credits_lets_its_requests_through_again() {
+    let ns = TestNamespace::new();
+    let (a, b) = replicas(&ns).await;
+    let ws = workspace_with(
+        &a,
+        json!({"name": "Spent", "admin_emails": ["ops@example.com"], "monthly_credits": 2}),
+    )
+    .await;
+    let (_, key) = a
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    for _ in 0..2 {
+        assert_eq!(a.chat(&key).await.status(), 200);
+    }
+    eventually(Duration::from_secs(5), || async {
+        usage(&a, &ws).await["total"] == 2.0
+    })
+    .await
+    .expect("spend flushed");
+    for gw in [&a, &b] {
+        eventually(Duration::from_secs(5), || async {
+            gw.chat(&key).await.status() == 402
+        })
+        .await
+        .expect("the spent workspace is refused");
+    }
+    let resp = a
+        .admin_request(Method::PATCH, &format!("/admin/v1/workspaces/{ws}"))
+        .json(&json!({"monthly_credits": 4}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Both replicas learn the new credits from Redis on a flush.
+    for gw in [&b, &a] {
+        eventually(Duration::from_secs(5), || async {
+            gw.chat(&key).await.status() == 200
+        })
+        .await
+        .expect("admitted again once the credits are raised");
+    }
+    eventually(Duration::from_secs(5), || async {
+        usage(&a, &ws).await["total"] == 4.0
+    })
+    .await
+    .expect("spend flushed");
+    assert_error(a.chat(&key).await, 402, "budget_exceeded").await;
+}
+
+#[tokio::test]
 async fn credits_low_fires_once_per_crossing_however_many_replicas_see_it() {
     let ns = TestNamespace::new();
     let (a, b) = replicas(&ns).await;

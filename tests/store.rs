@@ -53,6 +53,50 @@ async fn workspaces_round_trip(store: Arc<dyn Store>) {
     assert_eq!(store.workspace("ws_missing").await.unwrap(), None);
 }
 
+async fn workspace_changes_keep_identity_and_lose_none(store: Arc<dyn Store>) {
+    let ws = workspace();
+    store.create_workspace(&ws).await.unwrap();
+    // Twelve writers at once, each adding an address: compare-and-set retries keep all twelve.
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let store = store.clone();
+            let id = ws.id.clone();
+            tokio::spawn(async move {
+                store
+                    .update_workspace(&id, &move |w: &mut Workspace| {
+                        w.admin_emails.push(format!("ops{i}@acme.example"));
+                        // What a change may not touch.
+                        w.id = "ws_other".into();
+                        w.created_at = 7;
+                    })
+                    .await
+                    .unwrap()
+                    .unwrap()
+            })
+        })
+        .collect();
+    for t in tasks {
+        let changed = t.await.unwrap();
+        assert_eq!(
+            (changed.id.as_str(), changed.created_at),
+            (ws.id.as_str(), ws.created_at)
+        );
+    }
+    let read = store.workspace(&ws.id).await.unwrap().unwrap();
+    assert_eq!(read.admin_emails.len(), 13, "{:?}", read.admin_emails);
+    assert_eq!(store.workspace("ws_other").await.unwrap(), None);
+    let missing = store
+        .update_workspace("ws_missing", &|w: &mut Workspace| w.name = "x".into())
+        .await
+        .unwrap();
+    assert_eq!(missing, None);
+    assert_eq!(
+        store.workspace("ws_missing").await.unwrap(),
+        None,
+        "not created"
+    );
+}
+
 async fn keys_are_found_every_way(store: Arc<dyn Store>) {
     let ws = new_id("ws");
     let (a, b) = (key(&ws, 20), key(&ws, 10));
@@ -1456,6 +1500,7 @@ macro_rules! store_suite {
 
 store_suite!(
     workspaces_round_trip,
+    workspace_changes_keep_identity_and_lose_none,
     keys_are_found_every_way,
     updates_keep_identity_and_are_seen_by_hash,
     a_change_that_changes_nothing_emits_nothing,

@@ -80,3 +80,11 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
             .map_err(|e| ApiError::invalid(e.body_text()))
     }
 }
+
+/// For `#[serde(default, deserialize_with = "present")]`: tells a field set to `null`
+/// (`Some(None)`) from an absent one (`None`).
+pub fn present<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    <Option<T> as serde::Deserialize>::deserialize(d).map(Some)
+}

@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::Json;
 use http::HeaderMap;
 use http::StatusCode;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 use super::extract::{from_object, JsonBody, PathParams, QueryParams};
 use super::AdminState;
@@ -246,17 +246,10 @@ pub(super) struct PatchKey {
     #[serde(default)]
     scopes: Option<Vec<String>>,
     /// Absent: unchanged; `null`: no budget; a number: the new budget.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "super::extract::present")]
     monthly_budget: Option<Option<Credits>>,
     #[serde(default)]
     name: Option<String>,
-}
-
-/// Distinguishes a field set to `null` (`Some(None)`) from an absent one (`None`).
-fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
-    d: D,
-) -> Result<Option<Option<T>>, D::Error> {
-    Option::<T>::deserialize(d).map(Some)
 }
 
 pub(super) async fn patch(

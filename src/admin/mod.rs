@@ -132,6 +132,10 @@ impl AdminState {
 pub fn router(state: AdminState) -> Router {
     let api = Router::new()
         .route("/workspaces", post(workspaces::create))
+        .route(
+            "/workspaces/{id}",
+            get(workspaces::show).patch(workspaces::patch),
+        )
         .route("/keys", post(keys::create).get(keys::list))
         .route("/keys/{id}", get(keys::show).patch(keys::patch))
         .route("/keys/{id}/revoke", post(keys::revoke))

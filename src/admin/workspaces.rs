@@ -1,11 +1,11 @@
-//! `POST /admin/v1/workspaces`
+//! `POST /admin/v1/workspaces`, `GET` and `PATCH /admin/v1/workspaces/{id}`
 
 use axum::extract::State;
 use axum::Json;
 use http::StatusCode;
 use serde::Deserialize;
 
-use super::extract::JsonBody;
+use super::extract::{JsonBody, PathParams};
 use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::{new_id, unix_now};
@@ -27,29 +27,94 @@ pub(super) async fn create(
     State(state): State<AdminState>,
     JsonBody(body): JsonBody<CreateWorkspace>,
 ) -> Result<(StatusCode, Json<Workspace>), ApiError> {
-    let name = body.name.trim();
-    if name.is_empty() || name.chars().count() > 200 {
-        return Err(ApiError::invalid("name must be 1-200 characters"));
-    }
-    // Where a paused webhook endpoint is reported (SPEC §7): someone must be told.
-    if body.admin_emails.is_empty() {
-        return Err(ApiError::invalid("admin_emails needs at least one address"));
-    }
-    if let Some(bad) = body.admin_emails.iter().find(|e| !looks_like_email(e)) {
-        return Err(ApiError::invalid(format!(
-            "'{bad}' is not an e-mail address"
-        )));
-    }
     let workspace = Workspace {
         id: new_id("ws"),
-        name: name.to_string(),
-        admin_emails: body.admin_emails,
+        name: valid_name(&body.name)?,
+        admin_emails: valid_emails(body.admin_emails)?,
         monthly_credits: body.monthly_credits,
         credits_low_threshold: body.credits_low_threshold,
         created_at: unix_now(),
     };
     state.store.create_workspace(&workspace).await?;
     Ok((StatusCode::CREATED, Json(workspace)))
+}
+
+pub(super) async fn show(
+    State(state): State<AdminState>,
+    PathParams(id): PathParams<String>,
+) -> Result<Json<Workspace>, ApiError> {
+    let workspace = state.store.workspace(&id).await?;
+    workspace
+        .map(Json)
+        .ok_or_else(|| super::unknown("workspace", &id))
+}
+
+/// What `PATCH` may change; absent fields stay, `null` removes a cap or a threshold.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PatchWorkspace {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    admin_emails: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "super::extract::present")]
+    monthly_credits: Option<Option<Credits>>,
+    #[serde(default, deserialize_with = "super::extract::present")]
+    credits_low_threshold: Option<Option<Credits>>,
+}
+
+/// Changes a workspace. Every replica reads the credits and the threshold on its next usage
+/// flush, so a raised `monthly_credits` lets a spent workspace's requests through again, and
+/// a remainder back above the threshold re-arms `billing.credits.low`.
+pub(super) async fn patch(
+    State(state): State<AdminState>,
+    PathParams(id): PathParams<String>,
+    JsonBody(body): JsonBody<PatchWorkspace>,
+) -> Result<Json<Workspace>, ApiError> {
+    let name = body.name.as_deref().map(valid_name).transpose()?;
+    let admin_emails = body.admin_emails.map(valid_emails).transpose()?;
+    let updated = state
+        .store
+        .update_workspace(&id, &|w: &mut Workspace| {
+            if let Some(name) = &name {
+                w.name = name.clone();
+            }
+            if let Some(emails) = &admin_emails {
+                w.admin_emails = emails.clone();
+            }
+            if let Some(credits) = body.monthly_credits {
+                w.monthly_credits = credits;
+            }
+            if let Some(threshold) = body.credits_low_threshold {
+                w.credits_low_threshold = threshold;
+            }
+        })
+        .await?
+        .ok_or_else(|| super::unknown("workspace", &id))?;
+    tracing::info!(workspace = %updated.id, "workspace changed");
+    Ok(Json(updated))
+}
+
+/// A display name: 1-200 characters once trimmed.
+fn valid_name(name: &str) -> Result<String, ApiError> {
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > 200 {
+        return Err(ApiError::invalid("name must be 1-200 characters"));
+    }
+    Ok(name.to_string())
+}
+
+/// Where a paused webhook endpoint is reported (SPEC §7): someone must be told.
+fn valid_emails(emails: Vec<String>) -> Result<Vec<String>, ApiError> {
+    if emails.is_empty() {
+        return Err(ApiError::invalid("admin_emails needs at least one address"));
+    }
+    if let Some(bad) = emails.iter().find(|e| !looks_like_email(e)) {
+        return Err(ApiError::invalid(format!(
+            "'{bad}' is not an e-mail address"
+        )));
+    }
+    Ok(emails)
 }
 
 /// An address the pause e-mails can go to (delivery is the real test of it).

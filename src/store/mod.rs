@@ -55,6 +55,9 @@ pub type EndpointChange<'a> = &'a (dyn Fn(&mut Endpoint) + Send + Sync);
 /// must only depend on the record it is given.
 pub type KeyChange<'a> = &'a (dyn Fn(&mut KeyRecord) + Send + Sync);
 
+/// A change to a workspace, applied to what the store holds (and again if it changed meanwhile).
+pub type WorkspaceChange<'a> = &'a (dyn Fn(&mut Workspace) + Send + Sync);
+
 /// Which keys changed after a given epoch of the key registry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyChanges {
@@ -219,6 +222,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// A workspace by id.
     async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError>;
+
+    /// Applies `change` to workspace `id` (its id and creation time stay) and returns the
+    /// result; `None` if there is no such workspace.
+    async fn update_workspace(
+        &self,
+        id: &str,
+        change: WorkspaceChange<'_>,
+    ) -> Result<Option<Workspace>, StoreError>;
 
     /// Stores a new key, indexed by id, by hash and under its workspace.
     async fn insert_key(&self, key: &KeyRecord) -> Result<(), StoreError>;

@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use super::{
     too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
     EventFeed, EventPage, KeyChange, KeyChanges, QueueStats, Rotation, Saved, Store, StoreError,
-    UsageReport,
+    UsageReport, WorkspaceChange,
 };
 use crate::events::Event;
 use crate::ids::unix_now;
@@ -216,6 +216,23 @@ impl Store for MemoryStore {
 
     async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError> {
         Ok(self.read().workspaces.get(id).cloned())
+    }
+
+    async fn update_workspace(
+        &self,
+        id: &str,
+        change: WorkspaceChange<'_>,
+    ) -> Result<Option<Workspace>, StoreError> {
+        let mut inner = self.write();
+        let Some(workspace) = inner.workspaces.get_mut(id) else {
+            return Ok(None);
+        };
+        let mut next = workspace.clone();
+        change(&mut next);
+        next.id = workspace.id.clone();
+        next.created_at = workspace.created_at;
+        *workspace = next.clone();
+        Ok(Some(next))
     }
 
     async fn insert_key(&self, key: &KeyRecord) -> Result<(), StoreError> {

@@ -56,7 +56,7 @@ use tokio::sync::Notify;
 use super::{
     too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
     EventFeed, EventPage, KeyChange, KeyChanges, QueueStats, Rotation, Saved, Store, StoreError,
-    UsageReport,
+    UsageReport, WorkspaceChange,
 };
 use crate::events::Event;
 use crate::keys::Environment;
@@ -74,6 +74,21 @@ const CHANGE_LOG_LEN: usize = 100_000;
 const CATCH_UP_MAX: u64 = 10_000;
 /// Optimistic update attempts before giving up on a hot key.
 const UPDATE_ATTEMPTS: usize = 16;
+
+/// What a compare-and-set script's answer means for the value it was to write: written (1),
+/// gone (-1), or changed meanwhile (`None`: read it again).
+fn settled<T>(answer: i64, next: T) -> Option<Option<T>> {
+    match answer {
+        1 => Some(Some(next)),
+        -1 => Some(None),
+        _ => None,
+    }
+}
+
+/// The error for a value that kept changing under [`UPDATE_ATTEMPTS`] compare-and-sets.
+fn changing_too_often(what: &str, id: &str) -> StoreError {
+    StoreError::Conflict(format!("{what} {id} is changing too often; retry"))
+}
 
 /// Names of everything this store keeps in Redis.
 #[derive(Debug, Clone)]
@@ -141,6 +156,20 @@ local e = redis.call('INCR', KEYS[4])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], e .. '-0', 'h', ARGV[2], 'm', ARGV[7])
 redis.pcall('PUBLISH', ARGV[5], e)
 return e
+",
+    )
+});
+
+/// Replaces a value if it still is what the caller read (compare-and-set). KEYS: the value.
+/// ARGV: expected, new. Returns 1, 0 if it changed meanwhile, -1 if it is gone.
+static SET_IF_UNCHANGED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local cur = redis.call('GET', KEYS[1])
+if not cur then return -1 end
+if cur ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
 ",
     )
 });
@@ -563,15 +592,11 @@ impl RedisStore {
                 .invoke_async(&mut self.conn())
                 .await
                 .map_err(unavailable)?;
-            match swapped {
-                1 => return Ok(Some(next)),
-                -1 => return Ok(None),
-                _ => continue,
+            if let Some(done) = settled(swapped, next) {
+                return Ok(done);
             }
         }
-        Err(StoreError::Conflict(format!(
-            "endpoint {id} is changing too often; retry"
-        )))
+        Err(changing_too_often("endpoint", id))
     }
 
     async fn update(
@@ -631,9 +656,7 @@ impl RedisStore {
                 return Ok(Some(Arc::new(next)));
             }
         }
-        Err(StoreError::Conflict(format!(
-            "key {id} is changing too often; retry"
-        )))
+        Err(changing_too_often("key", id))
     }
 
     /// One page of a stream: `XRANGE` (oldest first, `from` ≤ `to`) or `XREVRANGE` (newest
@@ -765,6 +788,37 @@ impl Store for RedisStore {
 
     async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError> {
         self.get_json(&self.layout.workspace(id)).await
+    }
+
+    async fn update_workspace(
+        &self,
+        id: &str,
+        change: WorkspaceChange<'_>,
+    ) -> Result<Option<Workspace>, StoreError> {
+        let key = self.layout.workspace(id);
+        for _ in 0..UPDATE_ATTEMPTS {
+            let raw: Option<String> = self.conn().get(&key).await.map_err(unavailable)?;
+            let Some(raw) = raw else { return Ok(None) };
+            let current: Workspace = decode(&key, &raw)?;
+            let mut next = current.clone();
+            change(&mut next);
+            next.id = current.id.clone();
+            next.created_at = current.created_at;
+            if next == current {
+                return Ok(Some(current));
+            }
+            let swapped: i64 = SET_IF_UNCHANGED
+                .key(&key)
+                .arg(&raw)
+                .arg(encode(&next))
+                .invoke_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            if let Some(done) = settled(swapped, next) {
+                return Ok(done);
+            }
+        }
+        Err(changing_too_often("workspace", id))
     }
 
     async fn insert_key(&self, key: &KeyRecord) -> Result<(), StoreError> {
