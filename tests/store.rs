@@ -357,6 +357,7 @@ async fn a_flush_reads_back_every_project_budget_and_the_watched_projects_spend(
             ..Default::default()
         }],
         rate: Vec::new(),
+        rate_id: String::new(),
     };
     let totals = &store.flush_usage(&flush).await.unwrap().workspaces[&ws];
     // Every budget, watched or not: a project without one needs no reading.
@@ -392,6 +393,7 @@ async fn a_usage_batch_is_added_once_however_often_it_is_sent(store: Arc<dyn Sto
             ..Default::default()
         }],
         rate: Vec::new(),
+        rate_id: String::new(),
     };
     let first = store.flush_usage(&flush).await.unwrap();
     let again = store.flush_usage(&flush).await.unwrap();
@@ -432,6 +434,61 @@ async fn a_usage_batch_is_added_once_however_often_it_is_sent(store: Arc<dyn Sto
     assert_eq!(store.usage_report(&ws, "2026-11").await.unwrap().total, 500);
 }
 
+async fn rate_counts_are_added_once_per_batch_of_their_own(store: Arc<dyn Store>) {
+    use svcgate::metering::usage::{RateFlush, UsageFlush};
+    let key = new_id("key");
+    let window = unix_now() / 60;
+    let flush = |id: &str, rate_id: &str, count: u64| UsageFlush {
+        id: id.into(),
+        month: "2026-11".into(),
+        now: 0,
+        workspaces: Vec::new(),
+        rate: vec![RateFlush {
+            key: key.clone(),
+            window,
+            count,
+        }],
+        rate_id: rate_id.into(),
+    };
+    let current = |snapshot: svcgate::metering::usage::UsageSnapshot| snapshot.rate[&key].current;
+    let (spend, first) = (new_id("flush"), new_id("rate"));
+    assert_eq!(
+        current(store.flush_usage(&flush(&spend, &first, 3)).await.unwrap()),
+        3
+    );
+    // The answer was lost: the retry sends the same counts under the same id.
+    assert_eq!(
+        current(store.flush_usage(&flush(&spend, &first, 3)).await.unwrap()),
+        3
+    );
+    // Spend retried under its id, with new rate counts under theirs: those are added.
+    let second = new_id("rate");
+    assert_eq!(
+        current(store.flush_usage(&flush(&spend, &second, 2)).await.unwrap()),
+        5
+    );
+    // Reading alone (no count) adds nothing and notes no id.
+    let read = new_id("rate");
+    assert_eq!(
+        current(
+            store
+                .flush_usage(&flush(&new_id("flush"), &read, 0))
+                .await
+                .unwrap()
+        ),
+        5
+    );
+    assert_eq!(
+        current(
+            store
+                .flush_usage(&flush(&new_id("flush"), &read, 4))
+                .await
+                .unwrap()
+        ),
+        9
+    );
+}
+
 async fn absurd_spend_saturates_and_never_jams_the_flushes(store: Arc<dyn Store>) {
     use svcgate::metering::usage::{UsageFlush, WorkspaceFlush};
     let ws = new_id("ws");
@@ -448,6 +505,7 @@ async fn absurd_spend_saturates_and_never_jams_the_flushes(store: Arc<dyn Store>
             ..Default::default()
         }],
         rate: Vec::new(),
+        rate_id: String::new(),
     };
     // A backend reported a trillion credits a request for a while: the sums pass i64.
     for _ in 0..3 {
@@ -1509,6 +1567,7 @@ store_suite!(
     rotation_is_atomic_and_idempotent,
     a_rotation_keeps_a_change_made_after_its_successor_was_built,
     a_usage_batch_is_added_once_however_often_it_is_sent,
+    rate_counts_are_added_once_per_batch_of_their_own,
     a_flush_reads_back_every_project_budget_and_the_watched_projects_spend,
     the_event_log_is_consumed_once_and_reclaimed_from_dead_consumers,
     a_tail_sees_only_events_logged_after_it_started,

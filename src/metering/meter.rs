@@ -223,8 +223,9 @@ impl Meter {
         let month = month_of(now);
         let (id, workspaces) = self.usage.begin_flush(&month);
         let window = now / 60;
-        let taken = self.rate.take_counts();
-        let mut rate: Vec<RateFlush> = taken
+        let batch = self.rate.next_batch();
+        let mut rate: Vec<RateFlush> = batch
+            .counts
             .iter()
             .map(|(key, window, count)| RateFlush {
                 key: key.to_string(),
@@ -248,6 +249,7 @@ impl Meter {
             now,
             workspaces,
             rate,
+            rate_id: batch.id.clone(),
         };
         match self.store.flush_usage(&flush).await {
             Ok(snapshot) => {
@@ -268,9 +270,10 @@ impl Meter {
             }
             Err(e) => {
                 // The batch stays as it is and goes again, under the same id, next time; so do
-                // the rate counts (a batch the store took despite the error adds them no more).
+                // the rate counts, under theirs (a batch the store took despite the error adds
+                // nothing more).
                 tracing::debug!(error = %e, "usage flush failed; it will be retried");
-                self.rate.give_back(&taken);
+                self.rate.not_sent(batch);
                 self.usage.flush_failed();
                 false
             }

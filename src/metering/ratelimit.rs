@@ -10,7 +10,7 @@
 //! one flush interval.
 
 use dashmap::DashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// A per-minute limit with a burst allowance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,11 +112,22 @@ pub struct Decision {
     pub reset_secs: u64,
 }
 
+/// Requests admitted here, per key and minute window, sent to the store as one batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateBatch {
+    /// The same each time the batch is sent: the store adds a batch once.
+    pub id: String,
+    /// `(key id, window, requests)`.
+    pub counts: Vec<(Arc<str>, u64, u64)>,
+}
+
 /// Per-key rate state of this replica.
 #[derive(Default)]
 pub struct RateLimiter {
     /// Looked up on every request by key id: a fast seeded hash, not SipHash.
     keys: DashMap<Arc<str>, KeyState, foldhash::fast::RandomState>,
+    /// The batch whose flush failed, to go again as it was.
+    unsent: Mutex<Option<RateBatch>>,
 }
 
 impl RateLimiter {
@@ -196,8 +207,9 @@ impl RateLimiter {
         }
     }
 
-    /// Takes the requests admitted since the last call, per key and window, for the flush.
-    pub fn take_counts(&self) -> Vec<(Arc<str>, u64, u64)> {
+    /// Takes the requests admitted since the last call, per key and window. What is taken
+    /// counts here as known to the store from then on.
+    fn take_counts(&self) -> Vec<(Arc<str>, u64, u64)> {
         let mut out = Vec::new();
         for mut entry in self.keys.iter_mut() {
             if entry.carried > 0 {
@@ -218,27 +230,27 @@ impl RateLimiter {
         out
     }
 
-    /// Takes back counts a failed flush took ([`take_counts`](Self::take_counts)), so the
-    /// next flush sends them: other replicas would otherwise never count those requests.
-    /// Counts of a window older than what a key keeps are dropped.
-    pub fn give_back(&self, counts: &[(Arc<str>, u64, u64)]) {
-        for (key, window, count) in counts {
-            let Some(mut state) = self.keys.get_mut(&**key) else {
-                continue;
-            };
-            if *window == state.local_window {
-                // `take_counts` counted them as global already.
-                if state.global.window == *window {
-                    state.global.current = state.global.current.saturating_sub(*count);
-                }
-                state.local += count;
-            } else if *window + 1 == state.local_window
-                && (state.carried == 0 || state.carried_window == *window)
-            {
-                state.carried += count;
-                state.carried_window = *window;
-            }
+    /// The counts for the next flush. A batch whose flush failed goes again as it was, under
+    /// its id: its answer may have been lost after the store added it, and then nothing more
+    /// sent under that id would be added; what was admitted meanwhile waits for the batch
+    /// after. Otherwise, the requests admitted since the last batch, under a new id.
+    pub fn next_batch(&self) -> RateBatch {
+        if let Some(batch) = self.unsent().take() {
+            return batch;
         }
+        RateBatch {
+            id: crate::ids::new_id("rate"),
+            counts: self.take_counts(),
+        }
+    }
+
+    /// The flush of `batch` failed: it goes again, as it is, with the next one.
+    pub fn not_sent(&self, batch: RateBatch) {
+        *self.unsent() = Some(batch);
+    }
+
+    fn unsent(&self) -> std::sync::MutexGuard<'_, Option<RateBatch>> {
+        self.unsent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Records what the store says about a key's windows after a flush.
@@ -317,19 +329,29 @@ mod tests {
         assert!(!d.allowed);
         assert_eq!(d.remaining, 0);
         assert!(d.reset_secs >= 1);
-        // Taking the counts moves them to the flush.
-        let taken = limiter.take_counts();
-        assert_eq!(taken, vec![(key.clone(), 1000, 4)]);
-        assert!(limiter.take_counts().is_empty());
-        // A flush that failed gives them back: the next one sends them, and the limit here
-        // still counts each request once.
-        limiter.give_back(&taken);
+        // A batch takes the counts.
+        let batch = limiter.next_batch();
+        assert_eq!(batch.counts, vec![(key.clone(), 1000, 4)]);
+        // Its flush failed: the limit here still counts each request once, and the batch goes
+        // again as it was, under its id, whatever was admitted meanwhile.
+        limiter.not_sent(batch.clone());
         assert!(!limiter.check("key_1", limit, now + 20).allowed);
-        assert_eq!(limiter.take_counts(), vec![(key.clone(), 1000, 4)]);
-        // Counts of the minute before go back as that minute's.
-        let taken = vec![(key.clone(), 999, 2)];
-        limiter.give_back(&taken);
-        assert_eq!(limiter.take_counts(), taken);
+        // (The store, once back, says this minute holds only these 4.)
+        limiter.set_global(
+            "key_1",
+            WindowCounts {
+                window: 1000,
+                previous: 0,
+                current: 4,
+            },
+        );
+        assert!(limiter.check("key_1", limit, now + 30).allowed);
+        assert_eq!(limiter.next_batch(), batch);
+        // The batch after it: a new id, with what was admitted meanwhile.
+        let next = limiter.next_batch();
+        assert_ne!(next.id, batch.id);
+        assert_eq!(next.counts, vec![(key.clone(), 1000, 1)]);
+        assert!(limiter.next_batch().counts.is_empty());
     }
 
     #[test]

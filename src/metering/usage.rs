@@ -88,6 +88,9 @@ pub struct UsageFlush {
     pub workspaces: Vec<WorkspaceFlush>,
     /// Requests admitted per key and minute window, for shared rate limits.
     pub rate: Vec<RateFlush>,
+    /// The rate counts' own batch id, as [`UsageFlush::id`] is the spend's: a retry sends the
+    /// same counts under it, while spend that arrived meanwhile may join the retried spend.
+    pub rate_id: String,
 }
 
 /// One workspace's part of a flush.

@@ -393,13 +393,9 @@ impl Store for MemoryStore {
     async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError> {
         let mut guard = self.write();
         let inner = &mut *guard;
-        let fresh = !inner.flushes.contains(&flush.id);
-        if fresh {
-            if inner.flushes.len() == 1_000 {
-                inner.flushes.pop_front();
-            }
-            inner.flushes.push_back(flush.id.clone());
-        }
+        let fresh = first_sight(&mut inner.flushes, &flush.id);
+        let fresh_rate = flush.rate.iter().any(|r| r.count > 0)
+            && first_sight(&mut inner.flushes, &flush.rate_id);
         let mut snapshot = UsageSnapshot::default();
         for w in &flush.workspaces {
             let w = &if fresh {
@@ -476,7 +472,7 @@ impl Store for MemoryStore {
         for r in &flush.rate {
             let current = {
                 let c = inner.rate.entry((r.key.clone(), r.window)).or_default();
-                if fresh {
+                if fresh_rate {
                     *c += r.count;
                 }
                 *c
@@ -773,6 +769,18 @@ impl Store for MemoryStore {
             ..inner.webhooks.stats()
         })
     }
+}
+
+/// Whether batch `id` is new to `seen` (the last 1,000 ids); notes it.
+fn first_sight(seen: &mut std::collections::VecDeque<String>, id: &str) -> bool {
+    if seen.iter().any(|s| s == id) {
+        return false;
+    }
+    if seen.len() == 1_000 {
+        seen.pop_front();
+    }
+    seen.push_back(id.to_string());
+    true
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! | `{ns}:keys:log` | stream | one entry `<epoch>-0 h=<digest>` per key write, capped |
 //! | `{ns}:spend:<ws>:<YYYY-MM>` | hash | micro-credits: `total`, `key:<id>`, `project:<name>`; `low_fired` |
 //! | `{ns}:budgets:<ws>` | hash | project → monthly budget (micro-credits) |
-//! | `{ns}:flush:<id>` | string | a usage batch already added (a day), so a retry adds nothing |
+//! | `{ns}:flush:<id>` | string | a usage batch (spend, or rate counts) already added (a day), so a retry adds nothing |
 //! | `{ns}:rl:<key id>:<minute>` | integer | requests in that minute window, all replicas (expires) |
 //! | `{ns}:endpoints:<ws>` | hash | webhook endpoint id → endpoint JSON (with its secret) |
 //! | `{ns}:wh:cursor` | string | an event-log entry id such that every entry up to it is fanned out (kept behind the oldest entry pending in the group); where a lost consumer group restarts |
@@ -293,10 +293,18 @@ for _, w in ipairs(b.workspaces) do
   out.workspaces[w.workspace] = res
   end
 end
+-- Rate counts go in batches of their own: a retry sends the same counts under the same id.
+local fresh_rate = false
+for _, r in ipairs(b.rate) do
+  if r.count > 0 then
+    fresh_rate = redis.call('SET', p .. ':flush:' .. b.rate_id, '1', 'NX', 'EX', 86400)
+    break
+  end
+end
 for _, r in ipairs(b.rate) do
   local k = p .. ':rl:' .. r.key .. ':'
   local cur
-  if fresh and r.count > 0 then
+  if fresh_rate and r.count > 0 then
     cur = redis.call('INCRBY', k .. int(r.window), int(r.count))
     redis.call('EXPIRE', k .. int(r.window), 180)
   else
