@@ -1923,7 +1923,15 @@ async fn redis_a_user_without_channel_rights_still_writes_keys() {
 /// proxy that dropped the flow.
 struct FreezingRelay {
     addr: std::net::SocketAddr,
-    connections: Arc<std::sync::Mutex<Vec<Arc<std::sync::atomic::AtomicBool>>>>,
+    connections: Arc<std::sync::Mutex<Vec<RelayedConnection>>>,
+}
+
+/// One connection through a [`FreezingRelay`].
+#[derive(Clone, Default)]
+struct RelayedConnection {
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+    /// It has sent `SUBSCRIBE`.
+    subscriber: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl FreezingRelay {
@@ -1942,12 +1950,17 @@ impl FreezingRelay {
                 let Ok(server) = tokio::net::UnixStream::connect(&socket).await else {
                     continue;
                 };
-                let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                registry.lock().unwrap().push(frozen.clone());
+                let connection = RelayedConnection::default();
+                registry.lock().unwrap().push(connection.clone());
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
-                tokio::spawn(pump(client_read, server_write, frozen.clone()));
-                tokio::spawn(pump(server_read, client_write, frozen));
+                tokio::spawn(pump(
+                    client_read,
+                    server_write,
+                    connection.frozen.clone(),
+                    Some(connection.subscriber),
+                ));
+                tokio::spawn(pump(server_read, client_write, connection.frozen, None));
             }
         });
         Self { addr, connections }
@@ -1955,16 +1968,29 @@ impl FreezingRelay {
 
     /// Every connection made so far carries nothing more; new ones work.
     fn freeze_existing(&self) {
-        for frozen in self.connections.lock().unwrap().iter() {
-            frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.freeze(|_| true);
+    }
+
+    /// The subscriptions made so far carry nothing more; the other connections work.
+    fn freeze_subscribers(&self) {
+        self.freeze(|c| c.subscriber.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    fn freeze(&self, which: impl Fn(&RelayedConnection) -> bool) {
+        for connection in self.connections.lock().unwrap().iter().filter(|c| which(c)) {
+            connection
+                .frozen
+                .store(true, std::sync::atomic::Ordering::SeqCst);
         }
     }
 }
 
+/// Carries bytes from `from` to `to` until `frozen`; notes in `subscriber` a `SUBSCRIBE` sent.
 async fn pump(
     mut from: impl tokio::io::AsyncRead + Unpin,
     mut to: impl tokio::io::AsyncWrite + Unpin,
     frozen: Arc<std::sync::atomic::AtomicBool>,
+    subscriber: Option<Arc<std::sync::atomic::AtomicBool>>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0; 16 * 1024];
@@ -1973,6 +1999,14 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if let Some(subscriber) = &subscriber {
+            if buf[..n]
+                .windows(9)
+                .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
+            {
+                subscriber.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
         if frozen.load(std::sync::atomic::Ordering::SeqCst) {
             // Holds both sockets open, and forwards nothing.
             std::future::pending::<()>().await;
@@ -2001,6 +2035,40 @@ async fn redis_a_connection_that_stops_answering_is_replaced() {
     })
     .await
     .expect("a new connection answers");
+}
+
+/// A subscription whose connection stays open and carries nothing (a NAT or proxy that dropped
+/// the flow, while the store's other connections work) is noticed by its PING, and opened anew:
+/// changes reach the key cache at once again, not only from its poll.
+#[tokio::test]
+async fn redis_a_subscription_that_stops_answering_is_replaced() {
+    let redis = RedisServer::start().await;
+    let relay = FreezingRelay::start(&redis).await;
+    let store = RedisStore::connect(&format!("redis://{}", relay.addr), "silent").unwrap();
+    let signal = store.key_change_signal();
+    tokio::time::timeout(Duration::from_secs(5), signal.notified())
+        .await
+        .expect("subscribed");
+    relay.freeze_subscribers();
+    // Changes go on through the store's own connection, and are published.
+    let ws = new_id("ws");
+    let writes = async {
+        loop {
+            store.insert_key(&key(&ws, 1)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::select! {
+        _ = writes => unreachable!(),
+        _ = signal.notified() => {}
+        _ = tokio::time::sleep(Duration::from_secs(15)) => {
+            panic!("the silent subscription was never replaced");
+        }
+    }
+    assert!(
+        relay.connections.lock().unwrap().len() >= 3,
+        "a new subscription was opened"
+    );
 }
 
 /// After a failover that lost the last writes (or a restore from an older copy), the epoch a

@@ -697,9 +697,15 @@ impl RedisStore {
     }
 }
 
+/// How often the key-change subscription is asked whether it still answers.
+const SUBSCRIPTION_CHECK: Duration = Duration::from_secs(5);
+/// How long that answer may take before the subscription is opened anew.
+const SUBSCRIPTION_PING_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Subscribes to the change channel and wakes the key cache for every message, and once after
 /// every (re)subscription so anything missed while disconnected is caught up. Resubscribes on
-/// the new master when Sentinel moves it; ends with the store.
+/// the new master when Sentinel moves it, and when the subscription stops answering a PING;
+/// ends with the store.
 async fn listen_for_changes(
     connections: std::sync::Weak<Connections>,
     channel: String,
@@ -714,27 +720,47 @@ async fn listen_for_changes(
         };
         moved.mark_unchanged();
         match client.get_async_pubsub().await {
-            Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
-                Ok(()) => {
-                    backoff = Duration::from_millis(100);
-                    changed.notify_one();
-                    let mut messages = pubsub.on_message();
-                    loop {
-                        tokio::select! {
-                            message = messages.next() => match message {
-                                Some(_) => changed.notify_one(),
-                                None => {
-                                    tracing::warn!("key change subscription lost; reconnecting");
-                                    break;
+            Ok(pubsub) => {
+                let (mut sink, mut messages) = pubsub.split();
+                match sink.subscribe(&channel).await {
+                    Ok(()) => {
+                        backoff = Duration::from_millis(100);
+                        changed.notify_one();
+                        // A subscriber only reads: a connection that stays open and carries
+                        // nothing (a NAT or proxy that dropped the flow) would go unnoticed.
+                        let mut check = tokio::time::interval_at(
+                            tokio::time::Instant::now() + SUBSCRIPTION_CHECK,
+                            SUBSCRIPTION_CHECK,
+                        );
+                        loop {
+                            tokio::select! {
+                                message = messages.next() => match message {
+                                    Some(_) => changed.notify_one(),
+                                    None => {
+                                        tracing::warn!("key change subscription lost; reconnecting");
+                                        break;
+                                    }
+                                },
+                                _ = check.tick() => {
+                                    let pong = tokio::time::timeout(
+                                        SUBSCRIPTION_PING_TIMEOUT,
+                                        sink.ping::<redis::Value>(),
+                                    );
+                                    if !matches!(pong.await, Ok(Ok(_))) {
+                                        tracing::warn!(
+                                            "key change subscription stopped answering; reconnecting"
+                                        );
+                                        break;
+                                    }
                                 }
-                            },
-                            // The master moved, or the store is gone.
-                            _ = moved.changed() => break,
+                                // The master moved, or the store is gone.
+                                _ = moved.changed() => break,
+                            }
                         }
                     }
+                    Err(e) => tracing::warn!(error = %e, "cannot subscribe to key changes"),
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot subscribe to key changes"),
-            },
+            }
             Err(e) => tracing::debug!(error = %e, "cannot connect for key changes"),
         }
         tokio::time::sleep(backoff).await;
