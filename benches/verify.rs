@@ -93,8 +93,8 @@ fn bench(c: &mut Criterion) {
     let usage = Usage::new(budgets);
     let cost = Credits::from_micros(12_500);
     // The steady state: one flush has read the totals the check watches.
-    let _ = usage.check(&key, KeyBudget::of(&key), Some("proj_a"));
     let now_ms = svcgate::ids::unix_millis();
+    let _ = usage.check(&key, KeyBudget::of(&key), Some("proj_a"), now_ms);
     let (_, batch) = usage.begin_flush(&svcgate::metering::month::month_of(now_ms / 1000));
     let mut snapshot = UsageSnapshot::default();
     for w in batch {
@@ -107,12 +107,12 @@ fn bench(c: &mut Criterion) {
     }
     usage.finish_flush(&snapshot);
     assert_eq!(
-        usage.check(&key, KeyBudget::of(&key), Some("proj_a")),
+        usage.check(&key, KeyBudget::of(&key), Some("proj_a"), now_ms),
         Verdict::Within
     );
     c.bench_function("budget_check_and_charge", |b| {
         b.iter(|| {
-            let ok = usage.check(black_box(&key), KeyBudget::of(&key), Some("proj_a"))
+            let ok = usage.check(black_box(&key), KeyBudget::of(&key), Some("proj_a"), now_ms)
                 == Verdict::Within;
             usage.charge(&key, Some("proj_a"), cost, now_ms);
             ok

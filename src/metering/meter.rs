@@ -177,12 +177,12 @@ impl Meter {
         if !billable || key.effective_environment() == Environment::Test {
             return (decision, Ok(()));
         }
-        let verdict = match self.usage.check(key, budget, project) {
+        let verdict = match self.usage.check(key, budget, project, now_ms) {
             Verdict::Unknown { flush } => {
                 // New to this replica, or forgotten: read the totals first (boxed, so the
                 // request path's future does not carry the wait's state).
                 Box::pin(self.usage.read_back(flush)).await;
-                self.usage.check(key, budget, project)
+                self.usage.check(key, budget, project, now_ms)
             }
             verdict => verdict,
         };

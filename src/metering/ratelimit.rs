@@ -159,14 +159,14 @@ impl RateLimiter {
         };
         if state.local_window != window {
             // A new minute: what was admitted here in the old one since the last flush still
-            // goes to the store for it, and counts here as that minute's.
-            if state.local > 0 {
-                if state.global.window == state.local_window {
-                    state.global.current += state.local;
-                }
-                state.carried += state.local;
-                state.carried_window = state.local_window;
+            // goes to the store for it, and counts here as that minute's. Counts carried from
+            // a minute before it (kept while flushes failed) count for nothing any more: the
+            // window looks one minute back. Added to them, they would all land in one minute.
+            if state.global.window == state.local_window {
+                state.global.current += state.local;
             }
+            state.carried = state.local;
+            state.carried_window = state.local_window;
             state.local_window = window;
             state.local = 0;
         }
@@ -454,5 +454,27 @@ mod tests {
             vec![(key.clone(), minute - 1, 3), (key.clone(), minute, 1)]
         );
         assert!(limiter.take_counts().is_empty());
+    }
+
+    #[test]
+    fn minutes_admitted_while_flushes_fail_are_not_piled_into_one() {
+        // Redis is away for minutes: no batch takes the counts. Each minute's count stays that
+        // minute's, and only the minute before this one is still sent.
+        let limiter = RateLimiter::new();
+        let key: Arc<str> = "k".into();
+        let limit = Limit {
+            requests_per_minute: 100,
+            burst: 100,
+        };
+        let minute = 1000;
+        for (m, requests) in [(0, 5), (1, 7), (2, 11), (3, 2)] {
+            for _ in 0..requests {
+                assert!(limiter.check("k", limit, (minute + m) * 60_000).allowed);
+            }
+        }
+        assert_eq!(
+            limiter.take_counts(),
+            vec![(key.clone(), minute + 2, 11), (key, minute + 3, 2)]
+        );
     }
 }

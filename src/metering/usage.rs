@@ -424,13 +424,21 @@ impl Usage {
     /// A total not read yet counts as unknown, not as zero: a key idle long enough to be
     /// forgotten, or first seen after a restart, would otherwise be admitted whatever it has
     /// spent, once per idle spell. The check then asks for a flush that reads it.
+    ///
+    /// `now_ms` is the request's arrival (unix milliseconds): in a month (UTC) that began since
+    /// the last flush, last month's totals say nothing, and are dropped.
     pub fn check(
         &self,
         key: &CachedKey,
         budget: Option<KeyBudget<'_>>,
         project: Option<&str>,
+        now_ms: u64,
     ) -> Verdict {
         let mut ledger = self.ledger();
+        if now_ms >= ledger.month_ms.end {
+            let unix = now_ms / 1000;
+            ledger.turn_to(&month_of(unix), month_bounds_ms(unix));
+        }
         let ws = &*key.workspace;
         let billed = key.billed_key_id();
         let now = ledger.flushes;
@@ -831,7 +839,7 @@ mod tests {
         let k = key(Some(3_000_000));
         // Nothing read yet: unknown, and the next flush (the first) reads it.
         assert_eq!(
-            usage.check(&k, KeyBudget::of(&k), None),
+            usage.check(&k, KeyBudget::of(&k), None, now_ms()),
             Verdict::Unknown { flush: 1 }
         );
         usage.charge(&k, None, Credits::from_micros(1_000_000), now_ms());
@@ -847,12 +855,41 @@ mod tests {
         let mut snapshot = UsageSnapshot::default();
         snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
-        assert_eq!(usage.check(&k, KeyBudget::of(&k), None), Verdict::Within);
+        assert_eq!(
+            usage.check(&k, KeyBudget::of(&k), None, now_ms()),
+            Verdict::Within
+        );
         usage.charge(&k, None, Credits::from_micros(500_000), now_ms());
         assert_eq!(
-            usage.check(&k, KeyBudget::of(&k), None),
+            usage.check(&k, KeyBudget::of(&k), None, now_ms()),
             Verdict::Spent(BudgetScope::Key)
         );
+    }
+
+    #[test]
+    fn a_new_month_does_not_check_against_the_last_one() {
+        let usage = Usage::new(HashMap::new());
+        let k = key(Some(1_000_000));
+        usage.check(&k, KeyBudget::of(&k), None, now_ms());
+        usage.begin_flush(&this_month());
+        let mut snapshot = UsageSnapshot::default();
+        let mut totals = WorkspaceTotals::default();
+        totals.keys.insert("key_1".into(), 1_000_000);
+        snapshot.workspaces.insert("ws_1".into(), totals);
+        usage.finish_flush(&snapshot);
+        assert_eq!(
+            usage.check(&k, KeyBudget::of(&k), None, now_ms()),
+            Verdict::Spent(BudgetScope::Key)
+        );
+        // The first request of the next month (UTC), before any flush: last month's spend
+        // says nothing of it; its totals are read first.
+        let next_month_ms = bounds_of_month(&next_month()).start;
+        assert!(matches!(
+            usage.check(&k, KeyBudget::of(&k), None, next_month_ms),
+            Verdict::Unknown { .. }
+        ));
+        let (_, flush) = usage.begin_flush(&next_month());
+        assert_eq!(flush[0].watch_keys, vec!["key_1".to_string()]);
     }
 
     #[test]
@@ -884,11 +921,11 @@ mod tests {
         usage.charge(&k, Some("p"), Credits::from_micros(5), now_ms());
         // What this replica spent is enough to refuse, before any total is read.
         assert_eq!(
-            usage.check(&k, KeyBudget::of(&k), Some("p")),
+            usage.check(&k, KeyBudget::of(&k), Some("p"), now_ms()),
             Verdict::Spent(BudgetScope::Project)
         );
         assert!(matches!(
-            usage.check(&k, KeyBudget::of(&k), Some("q")),
+            usage.check(&k, KeyBudget::of(&k), Some("q"), now_ms()),
             Verdict::Unknown { .. }
         ));
         let (_, batch) = usage.begin_flush(&this_month());
@@ -904,30 +941,30 @@ mod tests {
         snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
         assert_eq!(
-            usage.check(&k, KeyBudget::of(&k), Some("q")),
+            usage.check(&k, KeyBudget::of(&k), Some("q"), now_ms()),
             Verdict::Within
         );
         // Once the workspace's budgets are read, a project without one needs no reading: made
         // up names are neither watched nor a reason to flush.
         assert_eq!(
-            usage.check(&k, KeyBudget::of(&k), Some("r")),
+            usage.check(&k, KeyBudget::of(&k), Some("r"), now_ms()),
             Verdict::Within
         );
         assert!(!usage.ledger().watched["ws_1"].projects.contains_key("r"));
         usage.charge(&k, Some("q"), Credits::from_micros(1), now_ms());
         assert_eq!(
-            usage.check(&k, KeyBudget::of(&k), Some("q")),
+            usage.check(&k, KeyBudget::of(&k), Some("q"), now_ms()),
             Verdict::Spent(BudgetScope::Workspace)
         );
         // A spent workspace refuses whatever is unknown about the project.
         assert_eq!(
-            usage.check(&k, KeyBudget::of(&k), Some("s")),
+            usage.check(&k, KeyBudget::of(&k), Some("s"), now_ms()),
             Verdict::Spent(BudgetScope::Workspace)
         );
         // A new month: last month's totals no longer apply, and this month's are read first.
         usage.begin_flush(&next_month());
         assert!(matches!(
-            usage.check(&k, KeyBudget::of(&k), Some("q")),
+            usage.check(&k, KeyBudget::of(&k), Some("q"), now_ms()),
             Verdict::Unknown { .. }
         ));
     }
@@ -965,7 +1002,7 @@ mod tests {
         snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
         assert_eq!(
-            usage.check(&k, KeyBudget::of(&k), Some("p")),
+            usage.check(&k, KeyBudget::of(&k), Some("p"), now_ms()),
             Verdict::Within
         );
 
@@ -1055,7 +1092,7 @@ mod tests {
             usage.charge(&k, Some("p"), Credits::from_micros(i64::MAX / 2), now_ms());
         }
         assert_eq!(
-            usage.check(&k, KeyBudget::of(&k), Some("p")),
+            usage.check(&k, KeyBudget::of(&k), Some("p"), now_ms()),
             Verdict::Spent(BudgetScope::Key)
         );
         assert_eq!(usage.unflushed()[&this_month()]["ws_1"].total, i64::MAX);
@@ -1075,8 +1112,18 @@ mod tests {
         let mut free = key(None);
         free.id = "key_2".into();
         let unknown = |v| matches!(v, Verdict::Unknown { .. });
-        assert!(unknown(usage.check(&free, KeyBudget::of(&free), Some("p"))));
-        assert!(unknown(usage.check(&capped, KeyBudget::of(&capped), None)));
+        assert!(unknown(usage.check(
+            &free,
+            KeyBudget::of(&free),
+            Some("p"),
+            now_ms()
+        )));
+        assert!(unknown(usage.check(
+            &capped,
+            KeyBudget::of(&capped),
+            None,
+            now_ms()
+        )));
         let (_, batch) = usage.begin_flush(&this_month());
         assert_eq!(batch.len(), 1);
         assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
@@ -1088,10 +1135,16 @@ mod tests {
         snapshot.workspaces.insert("ws_1".into(), totals);
         usage.finish_flush(&snapshot);
         let spent = Verdict::Spent(BudgetScope::Key);
-        assert_eq!(usage.check(&capped, KeyBudget::of(&capped), None), spent);
+        assert_eq!(
+            usage.check(&capped, KeyBudget::of(&capped), None, now_ms()),
+            spent
+        );
         // The budgeted key stays in use; the project is not named again.
         for _ in 0..WATCH_IDLE_FLUSHES {
-            assert_eq!(usage.check(&capped, KeyBudget::of(&capped), None), spent);
+            assert_eq!(
+                usage.check(&capped, KeyBudget::of(&capped), None, now_ms()),
+                spent
+            );
             let (_, batch) = usage.begin_flush(&this_month());
             usage.finish_flush(&snapshot);
             assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
@@ -1104,7 +1157,8 @@ mod tests {
         for _ in 0..=WATCH_IDLE_FLUSHES {
             let (_, batch) = usage.begin_flush(&this_month());
             if batch.is_empty() {
-                let Verdict::Unknown { flush } = usage.check(&capped, KeyBudget::of(&capped), None)
+                let Verdict::Unknown { flush } =
+                    usage.check(&capped, KeyBudget::of(&capped), None, now_ms())
                 else {
                     panic!("a forgotten total taken as known");
                 };
@@ -1112,7 +1166,10 @@ mod tests {
                 assert_eq!(usage.ledger().flushes, flush, "the flush asked for");
                 assert_eq!(batch[0].watch_keys, vec!["key_1".to_string()]);
                 usage.finish_flush(&snapshot);
-                assert_eq!(usage.check(&capped, KeyBudget::of(&capped), None), spent);
+                assert_eq!(
+                    usage.check(&capped, KeyBudget::of(&capped), None, now_ms()),
+                    spent
+                );
                 return;
             }
             usage.finish_flush(&snapshot);
@@ -1124,7 +1181,7 @@ mod tests {
     async fn a_request_waits_for_the_flush_that_reads_its_totals_and_no_longer() {
         let usage = Arc::new(Usage::new(HashMap::new()));
         let k = key(Some(10));
-        let Verdict::Unknown { flush } = usage.check(&k, KeyBudget::of(&k), None) else {
+        let Verdict::Unknown { flush } = usage.check(&k, KeyBudget::of(&k), None, now_ms()) else {
             panic!("nothing read yet");
         };
         let waiting = tokio::spawn({
@@ -1147,14 +1204,15 @@ mod tests {
             .expect("the wait ends when the flush lands")
             .unwrap();
         assert_eq!(
-            usage.check(&k, KeyBudget::of(&k), None),
+            usage.check(&k, KeyBudget::of(&k), None, now_ms()),
             Verdict::Spent(BudgetScope::Key)
         );
 
         // With the store down, nobody waits for a flush that will not come.
         let mut other = key(Some(10));
         other.workspace = "ws_2".into();
-        let Verdict::Unknown { flush } = usage.check(&other, KeyBudget::of(&other), None) else {
+        let Verdict::Unknown { flush } = usage.check(&other, KeyBudget::of(&other), None, now_ms())
+        else {
             panic!("ws_2 not read yet");
         };
         usage.flush_failed();

@@ -98,6 +98,13 @@ pub struct KeyCache {
     synced_at_ms: AtomicU64,
     /// What the cached scoped tokens weigh ([`token_weight`]).
     token_bytes: AtomicUsize,
+    /// The earliest expiry (unix seconds) of a cached scoped token, as of the last sweep and
+    /// the admissions since (`u64::MAX`: none). A full token budget sweeps the cache only once
+    /// a token has expired: a sweep visits every entry.
+    next_expiry: AtomicU64,
+    /// Sweeps made, for tests.
+    #[cfg(test)]
+    sweeps: AtomicUsize,
     /// Milliseconds after `origin` of the last warning that the token budget is full.
     token_budget_warned_ms: AtomicU64,
     origin: Instant,
@@ -118,6 +125,9 @@ impl KeyCache {
             generation: AtomicU64::new(0),
             synced_at_ms: AtomicU64::new(0),
             token_bytes: AtomicUsize::new(0),
+            next_expiry: AtomicU64::new(u64::MAX),
+            #[cfg(test)]
+            sweeps: AtomicUsize::new(0),
             token_budget_warned_ms: AtomicU64::new(0),
             origin: Instant::now(),
             config,
@@ -242,7 +252,10 @@ impl KeyCache {
         let budget = self.config.token_budget_bytes;
         let fits = |cache: &Self| cache.token_bytes.load(Ordering::Acquire) + weight <= budget;
         if !fits(self) {
-            self.evict_expired(crate::ids::unix_now());
+            let now = crate::ids::unix_now();
+            if self.next_expiry.load(Ordering::Acquire) <= now {
+                self.evict_expired(now);
+            }
         }
         if !fits(self) {
             let now = self.now_ms().max(1);
@@ -261,6 +274,10 @@ impl KeyCache {
             return false;
         }
         self.token_bytes.fetch_add(weight, Ordering::AcqRel);
+        if let Some(grant) = &key.scoped {
+            self.next_expiry
+                .fetch_min(grant.expires_at, Ordering::AcqRel);
+        }
         true
     }
 
@@ -342,13 +359,20 @@ impl KeyCache {
 
     /// Drops scoped tokens that expired before unix second `now`.
     pub fn evict_expired(&self, now: u64) {
+        #[cfg(test)]
+        self.sweeps.fetch_add(1, Ordering::AcqRel);
+        let mut next = u64::MAX;
         self.known.retain(|_, key| {
             let expired = key.expired(now);
             if expired {
                 self.release(key);
+            } else if let Some(grant) = &key.scoped {
+                next = next.min(grant.expires_at);
             }
             !expired
         });
+        // A token admitted meanwhile may be missed here: the periodic sweep still finds it.
+        self.next_expiry.store(next, Ordering::Release);
     }
 
     /// Follows the store's changes for the life of the process: syncs on every change signal
@@ -565,9 +589,12 @@ mod tests {
         assert_eq!(outcome(3).await, CacheOutcome::Miss);
         assert_eq!(outcome(3).await, CacheOutcome::Hit);
         assert_eq!(outcome(0).await, CacheOutcome::Miss, "the expired one went");
-        // Full, and nothing expired: the fifth is read from the store on each use.
+        // Full, and nothing expired: the fifth is read from the store on each use, and the
+        // cache is not swept for it each time.
+        let sweeps = cache.sweeps.load(Ordering::Acquire);
         assert_eq!(outcome(4).await, CacheOutcome::Miss);
         assert_eq!(outcome(4).await, CacheOutcome::Miss);
+        assert_eq!(cache.sweeps.load(Ordering::Acquire), sweeps, "no sweep");
         assert!(cache.token_bytes.load(Ordering::Acquire) <= 3 * one);
         // Keys are not held to it.
         assert_eq!(cache.get(&parent.hash).await.unwrap().1, CacheOutcome::Miss);
