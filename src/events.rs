@@ -106,6 +106,20 @@ impl Event {
     }
 }
 
+/// The most an event's `data` may take, as JSON. Each delivery carries a copy, so an event is
+/// held once per subscribed endpoint while it is fanned out and queued.
+pub const MAX_EVENT_DATA_BYTES: usize = 256 * 1024;
+
+/// Why `data` of `len` bytes is refused, if it is.
+pub fn data_too_large(len: usize) -> Option<String> {
+    (len > MAX_EVENT_DATA_BYTES).then(|| {
+        format!(
+            "'data' is {len} bytes of JSON; an event carries at most {} KiB",
+            MAX_EVENT_DATA_BYTES / 1024
+        )
+    })
+}
+
 /// An event as read from the event log, with its position there.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoggedEvent {
@@ -135,8 +149,12 @@ impl Event {
         let workspace = field("workspace")
             .filter(|w| !w.is_empty())
             .ok_or("no 'workspace' field")?;
-        let data: serde_json::Value = serde_json::from_str(field("data").ok_or("no 'data' field")?)
-            .map_err(|e| format!("'data' is not JSON: {e}"))?;
+        let raw = field("data").ok_or("no 'data' field")?;
+        if let Some(why) = data_too_large(raw.len()) {
+            return Err(why);
+        }
+        let data: serde_json::Value =
+            serde_json::from_str(raw).map_err(|e| format!("'data' is not JSON: {e}"))?;
         if !data.is_object() {
             return Err("'data' must be a JSON object".into());
         }
@@ -244,7 +262,8 @@ mod tests {
         assert!(Event::from_log_entry("1-0", entry(&base)).is_ok());
         let long_id = format!("evt_{}", "a".repeat(61));
         // Each case changes one field of `base` (`None`: leaves it out); the error names it.
-        let cases: [(&str, Option<&str>); 17] = [
+        let too_large = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_EVENT_DATA_BYTES));
+        let cases: [(&str, Option<&str>); 18] = [
             ("type", None),
             ("type", Some("nope")),
             ("workspace", None),
@@ -252,6 +271,7 @@ mod tests {
             ("data", None),
             ("data", Some("[1]")),
             ("data", Some("{")),
+            ("data", Some(&too_large)),
             ("id", Some("x")),
             ("id", Some("evt_")),
             ("id", Some("evt_a\nb")),

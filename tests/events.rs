@@ -73,6 +73,11 @@ async fn a_backend_event_enters_the_log() {
             json!({"workspace": "ws_none", "type": "agent.run.completed"}),
             404,
         ),
+        // Each delivery carries a copy: data is held to 256 KiB.
+        (
+            json!({"workspace": ws, "type": "agent.run.completed", "data": {"blob": "x".repeat(256 * 1024)}}),
+            400,
+        ),
     ] {
         let resp = gw
             .admin_request(Method::POST, "/admin/v1/events")

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::extract::JsonBody;
 use super::AdminState;
 use crate::error::ApiError;
-use crate::events::{is_event_id, is_event_type, Event, EVENT_TYPES};
+use crate::events::{data_too_large, is_event_id, is_event_type, Event, EVENT_TYPES};
 use crate::keys::Environment;
 
 #[derive(Deserialize)]
@@ -48,6 +48,9 @@ pub(super) async fn create(
     let data = body.data.unwrap_or_else(|| serde_json::json!({}));
     if !data.is_object() {
         return Err(ApiError::invalid("data must be a JSON object"));
+    }
+    if let Some(why) = data_too_large(serde_json::to_vec(&data).map_or(0, |v| v.len())) {
+        return Err(ApiError::invalid(why));
     }
     let environment = body.environment.unwrap_or(Environment::Live);
     if environment == Environment::Scoped {

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
-use crate::events::LoggedEvent;
+use crate::events::{Event, LoggedEvent};
 use crate::ids::{new_id, unix_millis};
 use crate::metrics;
 use crate::store::{AfterAttempt, ClaimRequest, ClaimedDelivery, Saved, Store, StoreError};
@@ -40,6 +40,10 @@ use crate::webhooks::slots::{Outcome, Slots};
 
 /// Most event-log entries read at once.
 const INTAKE_BATCH: usize = 512;
+/// Event data queued by one store call, at most (an event's counts once per delivery): an
+/// intake batch of large events for many endpoints goes in parts, not as one huge script call
+/// that would hold Redis up. An event's deliveries go together, whatever they weigh.
+const FAN_OUT_PART_BYTES: usize = 8 << 20;
 /// Most deliveries claimed at once.
 const CLAIM_BATCH: usize = 256;
 /// How long intake waits for new entries per read.
@@ -195,6 +199,8 @@ impl Worker {
     }
 
     /// Queues one delivery per active endpoint that subscribes to each event; answers how many.
+    /// Entries are acknowledged with their deliveries, part by part ([`FAN_OUT_PART_BYTES`]):
+    /// after a failure, what is not queued stays pending and is taken over after the lease.
     async fn fan_out(&self, batch: &[LoggedEvent]) -> Result<usize, StoreError> {
         let mut endpoints: HashMap<&str, Vec<Endpoint>> = HashMap::new();
         for logged in batch {
@@ -203,24 +209,43 @@ impl Worker {
                 endpoints.insert(ws, self.store.endpoints(ws).await?);
             }
         }
+        let subscribed = |event: &Event| -> Vec<&Endpoint> {
+            endpoints[event.workspace.as_str()]
+                .iter()
+                .filter(|e| {
+                    e.status == EndpointStatus::Active
+                        && e.environment == event.environment
+                        && e.wants(&event.event_type)
+                })
+                .collect()
+        };
+        let weights: Vec<usize> = batch
+            .iter()
+            .map(|l| {
+                let data = serde_json::to_vec(&l.event.data).map_or(0, |v| v.len());
+                data.saturating_mul(subscribed(&l.event).len())
+            })
+            .collect();
         let now_ms = unix_millis();
-        let mut deliveries = Vec::new();
-        for LoggedEvent { event, .. } in batch {
-            let subscribed = endpoints[event.workspace.as_str()].iter().filter(|e| {
-                e.status == EndpointStatus::Active
-                    && e.environment == event.environment
-                    && e.wants(&event.event_type)
-            });
-            deliveries.extend(
-                subscribed.map(|e| Delivery::fanned_out(event, &e.workspace, &e.id, now_ms)),
-            );
+        let mut queued = 0;
+        for part in parts_by_weight(&weights, FAN_OUT_PART_BYTES) {
+            let entries = &batch[part];
+            let deliveries: Vec<Delivery> = entries
+                .iter()
+                .flat_map(|LoggedEvent { event, .. }| {
+                    subscribed(event)
+                        .into_iter()
+                        .map(move |e| Delivery::fanned_out(event, &e.workspace, &e.id, now_ms))
+                })
+                .collect();
+            let positions: Vec<String> = entries.iter().map(|l| l.position.clone()).collect();
+            let events: Vec<_> = entries.iter().map(|l| &l.event).collect();
+            self.store
+                .enqueue_deliveries(&positions, &events, &deliveries)
+                .await?;
+            queued += deliveries.len();
         }
-        let positions: Vec<String> = batch.iter().map(|l| l.position.clone()).collect();
-        let events: Vec<_> = batch.iter().map(|l| &l.event).collect();
-        self.store
-            .enqueue_deliveries(&positions, &events, &deliveries)
-            .await?;
-        Ok(deliveries.len())
+        Ok(queued)
     }
 
     async fn dispatch(self: Arc<Self>) {
@@ -410,5 +435,42 @@ impl Backoff {
     /// Starts again from the shortest wait.
     pub(crate) fn reset(&mut self) {
         self.next = None;
+    }
+}
+
+/// Consecutive ranges of `weights`, each weighing at most `max` unless one item alone does.
+fn parts_by_weight(weights: &[usize], max: usize) -> Vec<std::ops::Range<usize>> {
+    let mut parts = Vec::new();
+    let (mut start, mut sum) = (0, 0usize);
+    for (i, &w) in weights.iter().enumerate() {
+        if i > start && sum.saturating_add(w) > max {
+            parts.push(start..i);
+            (start, sum) = (i, 0);
+        }
+        sum = sum.saturating_add(w);
+    }
+    if start < weights.len() {
+        parts.push(start..weights.len());
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fan_out_goes_in_parts_of_bounded_weight() {
+        assert_eq!(
+            parts_by_weight(&[], 10),
+            Vec::<std::ops::Range<usize>>::new()
+        );
+        assert_eq!(parts_by_weight(&[3, 3, 3, 3], 10), [0..3, 3..4]);
+        // One item over the bound goes alone; nothing is left out.
+        assert_eq!(parts_by_weight(&[2, 25, 1, 9, 0], 10), [0..1, 1..2, 2..5]);
+        assert_eq!(
+            parts_by_weight(&[0, 0], 0),
+            vec![std::ops::Range { start: 0, end: 2 }]
+        );
     }
 }
