@@ -235,6 +235,40 @@ async fn a_token_expires() {
 }
 
 #[tokio::test]
+async fn an_expired_token_is_told_expired_by_a_replica_that_never_saw_it() {
+    let ns = TestNamespace::new();
+    let (a, b) = replicas(&ns).await;
+    let ws = a.create_workspace().await;
+    let (_, key) = a
+        .create_key_in(&ws, "live", &["tokens:create", "chat.completions:create"])
+        .await;
+    let token = mint_ok(
+        &a,
+        &key,
+        json!({"scopes": ["chat.completions:create"], "expires_in": 1}),
+    )
+    .await["value"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    eventually(Duration::from_secs(5), || async {
+        a.chat(&token).await.status() == 401
+    })
+    .await
+    .expect("the token stops working when it expires");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Replica b reads it from Redis for the first time, after it expired: expired, not unknown.
+    let body = assert_error(b.chat(&token).await, 401, "authentication_error").await;
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("expired"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn tokens_of_test_keys_never_reach_the_live_backend() {
     let live = RecordingUpstream::start("live").await;
     let sandbox = RecordingUpstream::start("sandbox").await;

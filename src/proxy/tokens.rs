@@ -25,6 +25,10 @@ pub const MINT_SCOPE: &str = "tokens:create";
 const BODY_LIMIT: usize = 16 * 1024;
 /// Largest serialized `metadata`.
 const METADATA_LIMIT: usize = 4 * 1024;
+/// How long the store keeps a token after it expires: a replica that reads it then says
+/// "expired" (and audits the refusal), instead of taking it for a made-up key, which would
+/// also count against the client's address.
+const KEPT_AFTER_EXPIRY_SECS: u64 = 3_600;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -114,7 +118,9 @@ pub async fn mint(
         metadata,
         unix_now(),
     );
-    store.insert_token(&record, expires_in).await?;
+    store
+        .insert_token(&record, expires_in + KEPT_AFTER_EXPIRY_SECS)
+        .await?;
     let grant = record.scoped.as_ref().expect("minted tokens carry a grant");
     let body = serde_json::to_vec(&MintResponse {
         value: &token.value,
