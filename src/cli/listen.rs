@@ -22,6 +22,8 @@ use crate::webhooks::signature::{sign, EVENT_ID_HEADER, SIGNATURE_HEADER, TIMEST
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 /// The gateway sends a keep-alive every 15 s; silence three times as long means it is gone.
 const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(45);
+/// Chunks of the stream read ahead of the forwarding.
+const READ_AHEAD_CHUNKS: usize = 64;
 /// Deliveries forwarded at once: a slow receiver delays the stream only once all are busy.
 const MAX_IN_FLIGHT: usize = 8;
 
@@ -66,7 +68,6 @@ pub async fn run(options: Options) -> Result<(), String> {
     let base = options.gateway_url.trim_end_matches('/');
     let stream_client = reqwest::Client::builder()
         .connect_timeout(FORWARD_TIMEOUT)
-        .read_timeout(STREAM_IDLE_TIMEOUT)
         .build()
         .map_err(|e| format!("cannot start an HTTP client: {e}"))?;
     let forward_client = reqwest::Client::builder()
@@ -96,7 +97,7 @@ pub async fn run(options: Options) -> Result<(), String> {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let forward_to = Arc::new(options.forward_to);
     let mut secret: Option<Arc<str>> = None;
-    let mut events = response.bytes_stream().eventsource();
+    let mut events = read_ahead(response.bytes_stream(), STREAM_IDLE_TIMEOUT).eventsource();
     let ended = loop {
         let event = match events.next().await {
             Some(Ok(event)) => event,
@@ -238,9 +239,59 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
+/// Reads `body` in a task of its own, a few chunks ahead, and hands the chunks on; fails the
+/// stream when the gateway sends nothing (not even its keep-alive) for `idle`. The body is read
+/// whatever the forwarding is doing: were it read only when the next event is wanted, a burst
+/// waiting behind a slow receiver would leave it unread longer than `idle`, and the stream
+/// would be taken for dead with data waiting.
+fn read_ahead<S, E>(
+    mut body: S,
+    idle: Duration,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, String>> + Unpin
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Send + Unpin + 'static,
+    E: std::error::Error + Send + 'static,
+{
+    let (tx, mut rx) = tokio::sync::mpsc::channel(READ_AHEAD_CHUNKS);
+    tokio::spawn(async move {
+        loop {
+            let chunk = match tokio::time::timeout(idle, body.next()).await {
+                Ok(Some(Ok(chunk))) => Ok(chunk),
+                Ok(Some(Err(e))) => Err(causes(&e)),
+                Ok(None) => return,
+                Err(_) => Err(format!("nothing from the gateway for {} s", idle.as_secs())),
+            };
+            let failed = chunk.is_err();
+            if tx.send(chunk).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_stream_is_read_ahead_while_forwarding_is_slow() {
+        // Three chunks at once, then the gateway holds the stream open without a word.
+        let chunks = futures_util::stream::iter(
+            ["a", "b", "c"].map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from(c))),
+        )
+        .chain(futures_util::stream::pending());
+        let mut stream = Box::pin(read_ahead(chunks, Duration::from_secs(45)));
+        assert_eq!(stream.next().await.unwrap().unwrap(), "a");
+        // Forwarding takes longer than the idle limit: what was sent is still there.
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert_eq!(stream.next().await.unwrap().unwrap(), "b");
+        assert_eq!(stream.next().await.unwrap().unwrap(), "c");
+        // Silence past the limit ends the stream with a reason.
+        let err = stream.next().await.unwrap().unwrap_err();
+        assert!(err.contains("nothing from the gateway"), "{err}");
+        assert!(stream.next().await.is_none());
+    }
     use crate::webhooks::signature::verify;
 
     #[test]
