@@ -847,7 +847,7 @@ async fn claims_respect_due_times_leases_and_per_endpoint_caps(store: Arc<dyn St
     let mut dead = retry.clone();
     assert!(dead.fail(attempt(now + 70_000, None), &[Duration::from_secs(60)], 1));
     let notice = PauseNotice::new(&dead, now + 70_010);
-    let pause = AfterAttempt::Pause(&notice);
+    let pause = AfterAttempt::Pause(&notice, 2);
     assert_eq!(
         store.save_delivery(&dead, pause).await.unwrap(),
         Saved::Paused
@@ -911,7 +911,7 @@ async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
     let notice = PauseNotice::new(&dead, now + 10);
     assert_eq!(
         store
-            .save_delivery(&dead, AfterAttempt::Pause(&notice))
+            .save_delivery(&dead, AfterAttempt::Pause(&notice, 1))
             .await
             .unwrap(),
         Saved::Paused
@@ -919,7 +919,7 @@ async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
     let again = PauseNotice::new(&dead, now + 20);
     assert_eq!(
         store
-            .save_delivery(&dead, AfterAttempt::Pause(&again))
+            .save_delivery(&dead, AfterAttempt::Pause(&again, 1))
             .await
             .unwrap(),
         Saved::Done
@@ -979,7 +979,7 @@ async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
     let second = PauseNotice::new(&dead, now + 80_000);
     assert_eq!(
         store
-            .save_delivery(&dead, AfterAttempt::Pause(&second))
+            .save_delivery(&dead, AfterAttempt::Pause(&second, 1))
             .await
             .unwrap(),
         Saved::Paused
@@ -988,7 +988,7 @@ async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
     let orphan = PauseNotice::new(&dead, now + 80_000);
     assert_eq!(
         store
-            .save_delivery(&dead, AfterAttempt::Pause(&orphan))
+            .save_delivery(&dead, AfterAttempt::Pause(&orphan, 1))
             .await
             .unwrap(),
         Saved::Done
@@ -1054,6 +1054,60 @@ async fn resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now(store: 
 }
 
 /// Claims at `now_ms` with 5 s leases, up to 10 deliveries, 4 per endpoint, nothing busy.
+async fn a_retry_in_flight_when_its_endpoint_is_resumed_counts_for_nothing(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let a = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&a, 10).await.unwrap();
+    let e = event(&ws, "agent.run.completed");
+    let now = svcgate::ids::unix_millis();
+    let queued = [Delivery::new(&e, &ws, &a.id, now, false)];
+    store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    let claim = |now_ms: u64| claim_from(&store, now_ms, 10);
+    // One retry an hour later, and that is the last.
+    let schedule = [Duration::from_secs(3600)];
+    let first = claim(now + 1).await.remove(0);
+    save_failure(
+        &store,
+        first.delivery,
+        attempt(now + 2, Some(500)),
+        &schedule,
+        0,
+    )
+    .await;
+    let retry = claim(now + 3_600_100).await.remove(0);
+    assert_eq!(retry.failures, 1, "the retry goes under the hold");
+    // The customer fixes the receiver and resumes while the retry is on its way; it fails.
+    store.resume_endpoint(&ws, &a.id).await.unwrap().unwrap();
+    let mut dead = retry.delivery.clone();
+    assert!(dead.fail(attempt(now + 3_600_200, None), &schedule, 1));
+    let notice = PauseNotice::new(&dead, now + 3_600_300);
+    assert_eq!(
+        store
+            .save_delivery(&dead, AfterAttempt::Pause(&notice, 2))
+            .await
+            .unwrap(),
+        Saved::Superseded,
+        "the endpoint as it is now has not failed"
+    );
+    let endpoints = store.endpoints(&ws).await.unwrap();
+    assert_eq!(endpoints[0].status, EndpointStatus::Active, "not paused");
+    assert!(
+        claim_notices(&store, now + 3_600_400).await.is_empty(),
+        "no e-mail"
+    );
+    // A retry that is not the last, likewise: no hold comes back.
+    let mut failed = retry.delivery;
+    assert!(!failed.fail(attempt(now + 3_600_200, None), &[schedule[0]; 2], 1));
+    assert_eq!(
+        store
+            .save_delivery(&failed, AfterAttempt::Failing(2))
+            .await
+            .unwrap(),
+        Saved::Superseded
+    );
+    assert!(store.endpoint_retry(&a.id).await.unwrap().is_none());
+}
+
 async fn claim_from(
     store: &Arc<dyn Store>,
     now_ms: u64,
@@ -1392,7 +1446,7 @@ async fn a_failure_at_a_url_the_endpoint_no_longer_has_counts_for_nothing(store:
     let notice = PauseNotice::new(&dead, now);
     assert_eq!(
         store
-            .save_delivery(&dead, AfterAttempt::Pause(&notice))
+            .save_delivery(&dead, AfterAttempt::Pause(&notice, 1))
             .await
             .unwrap(),
         Saved::Superseded
@@ -1585,7 +1639,8 @@ store_suite!(
     absurd_spend_saturates_and_never_jams_the_flushes,
     a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed,
     an_entry_fanned_out_twice_queues_its_deliveries_once,
-    resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now
+    resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now,
+    a_retry_in_flight_when_its_endpoint_is_resumed_counts_for_nothing
 );
 
 /// A held endpoint's failed delivery that no worker can read is passed over after a few

@@ -168,9 +168,9 @@ pub enum AfterAttempt<'a> {
     /// The endpoint has failed this many attempts in a row: nothing of its queue is claimed
     /// before the delivery's `next_attempt_ms`, and then the delivery first, alone.
     Failing(u32),
-    /// Every retry failed: the endpoint is paused and, if this paused it, `notice` is queued
-    /// for its admins.
-    Pause(&'a PauseNotice),
+    /// Every retry failed (this many in a row): the endpoint is paused and, if this paused it,
+    /// `notice` is queued for its admins.
+    Pause(&'a PauseNotice, u32),
 }
 
 /// What [`Store::claim_deliveries`] may take.
@@ -384,8 +384,10 @@ pub trait Store: Send + Sync + 'static {
     /// (it was active), the notice is queued for the admins ([`Saved::Paused`]). A
     /// [`AfterAttempt::Failing`] with fewer failures than the endpoint's hold already counts (an
     /// attempt that was in flight when another failed) leaves the hold as it is. A failure or
-    /// pause whose attempt went to a URL the endpoint no longer has saves nothing
-    /// ([`Saved::Superseded`]).
+    /// pause that says nothing of the endpoint as it is now saves nothing
+    /// ([`Saved::Superseded`]): its attempt went to a URL the endpoint no longer has, or it
+    /// was a retry (two failures or more) and the hold it was claimed under is gone (the
+    /// endpoint was resumed, or answered, meanwhile).
     async fn save_delivery(
         &self,
         delivery: &Delivery,

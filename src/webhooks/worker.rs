@@ -309,7 +309,8 @@ impl Worker {
         let endpoint_id = delivery.endpoint.clone();
         let now_ms = unix_millis();
         // A failure, as it was before it was counted: if the endpoint's URL changed while the
-        // attempt was on its way, the store refuses to count it, and it is saved as due now.
+        // attempt was on its way, or it was resumed, the store refuses to count it, and it is
+        // saved as due now.
         let mut superseded = None;
         let (mut outcome, took, mut share) = match &endpoint {
             None => {
@@ -348,14 +349,15 @@ impl Worker {
         let notice = (delivery.status == DeliveryStatus::Failed)
             .then(|| PauseNotice::new(&delivery, unix_millis()));
         let after = match (&notice, delivery.status) {
-            (Some(notice), _) => AfterAttempt::Pause(notice),
+            (Some(notice), _) => AfterAttempt::Pause(notice, failures + 1),
             (None, DeliveryStatus::Succeeded) => AfterAttempt::Answered,
             (None, DeliveryStatus::Pending) => AfterAttempt::Failing(failures + 1),
             (None, _) => AfterAttempt::Skipped,
         };
         let mut saved = self.save(&delivery, after).await;
         if let (Ok(Saved::Superseded), Some(retry_now)) = (&saved, superseded) {
-            // Fixed while the attempt was on its way: not a failure of the new URL.
+            // Fixed (a new URL) or resumed while the attempt was on its way: the endpoint as it
+            // is now has not failed.
             (outcome, share) = ("superseded", Outcome::Superseded);
             saved = self.save(&retry_now, AfterAttempt::Skipped).await;
         }

@@ -665,18 +665,29 @@ impl Store for MemoryStore {
             .endpoints
             .get_mut(&delivery.workspace)
             .and_then(|list| list.iter_mut().find(|e| e.id == delivery.endpoint));
-        let judged = matches!(after, AfterAttempt::Failing(_) | AfterAttempt::Pause(_));
-        if let (true, Some(e), Some(url)) = (judged, &endpoint, delivery.attempted_url()) {
+        let failures = match after {
+            AfterAttempt::Failing(n) | AfterAttempt::Pause(_, n) => Some(n),
+            _ => None,
+        };
+        if let (Some(_), Some(e), Some(url)) = (failures, &endpoint, delivery.attempted_url()) {
             if e.url != url {
                 return Ok(Saved::Superseded);
             }
+        }
+        // A retry's failure whose hold is gone (a resume, or an answer, since its claim),
+        // unless this is that very save again (its reply was lost).
+        if failures.is_some_and(|n| n >= 2)
+            && inner.webhooks.retry_of(&delivery.endpoint).is_none()
+            && !inner.webhooks.is_saved_as(delivery)
+        {
+            return Ok(Saved::Superseded);
         }
         let active = endpoint
             .as_ref()
             .is_some_and(|e| e.status == EndpointStatus::Active);
         inner.webhooks.save(delivery, after, active);
         let pause = match after {
-            AfterAttempt::Pause(notice) => Some(notice),
+            AfterAttempt::Pause(notice, _) => Some(notice),
             _ => None,
         };
         match (endpoint, pause) {

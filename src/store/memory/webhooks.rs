@@ -192,6 +192,11 @@ impl WebhookState {
         taken
     }
 
+    /// Whether `d` is saved as it is.
+    pub(super) fn is_saved_as(&self, d: &Delivery) -> bool {
+        self.deliveries.get(&d.id) == Some(d)
+    }
+
     /// Saves `d` after an attempt; `active`: its endpoint is (a failure holds only those).
     pub(super) fn save(&mut self, d: &Delivery, after: AfterAttempt<'_>, active: bool) {
         match (d.is_final(), d.next_attempt_ms) {
@@ -200,7 +205,7 @@ impl WebhookState {
         };
         self.deliveries.insert(d.id.clone(), d.clone());
         match after {
-            AfterAttempt::Answered | AfterAttempt::Pause(_) => {
+            AfterAttempt::Answered | AfterAttempt::Pause(..) => {
                 self.holds.remove(&d.endpoint);
             }
             AfterAttempt::Failing(failures) if active => {

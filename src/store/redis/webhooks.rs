@@ -297,7 +297,8 @@ const CLAIM_SCAN: usize = 20_000;
 /// hold; `failing`: hold it until the next due ms with this delivery first, unless a hold with
 /// more failures is there; `pause`: drop the hold; `skipped`), its failures in a row, and the
 /// URL the attempt went to ('' if unknown). Returns 1 if it paused the endpoint (and queued the
-/// notice), 2 if it saved nothing: the endpoint's URL is no longer the one attempted.
+/// notice), 2 if it saved nothing: the endpoint's URL is no longer the one attempted, or the
+/// attempt was a retry and the hold it was claimed under is gone (a resume, or an answer).
 static SAVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{RESCORE}
@@ -311,6 +312,13 @@ if (after == 'failing' or after == 'pause') and ARGV[13] ~= '' then
     local ok, e = pcall(cjson.decode, raw)
     if ok and type(e) == 'table' and e.url ~= ARGV[13] then return 2 end
   end
+end
+-- Nor does a retry's failure whose hold is gone (a resume, or an answer, since its claim),
+-- unless this is that very save again (its reply was lost).
+if (after == 'failing' or after == 'pause') and tonumber(ARGV[12]) >= 2
+    and redis.call('EXISTS', hold) == 0
+    and redis.call('GET', p .. ':wh:dlv:' .. id) ~= ARGV[5] then
+  return 2
 end
 redis.call('SET', p .. ':wh:dlv:' .. id, ARGV[5], 'EX', ARGV[7])
 if tonumber(ARGV[6]) >= 0 then
@@ -597,12 +605,12 @@ impl RedisStore {
             .arg(next)
             .arg(DELIVERY_RETENTION_SECS);
         match after {
-            AfterAttempt::Pause(notice) => invocation
+            AfterAttempt::Pause(notice, failures) => invocation
                 .arg(&notice.id)
                 .arg(encode(notice))
                 .arg(notice.paused_ms)
                 .arg("pause")
-                .arg(0),
+                .arg(failures),
             AfterAttempt::Answered => invocation.arg("").arg("").arg(0).arg("answered").arg(0),
             AfterAttempt::Failing(failures) => invocation
                 .arg("")
