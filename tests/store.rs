@@ -1076,8 +1076,25 @@ async fn a_retry_in_flight_when_its_endpoint_is_resumed_counts_for_nothing(store
     .await;
     let retry = claim(now + 3_600_100).await.remove(0);
     assert_eq!(retry.failures, 1, "the retry goes under the hold");
-    // The customer fixes the receiver and resumes while the retry is on its way; it fails.
+    // The customer fixes the receiver and resumes while the retry is on its way; meanwhile a
+    // new delivery goes (nothing holds the endpoint now) and fails at once, holding it anew.
     store.resume_endpoint(&ws, &a.id).await.unwrap().unwrap();
+    let later = [Delivery::new(&e, &ws, &a.id, now + 3_600_110, false)];
+    store.enqueue_deliveries(&[], &[], &later).await.unwrap();
+    let other = claim(now + 3_600_120).await.remove(0);
+    assert_eq!(
+        (other.delivery.id.as_str(), other.failures),
+        (later[0].id.as_str(), 0)
+    );
+    save_failure(
+        &store,
+        other.delivery,
+        attempt(now + 3_600_130, Some(500)),
+        &schedule,
+        0,
+    )
+    .await;
+    // Then the retry fails: it was claimed under a hold that is gone, whatever holds it now.
     let mut dead = retry.delivery.clone();
     assert!(dead.fail(attempt(now + 3_600_200, None), &schedule, 1));
     let notice = PauseNotice::new(&dead, now + 3_600_300);
@@ -1105,7 +1122,8 @@ async fn a_retry_in_flight_when_its_endpoint_is_resumed_counts_for_nothing(store
             .unwrap(),
         Saved::Superseded
     );
-    assert!(store.endpoint_retry(&a.id).await.unwrap().is_none());
+    let hold = store.endpoint_retry(&a.id).await.unwrap().unwrap();
+    assert_eq!(hold.failures, 1, "the new delivery's hold stands: {hold:?}");
 }
 
 async fn claim_from(

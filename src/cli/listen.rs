@@ -84,13 +84,19 @@ pub async fn run(options: Options) -> Result<(), String> {
     if !options.events.is_empty() {
         request = request.query(&[("events", options.events.join(","))]);
     }
-    let response = request
-        .send()
+    // The stream's reads have their own idle limit (`read_ahead`); the answer's head, and an
+    // error's body, get the same.
+    let silent = || format!("the gateway at {base} did not answer");
+    let response = tokio::time::timeout(STREAM_IDLE_TIMEOUT, request.send())
         .await
+        .map_err(|_| silent())?
         .map_err(|e| format!("cannot reach the gateway at {base}: {}", causes(&e)))?;
     let status = response.status();
     if status != reqwest::StatusCode::OK {
-        let body = response.json().await.unwrap_or_default();
+        let body = tokio::time::timeout(STREAM_IDLE_TIMEOUT, response.json())
+            .await
+            .map_err(|_| silent())?
+            .unwrap_or_default();
         return Err(super::api_error(Some(status.as_u16()), &body));
     }
 

@@ -272,6 +272,9 @@ struct Ledger {
     landings: u64,
     /// The month of the totals and of `pending`.
     month: String,
+    /// The month the last flush begun reads totals of: when a request turned `month` since,
+    /// what it reads back is the month that ended, and not kept.
+    flush_month: String,
     /// Its unix milliseconds: a request that arrived in them is charged to `pending`.
     month_ms: std::ops::Range<u64>,
 }
@@ -584,6 +587,7 @@ impl Usage {
         if ledger.month != month {
             ledger.turn_to(month, bounds_of_month(month));
         }
+        ledger.flush_month = month.to_string();
         if let Some(batch) = &ledger.in_flight_batch {
             return batch.clone();
         }
@@ -649,8 +653,10 @@ impl Usage {
         ledger.in_flight.clear();
         ledger.in_flight_batch = None;
         ledger.landings += 1;
-        for (ws, totals) in &snapshot.workspaces {
-            ledger.totals.insert(ws.clone(), totals.into());
+        if ledger.flush_month == ledger.month {
+            for (ws, totals) in &snapshot.workspaces {
+                ledger.totals.insert(ws.clone(), totals.into());
+            }
         }
         let done = ledger.batch_flush;
         drop(ledger);
@@ -890,6 +896,30 @@ mod tests {
         ));
         let (_, flush) = usage.begin_flush(&next_month());
         assert_eq!(flush[0].watch_keys, vec!["key_1".to_string()]);
+    }
+
+    #[test]
+    fn a_flush_of_the_month_that_ended_brings_no_totals_into_the_new_one() {
+        let usage = Usage::new(HashMap::new());
+        let k = key(Some(1_000_000));
+        usage.check(&k, KeyBudget::of(&k), None, now_ms());
+        // A flush of this month is on its way at midnight; the first request of the next
+        // month turns the ledger; then the flush lands with this month's spent totals.
+        usage.begin_flush(&this_month());
+        let next_month_ms = bounds_of_month(&next_month()).start;
+        usage.check(&k, KeyBudget::of(&k), None, next_month_ms);
+        let mut snapshot = UsageSnapshot::default();
+        let mut totals = WorkspaceTotals::default();
+        totals.keys.insert("key_1".into(), 1_000_000);
+        snapshot.workspaces.insert("ws_1".into(), totals);
+        usage.finish_flush(&snapshot);
+        assert!(
+            matches!(
+                usage.check(&k, KeyBudget::of(&k), None, next_month_ms),
+                Verdict::Unknown { .. }
+            ),
+            "not refused on last month's spend"
+        );
     }
 
     #[test]

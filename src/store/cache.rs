@@ -102,6 +102,8 @@ pub struct KeyCache {
     /// the admissions since (`u64::MAX`: none). A full token budget sweeps the cache only once
     /// a token has expired: a sweep visits every entry.
     next_expiry: AtomicU64,
+    /// Milliseconds after `origin` of the last sweep for the token budget; 0 = never.
+    budget_swept_ms: AtomicU64,
     /// Sweeps made, for tests.
     #[cfg(test)]
     sweeps: AtomicUsize,
@@ -126,6 +128,7 @@ impl KeyCache {
             synced_at_ms: AtomicU64::new(0),
             token_bytes: AtomicUsize::new(0),
             next_expiry: AtomicU64::new(u64::MAX),
+            budget_swept_ms: AtomicU64::new(0),
             #[cfg(test)]
             sweeps: AtomicUsize::new(0),
             token_budget_warned_ms: AtomicU64::new(0),
@@ -251,11 +254,9 @@ impl KeyCache {
         }
         let budget = self.config.token_budget_bytes;
         let fits = |cache: &Self| cache.token_bytes.load(Ordering::Acquire) + weight <= budget;
-        if !fits(self) {
-            let now = crate::ids::unix_now();
-            if self.next_expiry.load(Ordering::Acquire) <= now {
-                self.evict_expired(now);
-            }
+        let now = crate::ids::unix_now();
+        if !fits(self) && self.next_expiry.load(Ordering::Acquire) <= now && self.sweep_due() {
+            self.evict_expired(now);
         }
         if !fits(self) {
             let now = self.now_ms().max(1);
@@ -274,11 +275,24 @@ impl KeyCache {
             return false;
         }
         self.token_bytes.fetch_add(weight, Ordering::AcqRel);
-        if let Some(grant) = &key.scoped {
+        // A token that has expired already (the store keeps one an hour, to say so) is cached,
+        // and goes with the periodic sweep: it is no reason for a sweep of its own.
+        if let Some(grant) = key.scoped.as_ref().filter(|g| g.expires_at > now) {
             self.next_expiry
                 .fetch_min(grant.expires_at, Ordering::AcqRel);
         }
         true
+    }
+
+    /// Whether a sweep for the token budget may run now: one a second at most, whatever asks.
+    fn sweep_due(&self) -> bool {
+        let now = self.now_ms().max(1);
+        let last = self.budget_swept_ms.load(Ordering::Acquire);
+        (last == 0 || now.saturating_sub(last) >= 1_000)
+            && self
+                .budget_swept_ms
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
     }
 
     /// Counts out a cached key that left the cache.
@@ -566,8 +580,9 @@ mod tests {
         };
         let cache = KeyCache::new(store.clone(), config);
         cache.sync().await.unwrap();
-        let expired = mint(now - 3600);
-        let tokens = [expired, mint(now), mint(now), mint(now), mint(now)];
+        // The first expires in a second (tokens here live 60 s).
+        let expiring = mint(now - 59);
+        let tokens = [expiring, mint(now), mint(now), mint(now), mint(now)];
         for t in &tokens {
             store.insert_key(t).await.unwrap();
         }
@@ -585,10 +600,13 @@ mod tests {
             assert_eq!(outcome(i).await, CacheOutcome::Miss);
             assert_eq!(outcome(i).await, CacheOutcome::Hit);
         }
-        // Full: the expired token makes room for the fourth.
+        tokio::time::sleep(Duration::from_millis(2_100)).await;
+        // Full: the token that expired meanwhile makes room for the fourth.
         assert_eq!(outcome(3).await, CacheOutcome::Miss);
         assert_eq!(outcome(3).await, CacheOutcome::Hit);
+        // Read again, expired: it is no reason to sweep (nor, with the cache full, cached).
         assert_eq!(outcome(0).await, CacheOutcome::Miss, "the expired one went");
+        assert_eq!(outcome(0).await, CacheOutcome::Miss);
         // Full, and nothing expired: the fifth is read from the store on each use, and the
         // cache is not swept for it each time.
         let sweeps = cache.sweeps.load(Ordering::Acquire);
@@ -608,6 +626,48 @@ mod tests {
             .unwrap();
         cache.sync().await.unwrap();
         assert_eq!(cache.token_bytes.load(Ordering::Acquire), 2 * one);
+    }
+
+    #[tokio::test]
+    async fn expired_tokens_read_again_do_not_sweep_a_full_cache() {
+        // The store keeps a token an hour past its expiry; reading such tokens one after the
+        // other must not set off a sweep of the whole cache for each.
+        let store = Arc::new(MemoryStore::new());
+        let parent = new_key();
+        let parent_cached = CachedKey::new(&parent, "ws_1".into(), Arc::new(parent.scopes.clone()));
+        let now = crate::ids::unix_now();
+        let mint = |minted_at: u64| {
+            keys::mint(
+                &parent_cached,
+                parent.hash,
+                Scopes::new(["a:b"]),
+                60,
+                serde_json::Map::new(),
+                minted_at,
+            )
+            .1
+        };
+        let (expired, live, other_expired) = (mint(now - 600), mint(now), mint(now - 600));
+        let one = token_weight(&CachedKey::new(&live, "ws_1".into(), Arc::default()));
+        let config = CacheConfig {
+            token_budget_bytes: 2 * one,
+            ..CacheConfig::default()
+        };
+        let cache = KeyCache::new(store.clone(), config);
+        cache.sync().await.unwrap();
+        for t in [&expired, &live, &other_expired] {
+            store.insert_key(t).await.unwrap();
+        }
+        cache.sync().await.unwrap();
+        for t in [&expired, &live] {
+            assert_eq!(cache.get(&t.hash).await.unwrap().1, CacheOutcome::Miss);
+        }
+        assert_eq!(
+            cache.get(&other_expired.hash).await.unwrap().1,
+            CacheOutcome::Miss
+        );
+        assert_eq!(cache.sweeps.load(Ordering::Acquire), 0, "no sweep");
+        assert_eq!(cache.get(&expired.hash).await.unwrap().1, CacheOutcome::Hit);
     }
 
     #[tokio::test]

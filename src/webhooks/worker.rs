@@ -40,9 +40,10 @@ use crate::webhooks::slots::{Outcome, Slots};
 
 /// Most event-log entries read at once.
 const INTAKE_BATCH: usize = 512;
-/// Event data queued by one store call, at most (an event's counts once per delivery): an
-/// intake batch of large events for many endpoints goes in parts, not as one huge script call
-/// that would hold Redis up. An event's deliveries go together, whatever they weigh.
+/// Event data queued by one store call, at most (an event's counts once per delivery, and once
+/// for its own record): an intake batch of large events for many endpoints goes in parts, not
+/// as one huge script call that would hold Redis up. An event's deliveries go together,
+/// whatever they weigh.
 const FAN_OUT_PART_BYTES: usize = 8 << 20;
 /// Most deliveries claimed at once.
 const CLAIM_BATCH: usize = 256;
@@ -219,11 +220,12 @@ impl Worker {
                 })
                 .collect()
         };
+        // Each delivery carries the event, and so does the event's own record.
         let weights: Vec<usize> = batch
             .iter()
             .map(|l| {
                 let data = serde_json::to_vec(&l.event.data).map_or(0, |v| v.len());
-                data.saturating_mul(subscribed(&l.event).len())
+                data.saturating_mul(subscribed(&l.event).len() + 1)
             })
             .collect();
         let now_ms = unix_millis();

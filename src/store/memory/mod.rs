@@ -674,10 +674,11 @@ impl Store for MemoryStore {
                 return Ok(Saved::Superseded);
             }
         }
-        // A retry's failure whose hold is gone (a resume, or an answer, since its claim),
-        // unless this is that very save again (its reply was lost).
+        // A retry's failure whose hold is gone (a resume, or an answer, since its claim;
+        // another delivery's failure may have made a new one), unless this is that very save
+        // again (its reply was lost).
         if failures.is_some_and(|n| n >= 2)
-            && inner.webhooks.retry_of(&delivery.endpoint).is_none()
+            && !inner.webhooks.is_probe(&delivery.endpoint, &delivery.id)
             && !inner.webhooks.is_saved_as(delivery)
         {
             return Ok(Saved::Superseded);

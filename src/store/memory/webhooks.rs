@@ -192,6 +192,12 @@ impl WebhookState {
         taken
     }
 
+    /// Whether `endpoint` is held with delivery `id` as its probe (a claim under a hold makes
+    /// the claimed delivery the probe).
+    pub(super) fn is_probe(&self, endpoint: &str, id: &str) -> bool {
+        self.holds.get(endpoint).is_some_and(|h| h.probe == id)
+    }
+
     /// Whether `d` is saved as it is.
     pub(super) fn is_saved_as(&self, d: &Delivery) -> bool {
         self.deliveries.get(&d.id) == Some(d)

@@ -313,10 +313,11 @@ if (after == 'failing' or after == 'pause') and ARGV[13] ~= '' then
     if ok and type(e) == 'table' and e.url ~= ARGV[13] then return 2 end
   end
 end
--- Nor does a retry's failure whose hold is gone (a resume, or an answer, since its claim),
--- unless this is that very save again (its reply was lost).
+-- Nor does a retry's failure whose hold is gone (a resume, or an answer, since its claim;
+-- another delivery's failure may have made a new one), unless this is that very save again
+-- (its reply was lost). A claim under a hold makes the claimed delivery its probe.
 if (after == 'failing' or after == 'pause') and tonumber(ARGV[12]) >= 2
-    and redis.call('EXISTS', hold) == 0
+    and redis.call('HGET', hold, 'probe') ~= id
     and redis.call('GET', p .. ':wh:dlv:' .. id) ~= ARGV[5] then
   return 2
 end
