@@ -872,17 +872,22 @@ mod tests {
         );
     }
 
+    /// What a flush reads back when `key_1` of `ws_1` has spent `micros` this month.
+    fn key_1_spent(micros: i64) -> UsageSnapshot {
+        let mut totals = WorkspaceTotals::default();
+        totals.keys.insert("key_1".into(), micros);
+        let mut snapshot = UsageSnapshot::default();
+        snapshot.workspaces.insert("ws_1".into(), totals);
+        snapshot
+    }
+
     #[test]
     fn a_new_month_does_not_check_against_the_last_one() {
         let usage = Usage::new(HashMap::new());
         let k = key(Some(1_000_000));
         usage.check(&k, KeyBudget::of(&k), None, now_ms());
         usage.begin_flush(&this_month());
-        let mut snapshot = UsageSnapshot::default();
-        let mut totals = WorkspaceTotals::default();
-        totals.keys.insert("key_1".into(), 1_000_000);
-        snapshot.workspaces.insert("ws_1".into(), totals);
-        usage.finish_flush(&snapshot);
+        usage.finish_flush(&key_1_spent(1_000_000));
         assert_eq!(
             usage.check(&k, KeyBudget::of(&k), None, now_ms()),
             Verdict::Spent(BudgetScope::Key)
@@ -908,11 +913,7 @@ mod tests {
         usage.begin_flush(&this_month());
         let next_month_ms = bounds_of_month(&next_month()).start;
         usage.check(&k, KeyBudget::of(&k), None, next_month_ms);
-        let mut snapshot = UsageSnapshot::default();
-        let mut totals = WorkspaceTotals::default();
-        totals.keys.insert("key_1".into(), 1_000_000);
-        snapshot.workspaces.insert("ws_1".into(), totals);
-        usage.finish_flush(&snapshot);
+        usage.finish_flush(&key_1_spent(1_000_000));
         assert!(
             matches!(
                 usage.check(&k, KeyBudget::of(&k), None, next_month_ms),
