@@ -191,8 +191,9 @@ pub async fn stream(
         };
         // The key may have been revoked while the read waited, in the very step that logged
         // these events (a leak report logs `key.auto_revoked` as it revokes): bring the key
-        // cache up to date with the store and check again before anything is sent.
-        if !logged.is_empty() {
+        // cache up to date with the store and check again before anything is sent (only when
+        // something is to be sent: the log holds every workspace's events).
+        if logged.iter().any(|l| selection.wants(&l.event)) {
             if let Err(e) = auth.catch_up().await {
                 break e.into();
             }
