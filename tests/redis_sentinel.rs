@@ -111,83 +111,117 @@ async fn key_in(gw: &Gateway, ws: &str) -> Option<String> {
     body["key"].as_str().map(str::to_string)
 }
 
+/// A master, a replica in sync with it, and a Sentinel watching them, each on a port of its own.
+struct Replicated {
+    master: Node,
+    replica: Node,
+    sentinel: Node,
+    replica_at: u16,
+    sentinel_at: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Replicated {
+    async fn start() -> Self {
+        let [master_at, replica_at, sentinel_at] = free_ports::<3>();
+        let master = Node::redis(master_at, &["--repl-diskless-sync-delay", "0"]).await;
+        let master_port_text = master_at.to_string();
+        let replica =
+            Node::redis(replica_at, &["--replicaof", "127.0.0.1", &master_port_text]).await;
+        let synced = eventually(Duration::from_secs(10), || async {
+            let info: String = replica
+                .query(redis::cmd("INFO").arg("replication"))
+                .await
+                .unwrap();
+            info.contains("master_link_status:up")
+        })
+        .await;
+        assert!(synced.is_some(), "the replica did not sync");
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {sentinel_at}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {MASTER_NAME} 127.0.0.1 {master_at} 1\n\
+                 sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                 sentinel failover-timeout {MASTER_NAME} 3000\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        let sentinel = Node::start(sentinel_at, &[conf.to_str().unwrap(), "--sentinel"]).await;
+        assert_eq!(master_port(&sentinel).await, Some(master_at));
+        Self {
+            master,
+            replica,
+            sentinel,
+            replica_at,
+            sentinel_at,
+            _dir: dir,
+        }
+    }
+
+    /// A gateway whose `store.url` names the replica: it must find the master through the
+    /// Sentinel to write at all. Answers it and a workspace written through it.
+    async fn gateway(&self, ns: &TestNamespace) -> (Gateway, String) {
+        let gw = Gateway::builder()
+            .redis(
+                &format!("redis://127.0.0.1:{}/0", self.replica_at),
+                &ns.name,
+            )
+            .log_filter("info,svcgate::store=debug")
+            .store_settings(&format!(
+                "sentinels = [\"127.0.0.1:{}\"]\nsentinel_master = \"{MASTER_NAME}\"",
+                self.sentinel_at
+            ))
+            .start()
+            .await;
+        let ws = until_some(Duration::from_secs(10), || async {
+            let resp = gw
+                .admin_request(Method::POST, "/admin/v1/workspaces")
+                .json(&json!({"name": "sentinel", "admin_emails": ["ops@example.com"]}))
+                .send()
+                .await
+                .ok()?;
+            let body: Value = resp.json().await.ok()?;
+            body["id"].as_str().map(str::to_string)
+        })
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "no workspace written through the Sentinel's master\n{}",
+                gw.logs()
+            )
+        });
+        (gw, ws)
+    }
+}
+
 #[tokio::test]
 async fn the_store_follows_the_master_sentinel_names_through_a_failover() {
-    let [master_at, replica_at, sentinel_at] = free_ports::<3>();
-    let mut master = Node::redis(master_at, &["--repl-diskless-sync-delay", "0"]).await;
-    let master_port_text = master_at.to_string();
-    let replica = Node::redis(replica_at, &["--replicaof", "127.0.0.1", &master_port_text]).await;
-    let synced = eventually(Duration::from_secs(10), || async {
-        let info: String = replica
-            .query(redis::cmd("INFO").arg("replication"))
-            .await
-            .unwrap();
-        info.contains("master_link_status:up")
-    })
-    .await;
-    assert!(synced.is_some(), "the replica did not sync");
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("sentinel.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "port {sentinel_at}\nbind 127.0.0.1\ndir {}\n\
-             sentinel monitor {MASTER_NAME} 127.0.0.1 {master_at} 1\n\
-             sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
-             sentinel failover-timeout {MASTER_NAME} 3000\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
-    let sentinel = Node::start(sentinel_at, &[conf.to_str().unwrap(), "--sentinel"]).await;
-    assert_eq!(master_port(&sentinel).await, Some(master_at));
-
-    // `store.url` names the replica: the gateway must find the master through the Sentinel
-    // to write at all.
+    let mut nodes = Replicated::start().await;
     let ns = TestNamespace::new();
-    let gw = Gateway::builder()
-        .redis(&format!("redis://127.0.0.1:{replica_at}/0"), &ns.name)
-        .log_filter("info,svcgate::store=debug")
-        .store_settings(&format!(
-            "sentinels = [\"127.0.0.1:{sentinel_at}\"]\nsentinel_master = \"{MASTER_NAME}\""
-        ))
-        .start()
-        .await;
-    let ws = until_some(Duration::from_secs(10), || async {
-        let resp = gw
-            .admin_request(Method::POST, "/admin/v1/workspaces")
-            .json(&json!({"name": "sentinel", "admin_emails": ["ops@example.com"]}))
-            .send()
-            .await
-            .ok()?;
-        let body: Value = resp.json().await.ok()?;
-        body["id"].as_str().map(str::to_string)
-    })
-    .await
-    .unwrap_or_else(|| {
-        panic!(
-            "no workspace written through the Sentinel's master\n{}",
-            gw.logs()
-        )
-    });
+    let (gw, ws) = nodes.gateway(&ns).await;
     let before = until_some(Duration::from_secs(5), || key_in(&gw, &ws))
         .await
         .expect("a key written to the master");
     assert_eq!(gw.chat(&before).await.status(), 200);
     // It went to the master; the master dies once the replica has it (replication is
     // asynchronous: what the replica lacks at a failover is lost, as with any Redis failover).
-    let written: i64 = master.query(&redis::cmd("DBSIZE")).await.unwrap();
+    let written: i64 = nodes.master.query(&redis::cmd("DBSIZE")).await.unwrap();
     assert!(written > 0);
-    let replicated: i64 = master
+    let replicated: i64 = nodes
+        .master
         .query(redis::cmd("WAIT").arg(1).arg(5000))
         .await
         .unwrap();
     assert_eq!(replicated, 1);
 
     // The master dies; the Sentinel promotes the replica; writes go there.
-    master.kill();
+    nodes.master.kill();
     let promoted = eventually(Duration::from_secs(20), || async {
-        master_port(&sentinel).await == Some(replica_at)
+        master_port(&nodes.sentinel).await == Some(nodes.replica_at)
     })
     .await;
     assert!(promoted.is_some(), "the Sentinel did not fail over");
@@ -199,5 +233,32 @@ async fn the_store_follows_the_master_sentinel_names_through_a_failover() {
     let readiness = gw.request(Method::GET, "/readyz").send().await.unwrap();
     assert_eq!(readiness.status(), 200);
     assert!(gw.logs().contains("Redis master moved"), "{}", gw.logs());
-    drop(replica);
+}
+
+/// A revocation a failover could undo (on the master, on no replica) is not confirmed: the
+/// caller gets 503 and retries, rather than a 200 for a key that may work again.
+#[tokio::test]
+async fn a_revocation_is_confirmed_only_once_a_replica_has_it() {
+    let mut nodes = Replicated::start().await;
+    let ns = TestNamespace::new();
+    let (gw, ws) = nodes.gateway(&ns).await;
+    let (first, key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    let (second, _) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    assert_eq!(
+        gw.admin_post(&format!("/admin/v1/keys/{first}/revoke"))
+            .await
+            .status(),
+        200,
+        "the replica confirms it"
+    );
+    assert_error(gw.chat(&key).await, 401, "authentication_error").await;
+    nodes.replica.kill();
+    let resp = gw
+        .admin_post(&format!("/admin/v1/keys/{second}/revoke"))
+        .await;
+    assert_error(resp, 503, "service_unavailable").await;
 }

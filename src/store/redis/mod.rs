@@ -72,6 +72,9 @@ use std::collections::HashMap;
 const CHANGE_LOG_LEN: usize = 100_000;
 /// Most changes one catch-up reads; a replica further behind drops its whole cache instead.
 const CATCH_UP_MAX: u64 = 10_000;
+/// How long a key change waits for a replica to confirm it, behind Sentinels (under the
+/// connection's 500 ms answer timeout: the wait holds up the commands behind it).
+const REPLICA_WAIT_MS: u64 = 300;
 /// Optimistic update attempts before giving up on a hot key.
 const UPDATE_ATTEMPTS: usize = 16;
 
@@ -503,6 +506,8 @@ pub struct RedisStore {
     layout: Layout,
     changed: Arc<Notify>,
     audit_retention_secs: u64,
+    /// Behind Sentinels: a master with replicas, any of which a failover may promote.
+    replicated: bool,
 }
 
 impl RedisStore {
@@ -549,6 +554,7 @@ impl RedisStore {
             layout,
             changed,
             audit_retention_secs: 30 * 86_400,
+            replicated: sentinels.is_some(),
         })
     }
 
@@ -632,7 +638,9 @@ impl RedisStore {
             next.workspace = current.workspace.clone();
             next.hash = current.hash;
             if next == current {
-                // Nothing to write, and no event: whoever made it so emitted it.
+                // Nothing to write, and no event: whoever made it so emitted it (perhaps a
+                // call answered 503 below, retried: it is confirmed now).
+                self.on_a_replica().await?;
                 return Ok(Some(Arc::new(current)));
             }
             let mut invocation = UPDATE_KEY.prepare_invoke();
@@ -661,6 +669,7 @@ impl RedisStore {
                 .await
                 .map_err(unavailable)?;
             if epoch >= 0 {
+                self.on_a_replica().await?;
                 return Ok(Some(Arc::new(next)));
             }
         }
@@ -686,6 +695,32 @@ impl RedisStore {
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)
+    }
+
+    /// Behind Sentinels, waits until a replica has this connection's writes. A key change
+    /// (a revocation, an end of grace, fewer scopes) is confirmed only then: replication is
+    /// asynchronous, and a failover right after a change no replica had would undo it, and
+    /// the revoked key would work again everywhere. Unconfirmed, the change is an error (503):
+    /// the caller retries, and the retry, which changes nothing more, is confirmed once a
+    /// replica has caught up.
+    async fn on_a_replica(&self) -> Result<(), StoreError> {
+        if !self.replicated {
+            return Ok(());
+        }
+        let confirmed: i64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(REPLICA_WAIT_MS)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        if confirmed >= 1 {
+            Ok(())
+        } else {
+            tracing::warn!("a key change is on the Redis master, and no replica has confirmed it");
+            Err(StoreError::Unavailable(
+                "no replica confirmed the key change".into(),
+            ))
+        }
     }
 
     async fn get_json<T: serde::de::DeserializeOwned>(
