@@ -184,6 +184,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         shutdown_signal: Box::new(DrainingSignalWatch::new(
             draining,
             std::time::Duration::from_secs(server_cfg.shutdown_grace_seconds),
+            server_cfg.upgrade_sock.clone().into(),
         )),
     });
     // The last writes go over connections of the store runtime's own: a connection that a
@@ -224,7 +225,9 @@ fn webhook_worker(config: &Config, store: Arc<dyn Store>) -> Result<Arc<Worker>,
 fn writable_dir(key: &str, dir: &str) -> Result<(), StartError> {
     let fail = |e: std::io::Error| StartError::Config(format!("{key}: cannot write to {dir}: {e}"));
     std::fs::create_dir_all(dir).map_err(fail)?;
-    let probe = std::path::Path::new(dir).join(format!(".svcgate-probe-{}", std::process::id()));
+    // A name of its own: replicas sharing a spool volume may check it at the same moment, and
+    // in containers all of them are process 1.
+    let probe = std::path::Path::new(dir).join(format!(".svcgate-{}", crate::ids::new_id("probe")));
     std::fs::write(&probe, b"").map_err(fail)?;
     std::fs::remove_file(&probe).map_err(fail)
 }
@@ -299,16 +302,22 @@ pub fn work(config: Config) -> Result<(), StartError> {
     })
 }
 
-/// Resolves on SIGTERM or SIGINT.
+/// Resolves on SIGTERM or SIGINT; SIGHUP is ignored (the configuration is not re-read).
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
         let _ = tokio::signal::ctrl_c().await;
         return;
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = tokio::signal::ctrl_c() => return,
+            _ = hup.recv() => tracing::warn!("SIGHUP ignored: the configuration is not re-read"),
+        }
     }
 }
 

@@ -549,3 +549,25 @@ async fn a_flood_of_readiness_probes_asks_redis_about_once_a_second() {
         "{asked} PINGs for 300 probes in {seconds} s"
     );
 }
+
+/// SIGQUIT hands the listeners to a new process only once one waits for them (before, the
+/// gateway gave up after 5 s and closed them, leaving nothing to serve); SIGHUP is ignored
+/// (by default it ended the process on the spot, requests in flight and unflushed spend with
+/// it).
+#[tokio::test]
+async fn a_sigquit_with_no_new_process_and_a_sighup_leave_the_gateway_serving() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    for signal in ["-QUIT", "-HUP"] {
+        std::process::Command::new("kill")
+            .args([signal, &gw.pid().to_string()])
+            .status()
+            .unwrap();
+    }
+    // Longer than the hand-over's retries (5 × 1 s).
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(gw.chat(&key).await.status(), 200, "{}", gw.logs());
+    let logs = gw.logs();
+    assert!(logs.contains("SIGQUIT refused"), "{logs}");
+    assert!(logs.contains("SIGHUP ignored"), "{logs}");
+}

@@ -387,16 +387,20 @@ impl Gateway {
             .stderr(log)
             .spawn()
             .expect("svcgate starts");
-        // The new process waits for the listeners; give it a moment to reach that point.
-        std::thread::sleep(Duration::from_millis(500));
+        // The old process hands over once the new one waits for the listeners (a SIGQUIT
+        // before that is refused, and it serves on): ask until it goes.
         let mut old = self.child.replace(new).unwrap();
-        Command::new("kill")
-            .args(["-QUIT", &old.id().to_string()])
-            .status()
-            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
+        let mut asked = Instant::now() - Duration::from_secs(1);
         while old.try_wait().unwrap().is_none() {
             assert!(Instant::now() < deadline, "the old process did not exit");
+            if asked.elapsed() >= Duration::from_millis(500) {
+                Command::new("kill")
+                    .args(["-QUIT", &old.id().to_string()])
+                    .status()
+                    .unwrap();
+                asked = Instant::now();
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
