@@ -193,19 +193,26 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         let _guard = store_runtime.enter();
         store.reopen_connections();
     }
-    // Attempts in flight get to finish; anything unfinished is taken over after its lease.
-    let _ = stop_worker.send(true);
-    if let Some(worker) = worker {
-        let _ = store_runtime.block_on(worker);
-    }
-    // Requests have drained: write what they spent and their audit records (or spool them).
+    // Requests have drained: write what they spent and their audit records (or spool them),
+    // at once, not after the worker: spend is in memory alone until then. Meanwhile the
+    // worker's attempts in flight get to finish; anything unfinished is taken over after its
+    // lease.
     let _ = stop_meter.send(true);
-    let flushed = store_runtime.block_on(async {
-        tokio::time::timeout(std::time::Duration::from_secs(5), metering).await
+    let _ = stop_worker.send(true);
+    store_runtime.block_on(async {
+        let worker = async {
+            if let Some(worker) = worker {
+                let _ = worker.await;
+            }
+        };
+        let metering = async {
+            let flushed = tokio::time::timeout(std::time::Duration::from_secs(5), metering).await;
+            if flushed.is_err() {
+                tracing::error!("metering did not finish its last flush in time");
+            }
+        };
+        tokio::join!(worker, metering);
     });
-    if flushed.is_err() {
-        tracing::error!("metering did not finish its last flush in time");
-    }
     store_runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     tracing::info!("svcgate stopped");
     Ok(())

@@ -154,9 +154,10 @@ pub struct ScopedGrant {
     pub parent_environment: Environment,
     /// Unix second the token stops working.
     pub expires_at: u64,
-    /// Caller-supplied key/value pairs, copied into every audit record.
+    /// Caller-supplied key/value pairs, in every audit record (shared, not copied: a backlog
+    /// of records kept through a store outage holds one copy per token).
     #[serde(default)]
-    pub metadata: serde_json::Map<String, serde_json::Value>,
+    pub metadata: Arc<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Longest grace period a rotation may have: 30 days.
@@ -347,7 +348,7 @@ pub fn mint(
             parent_hash,
             parent_environment: parent.effective_environment(),
             expires_at: now.saturating_add(expires_in),
-            metadata,
+            metadata: Arc::new(metadata),
         })),
     };
     (key, record)

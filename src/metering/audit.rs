@@ -63,9 +63,9 @@ pub struct AuditRecord {
     /// The scoped token used, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_id: Option<String>,
-    /// The scoped token's metadata.
+    /// The scoped token's metadata (the token's own copy, shared).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl AuditRecord {
