@@ -1025,6 +1025,14 @@ fn apply_env(
                 ))
             }
         };
+        if value.is_empty() && !section_defaults.contains_key(key) {
+            // An optional setting set to nothing is unset (what a template writes for "no
+            // sandbox"), also over the file's value.
+            if let Some(toml::Value::Table(t)) = table.get_mut(section) {
+                t.remove(key);
+            }
+            continue;
+        }
         let parsed = if is_string {
             toml::Value::String(value)
         } else {
@@ -1182,6 +1190,22 @@ mod tests {
         assert_eq!(c.server.threads, 3);
         assert_eq!(c.server.admin_token, "12345");
         assert_eq!(c.upstream.live.as_deref(), Some("127.0.0.1:9000"));
+    }
+
+    #[test]
+    fn an_empty_variable_unsets_an_optional_setting() {
+        let f = file("[upstream]\nlive = \"127.0.0.1:1\"\nsandbox = \"127.0.0.1:2\"\n");
+        let c = Config::load(
+            Some(f.path()),
+            env(&[("SVCGATE_UPSTREAM_SANDBOX", ""), ("SVCGATE_SMTP_HOST", "")]),
+        )
+        .unwrap();
+        assert_eq!(c.upstream.live.as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(c.upstream.sandbox, None);
+        assert_eq!(c.smtp.host, None);
+        // A setting with a default is not optional: empty is a value, checked as such.
+        let p = problems(Config::load(None, env(&[("SVCGATE_SERVER_LISTEN", "")])).unwrap_err());
+        assert!(p.iter().any(|p| p.key == "server.listen"), "{p:?}");
     }
 
     #[test]
@@ -1385,7 +1409,8 @@ scope = "Chat"
             keys(&[("SVCGATE_SMTP_HOST", "relay.example.com:25")]),
             Vec::<String>::new()
         );
-        assert_eq!(keys(&[("SVCGATE_SMTP_HOST", "")]), ["smtp.host"]);
+        // Empty in the environment unsets it (no relay: mail goes to the outbox).
+        assert_eq!(keys(&[("SVCGATE_SMTP_HOST", "")]), Vec::<String>::new());
         assert_eq!(keys(&[("SVCGATE_SMTP_PORT", "0")]), ["smtp.port"]);
         assert_eq!(keys(&[("SVCGATE_SMTP_USERNAME", "u")]), ["smtp.password"]);
         // A password is never sent in the clear.
