@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 
-use crate::config::{Config, DEMO_ADMIN_TOKEN};
+use crate::config::{Config, Role, DEMO_ADMIN_TOKEN};
 use crate::server::{self, ServeOptions};
 
 /// svcgate: an authentication gateway for AI APIs.
@@ -294,10 +294,10 @@ pub fn run(cli: Cli) -> ExitCode {
             config,
             upgrade,
             no_worker,
-        } => run_server(config, |config| {
+        } => run_server(config, Role::Server, |config| {
             server::serve(config, ServeOptions { upgrade, no_worker })
         }),
-        Command::Worker { config } => run_server(config, server::work),
+        Command::Worker { config } => run_server(config, Role::Worker, server::work),
         Command::Keys { admin, command } => {
             call_admin(&admin, |client, base| keys(client, base, command))
         }
@@ -346,6 +346,7 @@ fn listen(args: ListenArgs) -> ExitCode {
 /// start).
 fn run_server(
     path: Option<PathBuf>,
+    role: Role,
     run: impl FnOnce(Config) -> Result<(), server::StartError>,
 ) -> ExitCode {
     // Only `SVCGATE_*` variables are settings; another that is not UTF-8 is none of ours (with
@@ -363,7 +364,7 @@ fn run_server(
             }
         }
     }
-    let config = match Config::load(path.as_deref(), env) {
+    let config = match Config::load_as(path.as_deref(), env, role) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("svcgate: {e}");

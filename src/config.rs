@@ -585,12 +585,30 @@ pub enum ConfigError {
     Invalid(Vec<Problem>),
 }
 
+/// What a process runs, for what its configuration must hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `svcgate serve`: the gateway and the admin API.
+    Server,
+    /// `svcgate worker`: webhook deliveries alone, no admin API, so no admin token.
+    Worker,
+}
+
 impl Config {
     /// Reads `path` (or nothing: the embedded defaults), applies `SVCGATE_*` variables from
-    /// `env`, and validates the result.
+    /// `env`, and validates the result for `svcgate serve`.
     pub fn load(
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        Self::load_as(path, env, Role::Server)
+    }
+
+    /// [`Config::load`], validated for `role`.
+    pub fn load_as(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        role: Role,
     ) -> Result<Config, ConfigError> {
         let mut table = match path {
             Some(path) => {
@@ -624,7 +642,7 @@ impl Config {
                 let message = without_quoted_values(&e.into_inner().to_string());
                 ConfigError::Invalid(vec![Problem::new(key, message)])
             })?;
-        config.validate()?;
+        config.validate_as(role)?;
         Ok(config)
     }
 
@@ -637,8 +655,15 @@ impl Config {
         }
     }
 
-    /// Checks every value and reports all problems at once.
+    /// Checks every value and reports all problems at once, for `svcgate serve`.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_as(Role::Server)
+    }
+
+    /// [`Config::validate`] for `role`: a worker serves no admin API, and is not asked for an
+    /// admin token (its manifest keeps the token out of the process that calls customers'
+    /// URLs).
+    pub fn validate_as(&self, role: Role) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
         let s = &self.server;
         let mut listeners = Vec::new();
@@ -664,7 +689,9 @@ impl Config {
             }
         }
         let placeholder = s.admin_token.to_ascii_lowercase().contains("change-me");
-        if s.admin_token.trim().is_empty() {
+        if role == Role::Worker {
+            // No admin API: the token is not read.
+        } else if s.admin_token.trim().is_empty() {
             problems.push(Problem::new("server.admin_token", "must not be empty"));
         } else if s.admin_token.trim() != s.admin_token {
             // No `Authorization` header can carry it: every admin call would be refused.
@@ -1190,6 +1217,14 @@ mod tests {
         assert_eq!(c.server.threads, 3);
         assert_eq!(c.server.admin_token, "12345");
         assert_eq!(c.upstream.live.as_deref(), Some("127.0.0.1:9000"));
+    }
+
+    #[test]
+    fn a_worker_is_not_asked_for_an_admin_token() {
+        let redis = [("SVCGATE_STORE_KIND", "redis")];
+        let p = problems(Config::load(None, env(&redis)).unwrap_err());
+        assert!(p.iter().any(|p| p.key == "server.admin_token"), "{p:?}");
+        assert!(Config::load_as(None, env(&redis), Role::Worker).is_ok());
     }
 
     #[test]

@@ -367,3 +367,38 @@ async fn keys_cli_rotates_and_ends_the_grace_period() {
     assert_eq!(gw.chat(&old_key).await.status(), 401);
     assert_eq!(gw.chat(new_key).await.status(), 200);
 }
+
+/// `svcgate worker` serves no admin API: on Redis it starts without an admin token (the
+/// gateway's start refuses the placeholder there), so its manifest keeps the token out of the
+/// process that calls customers' URLs.
+#[tokio::test]
+async fn a_worker_on_redis_starts_without_an_admin_token() {
+    let ns = TestNamespace::new();
+    let outbox = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut worker = svcgate_command()
+        .arg("worker")
+        .env("SVCGATE_STORE_KIND", "redis")
+        .env("SVCGATE_STORE_URL", redis_url())
+        .env("SVCGATE_STORE_NAMESPACE", &ns.name)
+        .env("SVCGATE_SERVER_METRICS_LISTEN", format!("127.0.0.1:{port}"))
+        .env("SVCGATE_WEBHOOKS_OUTBOX_DIR", outbox.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = eventually(Duration::from_secs(10), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+    let exited = worker.try_wait().unwrap();
+    let _ = worker.kill();
+    let output = worker.wait_with_output().unwrap();
+    assert!(
+        started.is_some() && exited.is_none(),
+        "the worker did not start: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
