@@ -1023,7 +1023,9 @@ async fn an_entry_fanned_out_twice_queues_its_deliveries_once(store: Arc<dyn Sto
     assert_eq!(store.queue_stats().await.unwrap().pending, 3);
 }
 
-async fn resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now(store: Arc<dyn Store>) {
+/// A workspace with one endpoint and one delivery of an event queued for it, made now: the
+/// workspace, the endpoint, the event and now (unix milliseconds).
+async fn one_queued_delivery(store: &Arc<dyn Store>) -> (String, Endpoint, Event, u64) {
     let ws = new_id("ws");
     let a = endpoint(&ws, &["agent.run.*"]);
     store.create_endpoint(&a, 10).await.unwrap();
@@ -1031,6 +1033,11 @@ async fn resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now(store: 
     let now = svcgate::ids::unix_millis();
     let queued = [Delivery::new(&e, &ws, &a.id, now, false)];
     store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    (ws, a, e, now)
+}
+
+async fn resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now(store: Arc<dyn Store>) {
+    let (ws, a, _, now) = one_queued_delivery(&store).await;
     assert_eq!(store.queued_deliveries(&a.id).await.unwrap(), 1);
     assert_eq!(store.queued_deliveries("we_other").await.unwrap(), 0);
     let claim = |now_ms: u64| claim_from(&store, now_ms, 10);
@@ -1053,15 +1060,8 @@ async fn resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now(store: 
         .is_none());
 }
 
-/// Claims at `now_ms` with 5 s leases, up to 10 deliveries, 4 per endpoint, nothing busy.
 async fn a_retry_in_flight_when_its_endpoint_is_resumed_counts_for_nothing(store: Arc<dyn Store>) {
-    let ws = new_id("ws");
-    let a = endpoint(&ws, &["agent.run.*"]);
-    store.create_endpoint(&a, 10).await.unwrap();
-    let e = event(&ws, "agent.run.completed");
-    let now = svcgate::ids::unix_millis();
-    let queued = [Delivery::new(&e, &ws, &a.id, now, false)];
-    store.enqueue_deliveries(&[], &[], &queued).await.unwrap();
+    let (ws, a, e, now) = one_queued_delivery(&store).await;
     let claim = |now_ms: u64| claim_from(&store, now_ms, 10);
     // One retry an hour later, and that is the last.
     let schedule = [Duration::from_secs(3600)];
@@ -1126,6 +1126,7 @@ async fn a_retry_in_flight_when_its_endpoint_is_resumed_counts_for_nothing(store
     assert_eq!(hold.failures, 1, "the new delivery's hold stands: {hold:?}");
 }
 
+/// Claims at `now_ms` with 5 s leases, up to 10 deliveries, 4 per endpoint, nothing busy.
 async fn claim_from(
     store: &Arc<dyn Store>,
     now_ms: u64,

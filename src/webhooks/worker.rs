@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
-use crate::events::{Event, LoggedEvent};
+use crate::events::LoggedEvent;
 use crate::ids::{new_id, unix_millis};
 use crate::metrics;
 use crate::store::{AfterAttempt, ClaimRequest, ClaimedDelivery, Saved, Store, StoreError};
@@ -210,33 +210,38 @@ impl Worker {
                 endpoints.insert(ws, self.store.endpoints(ws).await?);
             }
         }
-        let subscribed = |event: &Event| -> Vec<&Endpoint> {
-            endpoints[event.workspace.as_str()]
-                .iter()
-                .filter(|e| {
-                    e.status == EndpointStatus::Active
-                        && e.environment == event.environment
-                        && e.wants(&event.event_type)
-                })
-                .collect()
-        };
+        // Per event, the endpoints it goes to.
+        let subscribers: Vec<Vec<&Endpoint>> = batch
+            .iter()
+            .map(|LoggedEvent { event, .. }| {
+                endpoints[event.workspace.as_str()]
+                    .iter()
+                    .filter(|e| {
+                        e.status == EndpointStatus::Active
+                            && e.environment == event.environment
+                            && e.wants(&event.event_type)
+                    })
+                    .collect()
+            })
+            .collect();
         // Each delivery carries the event, and so does the event's own record.
         let weights: Vec<usize> = batch
             .iter()
-            .map(|l| {
+            .zip(&subscribers)
+            .map(|(l, to)| {
                 let data = serde_json::to_vec(&l.event.data).map_or(0, |v| v.len());
-                data.saturating_mul(subscribed(&l.event).len() + 1)
+                data.saturating_mul(to.len() + 1)
             })
             .collect();
         let now_ms = unix_millis();
         let mut queued = 0;
         for part in parts_by_weight(&weights, FAN_OUT_PART_BYTES) {
-            let entries = &batch[part];
+            let entries = &batch[part.clone()];
             let deliveries: Vec<Delivery> = entries
                 .iter()
-                .flat_map(|LoggedEvent { event, .. }| {
-                    subscribed(event)
-                        .into_iter()
+                .zip(&subscribers[part])
+                .flat_map(|(LoggedEvent { event, .. }, to)| {
+                    to.iter()
                         .map(move |e| Delivery::fanned_out(event, &e.workspace, &e.id, now_ms))
                 })
                 .collect();
