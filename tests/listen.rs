@@ -24,6 +24,8 @@ struct Listener {
     child: Child,
     stdout: Arc<Mutex<Vec<String>>>,
     stderr: Arc<Mutex<Vec<String>>>,
+    /// The threads copying stdout and stderr; they end when the process closes its pipes.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Listener {
@@ -37,14 +39,15 @@ impl Listener {
             .stderr(Stdio::piped())
             .spawn()
             .expect("svcgate listen starts");
-        let collect = |pipe: Box<dyn std::io::Read + Send>| {
+        let mut readers = Vec::new();
+        let mut collect = |pipe: Box<dyn std::io::Read + Send>| {
             let lines: Arc<Mutex<Vec<String>>> = Arc::default();
             let sink = lines.clone();
-            std::thread::spawn(move || {
+            readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                     sink.lock().unwrap().push(line);
                 }
-            });
+            }));
             lines
         };
         let stdout = collect(Box::new(child.stdout.take().unwrap()));
@@ -53,6 +56,7 @@ impl Listener {
             child,
             stdout,
             stderr,
+            readers,
         }
     }
 
@@ -103,7 +107,8 @@ impl Listener {
         assert!(exited.is_none(), "listen exited: {}", self.output());
     }
 
-    /// Waits up to `limit` for the process to exit.
+    /// Waits up to `limit` for the process to exit and, once it has, for everything it printed
+    /// to be read.
     async fn exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let mut status = None;
         eventually(limit, || {
@@ -112,6 +117,11 @@ impl Listener {
             async move { exited }
         })
         .await;
+        if status.is_some() {
+            for reader in self.readers.drain(..) {
+                reader.join().expect("output reader");
+            }
+        }
         status
     }
 }
