@@ -323,7 +323,8 @@ pub struct MeteringConfig {
     pub flush_interval_ms: u64,
     /// Where spend and audit records wait when the store cannot take them.
     pub spool_dir: String,
-    /// Audit records held in memory while the store is unreachable, before spooling to disk.
+    /// Audit records held in memory while the store is unreachable, before spooling to disk
+    /// (they are spooled after 5 s in any case).
     pub audit_backlog: usize,
     /// How long audit records are kept in Redis (days).
     pub audit_retention_days: u64,

@@ -3,8 +3,8 @@
 //! The request path queues a record (in a queue of its thread's own) and moves on. A writer task
 //! batches records (per flush interval) into the store, one stream entry per workspace and
 //! batch, so the log costs a few Redis commands per second, not one per request. While the
-//! store is unreachable, records wait in memory up to a bound, then in spool files on disk,
-//! and are written, oldest first, when it is back. At shutdown whatever could not be written
+//! store is unreachable, records wait in memory up to a bound in number and in time, then in
+//! spool files on disk, and are written, oldest first, when it is back. At shutdown whatever could not be written
 //! goes to the spool, and the next start writes it.
 
 use compact_str::CompactString;
@@ -286,6 +286,8 @@ pub struct AuditWriter {
     backlog: VecDeque<AuditRecord>,
     spool: Spool,
     max_backlog: usize,
+    /// Since when the store has taken none of the backlog, if it has not.
+    unwritten_since: Option<std::time::Instant>,
 }
 
 /// An audit log handle and the writer that serves it.
@@ -311,6 +313,7 @@ pub fn audit_log(
                 stuck: Vec::new(),
             },
             max_backlog,
+            unwritten_since: None,
         },
     )
 }
@@ -374,8 +377,23 @@ impl AuditWriter {
         if spool_refused && backlog_taken {
             self.spool.refused_alone();
         }
-        if self.backlog.len() > self.max_backlog {
+        let waited_long = match self.backlog.is_empty() || backlog_taken {
+            true => {
+                self.unwritten_since = None;
+                false
+            }
+            false => {
+                let since = self
+                    .unwritten_since
+                    .get_or_insert_with(std::time::Instant::now);
+                since.elapsed() >= SPILL_AFTER
+            }
+        };
+        // Spilled when there are too many, or they have waited long: a crash loses what is in
+        // memory, so no more than `SPILL_AFTER` of records.
+        if self.backlog.len() > self.max_backlog || waited_long {
             self.spill();
+            self.unwritten_since = None;
         }
         written
     }
@@ -435,6 +453,10 @@ impl AuditWriter {
 /// Records per spool file, and per write to the store: a file is one write, whatever the
 /// size of the backlog spilled.
 const SPOOL_FILE_RECORDS: usize = 5_000;
+
+/// How long records the store does not take wait in memory before they are spooled to disk,
+/// however few.
+const SPILL_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Writes of spooled records in one flush, at most.
 const SPOOL_WRITES_PER_FLUSH: usize = 20;

@@ -17,7 +17,7 @@ use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
 use super::spool;
 use super::usage::{
     BudgetScope, KeyBudget, PendingSpend, RateFlush, SpendByMonth, SpendSpool, Usage, UsageFlush,
-    Verdict,
+    Verdict, WorkspaceFlush,
 };
 use crate::error::ApiError;
 use crate::keys::{CachedKey, Environment};
@@ -54,7 +54,32 @@ pub struct Meter {
     /// the last of it ([`Usage::restore_spool`]). Removed once it lands: until then a crash
     /// leaves the file for the next start.
     held_spools: Mutex<Vec<(spool::Taken, u64)>>,
+    /// The spend checkpoint, while there is one.
+    checkpoint: Mutex<Option<Checkpoint>>,
 }
+
+/// A spend spool file this process keeps up to date while the store does not take its
+/// flushes, so that a crash (or a SIGKILL) in an outage loses at most the last
+/// [`SPEND_CHECKPOINT_INTERVAL`] of spend, not all of it. Held while the process lives; after a
+/// crash the next start, or another process on the directory, takes it as any spool file.
+///
+/// It never holds spend that went out to the store under an id it does not show: a new batch
+/// is written into it before it is sent ([`Meter::begin_batch`]), so replaying it after a
+/// crash charges nothing twice.
+struct Checkpoint {
+    taken: spool::Taken,
+    /// When it was last written.
+    written: std::time::Instant,
+    /// The id of the batch it holds, if it holds one.
+    batch: Option<String>,
+    /// Whether it holds spend besides that batch: if not, it holds nothing the store lacks
+    /// once the batch lands, and goes.
+    holds_pending: bool,
+}
+
+/// While the store does not take flushes, how often the spend kept in memory is written to the
+/// checkpoint ([`Checkpoint`]).
+const SPEND_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How often the flush task looks for spend spooled by another process (the one a graceful
 /// upgrade replaced, at its exit).
@@ -129,6 +154,7 @@ impl Meter {
             config,
             idle_cursor: Default::default(),
             held_spools: Mutex::default(),
+            checkpoint: Mutex::default(),
         });
         meter.take_spooled_spend();
         (meter, writer)
@@ -221,7 +247,7 @@ impl Meter {
     pub async fn flush_usage(&self) -> bool {
         let now = crate::ids::unix_now();
         let month = month_of(now);
-        let (id, workspaces) = self.usage.begin_flush(&month);
+        let (id, workspaces) = self.begin_batch(&month);
         let window = now / 60;
         let batch = self.rate.next_batch();
         let mut rate: Vec<RateFlush> = batch
@@ -266,6 +292,7 @@ impl Meter {
                 }
                 self.rate.forget_idle(window);
                 self.release_written_spools();
+                self.checkpoint_landed(&flush.id);
                 true
             }
             Err(e) => {
@@ -275,6 +302,7 @@ impl Meter {
                 tracing::debug!(error = %e, "usage flush failed; it will be retried");
                 self.rate.not_sent(batch);
                 self.usage.flush_failed();
+                self.checkpoint_if_due();
                 false
             }
         }
@@ -354,6 +382,7 @@ impl Meter {
     fn spool_spend(&self) {
         let unflushed = self.usage.spool();
         if unflushed.is_empty() {
+            self.drop_checkpoint();
             return;
         }
         let written = spool::write(
@@ -364,16 +393,122 @@ impl Meter {
         match written {
             Ok(path) => {
                 tracing::warn!(path = %path.display(), "unflushed spend spooled for the next start");
-                let held = std::mem::take(&mut *self.held());
-                for (taken, flush) in held {
-                    match flush {
-                        KEPT => self.held().push((taken, KEPT)),
-                        _ => self.remove_spool(taken),
-                    }
-                }
+                self.drop_checkpoint();
+                self.remove_held_spools();
             }
             Err(e) => tracing::error!(error = %e, "unflushed spend lost: cannot spool"),
         }
+    }
+
+    /// Removes the spool files taken in, but those kept for good ([`KEPT`]): what they held is
+    /// in a file written since.
+    fn remove_held_spools(&self) {
+        let held = std::mem::take(&mut *self.held());
+        for (taken, flush) in held {
+            match flush {
+                KEPT => self.held().push((taken, KEPT)),
+                _ => self.remove_spool(taken),
+            }
+        }
+    }
+
+    /// The next batch of spend ([`Usage::begin_flush`]). While there is a checkpoint, a batch
+    /// it does not hold is written into it before it goes out: were it to hold that spend as
+    /// pending, a crash after the batch landed would charge it again.
+    fn begin_batch(&self, month: &str) -> (String, Vec<WorkspaceFlush>) {
+        let (id, parts) = self.usage.begin_flush(month);
+        let unpinned = self
+            .checkpoint()
+            .as_ref()
+            .is_some_and(|c| c.batch.as_deref() != Some(id.as_str()));
+        if unpinned && !parts.is_empty() {
+            self.write_checkpoint();
+        }
+        (id, parts)
+    }
+
+    /// After a failed flush: writes the checkpoint if there is none, or it is
+    /// [`SPEND_CHECKPOINT_INTERVAL`] old.
+    fn checkpoint_if_due(&self) {
+        let due = self
+            .checkpoint()
+            .as_ref()
+            .is_none_or(|c| c.written.elapsed() >= SPEND_CHECKPOINT_INTERVAL);
+        if due {
+            self.write_checkpoint();
+        }
+    }
+
+    /// Batch `id` landed: a checkpoint that held it and nothing else goes.
+    fn checkpoint_landed(&self, id: &str) {
+        let done = self
+            .checkpoint()
+            .take_if(|c| !c.holds_pending && c.batch.as_deref() == Some(id));
+        if let Some(done) = done {
+            tracing::info!("store reachable again: the spend checkpoint is written and removed");
+            self.remove_spool(done.taken);
+        }
+    }
+
+    /// Writes all unflushed spend to the checkpoint, a new one if there is none. The spool files
+    /// taken in are in it then, so they go. If it cannot be written, the checkpoint there was
+    /// goes too: it may hold spend as pending that a batch is about to send.
+    fn write_checkpoint(&self) {
+        let state = self.usage.spool();
+        let mut checkpoint = self.checkpoint();
+        if state.is_empty() {
+            if let Some(old) = checkpoint.take() {
+                drop(checkpoint);
+                self.remove_spool(old.taken);
+            }
+            return;
+        }
+        let name = checkpoint
+            .as_ref()
+            .and_then(|c| c.taken.path().file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| spool::new_name("spend", "json"));
+        let written = spool::write_taken(&self.config.spool_dir, &name, |out| {
+            Ok(serde_json::to_writer(out, &state)?)
+        });
+        match written {
+            Ok(taken) => {
+                if checkpoint.is_none() {
+                    tracing::warn!(path = %taken.path().display(), "store unreachable: unflushed spend checkpointed to disk");
+                }
+                // Replaces the old file's handle, if any: its path names the new file now.
+                *checkpoint = Some(Checkpoint {
+                    taken,
+                    written: std::time::Instant::now(),
+                    batch: state.batch.map(|(id, _)| id),
+                    holds_pending: !state.pending.is_empty(),
+                });
+                drop(checkpoint);
+                self.remove_held_spools();
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot checkpoint unflushed spend; it is kept in memory");
+                let old = checkpoint.take();
+                drop(checkpoint);
+                if let Some(old) = old {
+                    self.remove_spool(old.taken);
+                }
+            }
+        }
+    }
+
+    /// Removes the checkpoint: what it held is written, or in a spool file written since.
+    fn drop_checkpoint(&self) {
+        let old = self.checkpoint().take();
+        if let Some(old) = old {
+            self.remove_spool(old.taken);
+        }
+    }
+
+    fn checkpoint(&self) -> std::sync::MutexGuard<'_, Option<Checkpoint>> {
+        self.checkpoint
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Writes `pinned` over the spool file `taken` before any of it is sent: a batch whose id is
@@ -434,7 +569,8 @@ impl Meter {
     /// Takes in the spend spool files no process holds: at start, and from time to time
     /// after (a process that hands over in a graceful upgrade spools at its exit).
     fn take_spooled_spend(&self) {
-        let held: Vec<PathBuf> = self.held().iter().map(|(t, _)| t.path().into()).collect();
+        let mut held: Vec<PathBuf> = self.held().iter().map(|(t, _)| t.path().into()).collect();
+        held.extend(self.checkpoint().as_ref().map(|c| c.taken.path().into()));
         let files = spool::list(&self.config.spool_dir, |name| {
             name == "spend.json" || (name.starts_with("spend-") && name.ends_with(".json"))
         });
@@ -672,5 +808,136 @@ mod spool_tests {
         assert!(taker.flush_usage().await);
         assert!(!files[0].exists(), "written, then removed");
         assert!(!holds(&taker));
+    }
+
+    /// A key of `ws_1`, and a function that charges it `micros`.
+    fn charger() -> impl Fn(&Meter, i64) {
+        let key = CachedKey::new(
+            &crate::keys::tests::record(crate::keys::KeyStatus::Active, None),
+            "ws_1".into(),
+            Arc::new(crate::keys::Scopes::default()),
+        );
+        move |meter: &Meter, micros| {
+            let now_ms = crate::ids::unix_now() * 1000;
+            meter.usage.charge(
+                &key,
+                None,
+                crate::metering::Credits::from_micros(micros),
+                now_ms,
+            );
+        }
+    }
+
+    /// The one spend spool file in `dir`.
+    fn spend_file(dir: &Path) -> SpendSpool {
+        let files = spool::list(dir, |n| n.starts_with("spend-"));
+        assert_eq!(files.len(), 1, "{files:?}");
+        serde_json::from_slice(&std::fs::read(&files[0]).unwrap()).unwrap()
+    }
+
+    fn batch_total(spool: &SpendSpool) -> i64 {
+        spool
+            .batch
+            .iter()
+            .flat_map(|(_, parts)| parts)
+            .map(|p| p.total)
+            .sum()
+    }
+
+    fn pending_total(spool: &SpendSpool) -> i64 {
+        spool
+            .pending
+            .values()
+            .flat_map(|ws| ws.values())
+            .map(PendingSpend::total)
+            .sum()
+    }
+
+    /// Spend of 5 in a batch the store did not take, 3 more since, checkpointed.
+    fn checkpointed(dir: &Path) -> (Arc<Meter>, String) {
+        let meter = meter(dir);
+        let charge = charger();
+        let month = month_of(crate::ids::unix_now());
+        charge(&meter, 5);
+        // What `flush_usage` does when the store does not answer.
+        let (a, _) = meter.begin_batch(&month);
+        meter.usage.flush_failed();
+        meter.checkpoint_if_due();
+        let on_disk = spend_file(dir);
+        assert_eq!(on_disk.batch.as_ref().map(|(id, _)| id), Some(&a));
+        assert_eq!((batch_total(&on_disk), pending_total(&on_disk)), (5, 0));
+        charge(&meter, 3);
+        meter.checkpoint_if_due();
+        assert_eq!(pending_total(&spend_file(dir)), 0, "not due again yet");
+        meter.write_checkpoint();
+        let on_disk = spend_file(dir);
+        assert_eq!((batch_total(&on_disk), pending_total(&on_disk)), (5, 3));
+        (meter, a)
+    }
+
+    #[test]
+    fn spend_checkpointed_in_an_outage_survives_a_crash_and_goes_out_under_its_batch_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let (meter, a) = checkpointed(dir.path());
+        // The checkpoint is this process's while it lives.
+        assert!(self::meter(dir.path()).usage.unflushed().is_empty());
+        drop(meter); // a crash
+        let again = self::meter(dir.path());
+        let month = month_of(crate::ids::unix_now());
+        assert_eq!(again.usage.unflushed()[&month]["ws_1"].total(), 8);
+        let (retried, parts) = again.usage.begin_flush(&month);
+        assert_eq!(
+            retried, a,
+            "the batch the store may have taken goes under its id"
+        );
+        assert_eq!(parts.iter().map(|p| p.total).sum::<i64>(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_holds_each_batch_before_it_goes_out_and_goes_once_all_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (meter, a) = checkpointed(dir.path());
+        let month = month_of(crate::ids::unix_now());
+        // The store is back: the batch in flight lands; the 3 since are still only on disk.
+        assert!(meter.flush_usage().await);
+        let on_disk = spend_file(dir.path());
+        assert_eq!(on_disk.batch.as_ref().map(|(id, _)| id), Some(&a));
+        assert_eq!(pending_total(&on_disk), 3);
+        // The next batch is written down under its id before it goes: sent, landed and then
+        // replayed from a checkpoint that held it as pending, it would be charged twice.
+        let (b, parts) = meter.begin_batch(&month);
+        assert_ne!(b, a);
+        assert_eq!(parts.iter().map(|p| p.total).sum::<i64>(), 3);
+        let on_disk = spend_file(dir.path());
+        assert_eq!(on_disk.batch.as_ref().map(|(id, _)| id), Some(&b));
+        assert_eq!((batch_total(&on_disk), pending_total(&on_disk)), (3, 0));
+        // Say it failed, and then went through: the checkpoint goes.
+        meter.usage.flush_failed();
+        assert!(meter.flush_usage().await);
+        assert!(spool::list(dir.path(), |_| true).is_empty());
+        let report = meter.store.usage_report("ws_1", &month).await.unwrap();
+        assert_eq!(report.total, 8);
+    }
+
+    #[tokio::test]
+    async fn spend_restored_from_a_spool_goes_into_the_checkpoint_and_its_file_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let spooling = meter(dir.path());
+        charger()(&spooling, 7);
+        spooling.spool_spend();
+        drop(spooling);
+        let meter = meter(dir.path());
+        // Taken in: 7 pending; an outage starts before it is sent.
+        meter.write_checkpoint();
+        let on_disk = spend_file(dir.path());
+        assert_eq!(batch_total(&on_disk) + pending_total(&on_disk), 7);
+        drop(meter);
+        let again = self::meter(dir.path());
+        let month = month_of(crate::ids::unix_now());
+        assert_eq!(
+            again.usage.unflushed()[&month]["ws_1"].total(),
+            7,
+            "once, not twice"
+        );
     }
 }

@@ -130,22 +130,43 @@ pub fn write(
     name: &str,
     fill: impl FnOnce(&mut io::BufWriter<&File>) -> io::Result<()>,
 ) -> io::Result<PathBuf> {
+    write_taken(dir, name, fill).map(|taken| taken.path)
+}
+
+/// Like [`write`], and the file is held by this process once written: it is locked before it
+/// appears under its name, so no other process takes it meanwhile. A file already at the path
+/// is replaced.
+pub fn write_taken(
+    dir: &Path,
+    name: &str,
+    fill: impl FnOnce(&mut io::BufWriter<&File>) -> io::Result<()>,
+) -> io::Result<Taken> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join(name);
     let tmp = dir.join(format!("{name}.tmp"));
     let written = (|| {
-        let file = File::create(&tmp)?;
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        file.try_lock().map_err(io::Error::from)?;
         let mut out = io::BufWriter::new(&file);
         fill(&mut out)?;
         out.flush()?;
         drop(out);
         file.sync_all()?;
-        std::fs::rename(&tmp, &path)
+        std::fs::rename(&tmp, &path)?;
+        Ok(file)
     })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    match written {
+        Ok(file) => Ok(Taken { path, file }),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    written.map(|()| path)
 }
 
 #[cfg(test)]
@@ -192,6 +213,24 @@ mod tests {
         write(dir.path(), "spend.json", |out| out.write_all(b"new")).unwrap();
         held.remove().map_err(|(e, _)| e).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
+    }
+
+    #[test]
+    fn a_file_written_taken_is_held_from_the_moment_it_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = write_taken(dir.path(), "spend-1.json", |out| out.write_all(b"1")).unwrap();
+        assert!(take(held.path()).is_none(), "held by its writer");
+        // Written again under its name: the new file is held, the old one let go.
+        let again = write_taken(dir.path(), "spend-1.json", |out| out.write_all(b"2")).unwrap();
+        drop(held);
+        assert!(take(again.path()).is_none(), "the new file is held too");
+        assert_eq!(std::fs::read(again.path()).unwrap(), b"2");
+        let path = again.path().to_path_buf();
+        drop(again);
+        assert!(
+            take(&path).is_some(),
+            "free once its holder lets go (or dies)"
+        );
     }
 
     #[test]

@@ -233,6 +233,11 @@ pub struct PendingSpend {
 }
 
 impl PendingSpend {
+    /// The workspace's spend, micro-credits.
+    pub fn total(&self) -> i64 {
+        self.total
+    }
+
     fn add(&mut self, other: &PendingSpend) {
         // Sums saturate: a backend reporting absurd costs must not overflow them.
         self.total = self.total.saturating_add(other.total);
