@@ -430,6 +430,36 @@ async fn the_redis_data_alone_does_not_yield_an_idempotently_rotated_key() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    // The salt the derivation takes from the store is forgotten after the idempotency window:
+    // then not even the admin token reproduces the key.
+    let salts: Vec<&String> = stored.iter().filter(|k| k.contains(":idem:")).collect();
+    assert_eq!(salts.len(), 1, "{stored:?}");
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(salts[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!((86_000..=86_400).contains(&ttl), "{ttl}");
+    let salt: Vec<u8> = redis::cmd("GET")
+        .arg(salts[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let derive = |secret: &[u8], salt: &[u8]| {
+        svcgate::keys::format::derive(
+            svcgate::keys::Environment::Live,
+            secret,
+            &[b"rotate", id.as_bytes(), b"live", b"k1", salt],
+        )
+        .value
+    };
+    // The derivation below is the gateway's: with the admin token's secret and the salt, it
+    // gives the successor.
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(ADMIN_TOKEN.as_bytes()).unwrap();
+    mac.update(b"svcgate idempotent keys");
+    let admin_secret = mac.finalize().into_bytes();
+    assert_eq!(derive(&admin_secret, &salt), successor);
     let mut candidates: Vec<Vec<u8>> = Vec::new();
     for name in stored {
         let value: redis::RedisResult<Vec<u8>> =
@@ -442,13 +472,15 @@ async fn the_redis_data_alone_does_not_yield_an_idempotently_rotated_key() {
         }
     }
     assert!(!candidates.is_empty(), "the namespace holds string values");
-    for secret in candidates {
-        let derived = svcgate::keys::format::derive(
-            svcgate::keys::Environment::Live,
-            &secret,
-            &[b"rotate", id.as_bytes(), b"k1"],
-        );
-        assert_ne!(derived.value, successor, "derived from the store's data");
+    // Any stored value as the secret, any as the salt.
+    for secret in &candidates {
+        for salt in &candidates {
+            assert_ne!(
+                derive(secret, salt),
+                successor,
+                "derived from the store's data"
+            );
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use super::extract::{from_object, JsonBody, PathParams, QueryParams};
-use super::AdminState;
+use super::{AdminState, IDEMPOTENCY_WINDOW_SECONDS};
 use crate::error::ApiError;
 use crate::ids::unix_now;
 use crate::keys::scopes::is_valid_scope;
@@ -106,20 +106,19 @@ pub(super) async fn create(
         return Err(ApiError::invalid("name must be at most 200 characters"));
     }
     state.require_workspace(&body.workspace).await?;
-    let idempotency_key = idempotency_key(&headers)?;
-    let new_key = state.new_key(
-        body.environment,
-        idempotency_key.as_deref(),
-        [b"create", body.workspace.as_bytes()],
-    );
+    let context = [&b"create"[..], body.workspace.as_bytes()];
+    let idempotency = state
+        .idempotency(idempotency_key(&headers)?, context)
+        .await?;
+    let new_key = state.new_key(body.environment, idempotency.as_ref(), context);
     // The same Idempotency-Key for the other environment: another request, refused as any
     // other body is (below).
-    if let Some(idem) = idempotency_key.as_deref() {
+    if let Some(idem) = idempotency.as_ref() {
         let other = match body.environment {
             Environment::Live => Environment::Test,
             _ => Environment::Live,
         };
-        let twin = state.new_key(other, Some(idem), [b"create", body.workspace.as_bytes()]);
+        let twin = state.new_key(other, Some(idem), context);
         if state.store.key_by_hash(&twin.hash).await?.is_some() {
             return Err(ApiError::invalid(
                 "this Idempotency-Key was used for a different key",
@@ -141,7 +140,7 @@ pub(super) async fn create(
             record
         }
         // Only a derived value can already be stored: this is a retry.
-        Err(StoreError::Conflict(_)) if idempotency_key.is_some() => {
+        Err(StoreError::Conflict(_)) if idempotency.is_some() => {
             let existing = state
                 .store
                 .key_by_hash(&new_key.hash)
@@ -298,9 +297,6 @@ pub(super) async fn revoke(
     Ok(Json(KeyView::from(&*revoked)))
 }
 
-/// How long a retried rotation with the same `Idempotency-Key` is shown the new key again.
-const IDEMPOTENCY_WINDOW_SECONDS: u64 = 86_400;
-
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RotateKey {
@@ -343,11 +339,9 @@ pub(super) async fn rotate(
         .key_by_id(&id)
         .await?
         .ok_or_else(|| no_such_key(&id))?;
-    let new_key = state.new_key(
-        old.environment,
-        idempotency_key.as_deref(),
-        [b"rotate", old.id.as_bytes()],
-    );
+    let context = [&b"rotate"[..], old.id.as_bytes()];
+    let idempotency = state.idempotency(idempotency_key, context).await?;
+    let new_key = state.new_key(old.environment, idempotency.as_ref(), context);
     let now = unix_now();
     let successor = keys::successor(&old, &new_key, now);
     let record = match state

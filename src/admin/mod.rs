@@ -40,6 +40,17 @@ fn derived_secret(secret: &str, purpose: &[u8]) -> [u8; 32] {
     mac.finalize().into_bytes().into()
 }
 
+/// How long a retry with the same `Idempotency-Key` gets the key a creation or rotation made:
+/// after it the salt is forgotten, and the header makes another key (or, for a rotation, is
+/// refused: the old key is rotated already).
+const IDEMPOTENCY_WINDOW_SECONDS: u64 = 86_400;
+
+/// An `Idempotency-Key` and the salt its keys are derived with.
+struct Idempotency {
+    key: String,
+    salt: String,
+}
+
 /// What every admin handler can reach.
 #[derive(Clone)]
 pub struct AdminState {
@@ -72,15 +83,47 @@ impl AdminState {
         }
     }
 
-    /// A new key's value: random, or with an idempotency key derived from it and `context`
-    /// (what the key is for), so a retry gets the same value on any replica.
+    /// A request's `Idempotency-Key` for `context` (what the key is for), with its salt: drawn
+    /// at random by the first request, kept by the store for [`IDEMPOTENCY_WINDOW_SECONDS`],
+    /// and the same for every retry meanwhile, on any replica. The store keeps it under a
+    /// digest keyed by the idempotency secret, which tells nothing of the key or its context.
+    async fn idempotency(
+        &self,
+        key: Option<String>,
+        context: [&[u8]; 2],
+    ) -> Result<Option<Idempotency>, ApiError> {
+        let Some(key) = key else {
+            return Ok(None);
+        };
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.idempotency_secret)
+            .expect("HMAC takes any key length");
+        for part in [&b"salt"[..], context[0], context[1], key.as_bytes()] {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part);
+        }
+        let scope = hex::encode(mac.finalize().into_bytes());
+        let salt = self
+            .store
+            .idempotency_salt(
+                &scope,
+                &crate::ids::new_id("salt"),
+                IDEMPOTENCY_WINDOW_SECONDS,
+            )
+            .await?;
+        Ok(Some(Idempotency { key, salt }))
+    }
+
+    /// A new key's value: random, or with an `Idempotency-Key` derived from it, its salt and
+    /// `context`, so a retry gets the same value on any replica for as long as the salt is kept.
+    /// Neither the admin token (whose secret it is derived with) nor the store's data (the
+    /// salt) alone reproduces it, and after the window nothing does.
     fn new_key(
         &self,
         environment: Environment,
-        idempotency_key: Option<&str>,
+        idempotency: Option<&Idempotency>,
         context: [&[u8]; 2],
     ) -> NewKey {
-        match idempotency_key {
+        match idempotency {
             // The environment is part of what is derived from: with the same Idempotency-Key, a
             // test key and a live key share no secret characters (a test key, easier to leak,
             // would otherwise give the live key away, its checksum being public).
@@ -91,7 +134,8 @@ impl AdminState {
                     context[0],
                     context[1],
                     environment.as_str().as_bytes(),
-                    idem.as_bytes(),
+                    idem.key.as_bytes(),
+                    idem.salt.as_bytes(),
                 ],
             ),
             None => format::generate(environment),
@@ -290,22 +334,42 @@ mod tests {
     use super::*;
     use crate::store::{CacheConfig, MemoryStore};
 
-    #[test]
-    fn keys_of_one_idempotency_key_share_nothing_between_environments() {
+    fn state() -> AdminState {
         let keys = Arc::new(KeyCache::new(
             Arc::new(MemoryStore::new()),
             CacheConfig::default(),
         ));
-        let state = AdminState::new(keys, "an-admin-token-long-enough", 3600);
-        let make = |environment| {
-            state
-                .new_key(environment, Some("k1"), [b"create", b"ws_1"])
-                .value
-        };
+        AdminState::new(keys, "an-admin-token-long-enough", 3600)
+    }
+
+    #[tokio::test]
+    async fn keys_of_one_idempotency_key_share_nothing_between_environments() {
+        let state = state();
+        let context = [&b"create"[..], b"ws_1"];
+        let idem = state.idempotency(Some("k1".into()), context).await;
+        let idem = idem.unwrap().unwrap();
+        let make = |environment| state.new_key(environment, Some(&idem), context).value;
         let (live, test) = (make(Environment::Live), make(Environment::Test));
         // Each the same on a retry; the random part (after `svc_live_` / `svc_test_`, before
         // the checksum) not shared.
         assert_eq!(live, make(Environment::Live));
         assert_ne!(live[9..42], test[9..42]);
+    }
+
+    #[tokio::test]
+    async fn the_admin_token_alone_does_not_reproduce_an_idempotent_key() {
+        // Two stores, one admin token: the salt is the store's, so the keys differ.
+        let (a, b) = (state(), state());
+        let context = [&b"create"[..], b"ws_1"];
+        let key = |state: &AdminState| {
+            let state = state.clone();
+            async move {
+                let idem = state.idempotency(Some("k1".into()), context).await;
+                let idem = idem.unwrap().unwrap();
+                state.new_key(Environment::Live, Some(&idem), context).value
+            }
+        };
+        assert_eq!(key(&a).await, key(&a).await, "a retry gets the same key");
+        assert_ne!(key(&a).await, key(&b).await);
     }
 }

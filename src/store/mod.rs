@@ -286,6 +286,16 @@ pub trait Store: Send + Sync + 'static {
         grace_until: u64,
     ) -> Result<Rotation, StoreError>;
 
+    /// The salt of idempotency scope `scope` (an opaque digest): `fresh` if the scope has none,
+    /// else the one it has. Kept for `ttl_secs` from the first call, then forgotten. Every
+    /// caller of a scope gets the same salt meanwhile, whichever replica it is on.
+    async fn idempotency_salt(
+        &self,
+        scope: &str,
+        fresh: &str,
+        ttl_secs: u64,
+    ) -> Result<String, StoreError>;
+
     /// Stores a scoped token (found by [`Store::key_by_hash`]) for `ttl_secs`, after which the
     /// store forgets it.
     async fn insert_token(&self, token: &KeyRecord, ttl_secs: u64) -> Result<(), StoreError>;

@@ -56,6 +56,8 @@ struct Inner {
     endpoints: HashMap<String, Vec<Endpoint>>,
     /// Ids of the latest usage batches added, so a retry adds nothing.
     flushes: VecDeque<String>,
+    /// Idempotency salts by scope, with when they are forgotten (unix seconds).
+    salts: HashMap<String, (String, u64)>,
 }
 
 /// How many audit records the memory store keeps per workspace.
@@ -363,6 +365,22 @@ impl Store for MemoryStore {
             old: rotated,
             successor,
         })
+    }
+
+    async fn idempotency_salt(
+        &self,
+        scope: &str,
+        fresh: &str,
+        ttl_secs: u64,
+    ) -> Result<String, StoreError> {
+        let now = unix_now();
+        let mut inner = self.write();
+        inner.salts.retain(|_, (_, until)| *until > now);
+        let (salt, _) = inner
+            .salts
+            .entry(scope.to_string())
+            .or_insert_with(|| (fresh.to_string(), now.saturating_add(ttl_secs.max(1))));
+        Ok(salt.clone())
     }
 
     async fn insert_token(&self, token: &KeyRecord, ttl_secs: u64) -> Result<(), StoreError> {

@@ -140,6 +140,9 @@ impl Layout {
     fn audit(&self, workspace: &str) -> String {
         format!("{}:audit:{{{workspace}}}", self.ns)
     }
+    fn idempotency_salt(&self, scope: &str) -> String {
+        format!("{{{}}}:idem:{scope}", self.ns)
+    }
     fn channel(&self) -> String {
         format!("{}:keys:changed", self.ns)
     }
@@ -159,6 +162,18 @@ local e = redis.call('INCR', KEYS[4])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], e .. '-0', 'h', ARGV[2], 'm', ARGV[7])
 redis.pcall('PUBLISH', ARGV[5], e)
 return e
+",
+    )
+});
+
+/// A value set once: KEYS[1] if it exists, else ARGV[1], stored for ARGV[2] seconds.
+static GET_OR_SET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local cur = redis.call('GET', KEYS[1])
+if cur then return cur end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return ARGV[1]
 ",
     )
 });
@@ -1124,6 +1139,21 @@ impl Store for RedisStore {
         Err(StoreError::Conflict(format!(
             "key {old_id} is changing too often; retry"
         )))
+    }
+
+    async fn idempotency_salt(
+        &self,
+        scope: &str,
+        fresh: &str,
+        ttl_secs: u64,
+    ) -> Result<String, StoreError> {
+        GET_OR_SET
+            .key(self.layout.idempotency_salt(scope))
+            .arg(fresh)
+            .arg(ttl_secs.max(1))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)
     }
 
     async fn insert_token(&self, token: &KeyRecord, ttl_secs: u64) -> Result<(), StoreError> {
