@@ -286,7 +286,7 @@ pub struct AuditWriter {
     backlog: VecDeque<AuditRecord>,
     spool: Spool,
     max_backlog: usize,
-    /// Since when the store has taken none of the backlog, if it has not.
+    /// Since when the backlog has not been empty at the end of a flush, if it has not.
     unwritten_since: Option<std::time::Instant>,
 }
 
@@ -377,7 +377,7 @@ impl AuditWriter {
         if spool_refused && backlog_taken {
             self.spool.refused_alone();
         }
-        let waited_long = match self.backlog.is_empty() || backlog_taken {
+        let waited_long = match self.backlog.is_empty() {
             true => {
                 self.unwritten_since = None;
                 false

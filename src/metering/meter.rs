@@ -50,22 +50,24 @@ pub struct Meter {
     config: MeterConfig,
     /// Where the next flush resumes refreshing idle keys' global counts.
     idle_cursor: std::sync::atomic::AtomicUsize,
-    /// Spend spool files taken in and not yet all written, each with the flush that writes
-    /// the last of it ([`Usage::restore_spool`]). Removed once it lands: until then a crash
-    /// leaves the file for the next start.
-    held_spools: Mutex<Vec<(spool::Taken, u64)>>,
+    /// Spend spool files held until exit and left in place: unreadable, or written and not
+    /// removable (emptied, if they could be). Held so that they are not read again meanwhile
+    /// (their spend would be charged again).
+    kept_spools: Mutex<Vec<spool::Taken>>,
     /// The spend checkpoint, while there is one.
     checkpoint: Mutex<Option<Checkpoint>>,
 }
 
-/// A spend spool file this process keeps up to date while the store does not take its
-/// flushes, so that a crash (or a SIGKILL) in an outage loses at most the last
-/// [`SPEND_CHECKPOINT_INTERVAL`] of spend, not all of it. Held while the process lives; after a
-/// crash the next start, or another process on the directory, takes it as any spool file.
+/// This process's spend file: a spool file taken in (one at a time), or one written at the
+/// first failed flush. While the store does not take flushes it is rewritten every
+/// [`SPEND_CHECKPOINT_INTERVAL`], so a crash (or a SIGKILL) in an outage loses at most that
+/// much of spend, not all of it. Held while the process lives; after a crash the next start,
+/// or another process on the directory, takes it as any spool file.
 ///
 /// It never holds spend that went out to the store under an id it does not show: a new batch
 /// is written into it before it is sent ([`Meter::begin_batch`]), so replaying it after a
-/// crash charges nothing twice.
+/// crash charges nothing twice. It is always rewritten in place, in one rename (at shutdown
+/// too), so no crash leaves its spend in two files.
 struct Checkpoint {
     taken: spool::Taken,
     /// When it was last written.
@@ -77,6 +79,14 @@ struct Checkpoint {
     holds_pending: bool,
 }
 
+impl Checkpoint {
+    /// The file's name in the spool directory.
+    fn name(&self) -> Option<String> {
+        let name = self.taken.path().file_name()?;
+        Some(name.to_string_lossy().into_owned())
+    }
+}
+
 /// While the store does not take flushes, how often the spend kept in memory is written to the
 /// checkpoint ([`Checkpoint`]).
 const SPEND_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
@@ -84,11 +94,6 @@ const SPEND_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
 /// How often the flush task looks for spend spooled by another process (the one a graceful
 /// upgrade replaced, at its exit).
 const SPEND_SPOOL_LOOK_INTERVAL: Duration = Duration::from_secs(5);
-
-/// In place of a flush number: a spend spool file that could not be read, or was written and
-/// could not be removed (it was emptied, if it could be). Held until exit, so that it is not
-/// read again meanwhile (its spend would be charged again), and left in place.
-const KEPT: u64 = u64::MAX;
 
 /// Flushes at shutdown, at most: a batch in flight goes alone, the spend behind it next.
 const CLOSING_FLUSHES: usize = 3;
@@ -153,7 +158,7 @@ impl Meter {
             store,
             config,
             idle_cursor: Default::default(),
-            held_spools: Mutex::default(),
+            kept_spools: Mutex::default(),
             checkpoint: Mutex::default(),
         });
         meter.take_spooled_spend();
@@ -291,7 +296,6 @@ impl Meter {
                     );
                 }
                 self.rate.forget_idle(window);
-                self.release_written_spools();
                 self.checkpoint_landed(&flush.id);
                 true
             }
@@ -377,38 +381,30 @@ impl Meter {
         writer.close().await;
     }
 
-    /// Writes what is unflushed to a new spool file. The files taken in and not all written
-    /// are in it too, so they go.
+    /// Writes what is unflushed to a spool file for the next start: in place of the checkpoint,
+    /// if there is one (one rename: a crash never leaves both), else a new file.
     fn spool_spend(&self) {
         let unflushed = self.usage.spool();
         if unflushed.is_empty() {
             self.drop_checkpoint();
             return;
         }
-        let written = spool::write(
-            &self.config.spool_dir,
-            &spool::new_name("spend", "json"),
-            |out| Ok(serde_json::to_writer(out, &unflushed)?),
-        );
+        let mut checkpoint = self.checkpoint();
+        let name = checkpoint
+            .as_ref()
+            .and_then(Checkpoint::name)
+            .unwrap_or_else(|| spool::new_name("spend", "json"));
+        let written = spool::write(&self.config.spool_dir, &name, |out| {
+            Ok(serde_json::to_writer(out, &unflushed)?)
+        });
         match written {
             Ok(path) => {
                 tracing::warn!(path = %path.display(), "unflushed spend spooled for the next start");
-                self.drop_checkpoint();
-                self.remove_held_spools();
+                // Its path names the new file now: let go, not removed.
+                *checkpoint = None;
             }
+            // The checkpoint, if any, stays: it holds what it held.
             Err(e) => tracing::error!(error = %e, "unflushed spend lost: cannot spool"),
-        }
-    }
-
-    /// Removes the spool files taken in, but those kept for good ([`KEPT`]): what they held is
-    /// in a file written since.
-    fn remove_held_spools(&self) {
-        let held = std::mem::take(&mut *self.held());
-        for (taken, flush) in held {
-            match flush {
-                KEPT => self.held().push((taken, KEPT)),
-                _ => self.remove_spool(taken),
-            }
         }
     }
 
@@ -422,7 +418,7 @@ impl Meter {
             .as_ref()
             .is_some_and(|c| c.batch.as_deref() != Some(id.as_str()));
         if unpinned && !parts.is_empty() {
-            self.write_checkpoint();
+            self.write_checkpoint(true);
         }
         (id, parts)
     }
@@ -435,25 +431,28 @@ impl Meter {
             .as_ref()
             .is_none_or(|c| c.written.elapsed() >= SPEND_CHECKPOINT_INTERVAL);
         if due {
-            self.write_checkpoint();
+            self.write_checkpoint(false);
         }
     }
 
-    /// Batch `id` landed: a checkpoint that held it and nothing else goes.
+    /// Batch `id` landed: a checkpoint that held it and nothing else goes, and the next spool
+    /// file, if there is one, is taken in.
     fn checkpoint_landed(&self, id: &str) {
         let done = self
             .checkpoint()
             .take_if(|c| !c.holds_pending && c.batch.as_deref() == Some(id));
         if let Some(done) = done {
-            tracing::info!("store reachable again: the spend checkpoint is written and removed");
+            tracing::info!(path = %done.taken.path().display(), "checkpointed or spooled spend written");
             self.remove_spool(done.taken);
+            self.take_spooled_spend();
         }
     }
 
-    /// Writes all unflushed spend to the checkpoint, a new one if there is none. The spool files
-    /// taken in are in it then, so they go. If it cannot be written, the checkpoint there was
-    /// goes too: it may hold spend as pending that a batch is about to send.
-    fn write_checkpoint(&self) {
+    /// Writes all unflushed spend to the checkpoint, in place, or to a new one if there is none.
+    /// If it cannot be written and a batch is `sending`, the checkpoint there was goes: it may
+    /// hold as pending spend that the batch sends (a crash after the batch landed would
+    /// charge it again); otherwise it stays, holding what it held.
+    fn write_checkpoint(&self, sending: bool) {
         let state = self.usage.spool();
         let mut checkpoint = self.checkpoint();
         if state.is_empty() {
@@ -465,8 +464,7 @@ impl Meter {
         }
         let name = checkpoint
             .as_ref()
-            .and_then(|c| c.taken.path().file_name())
-            .map(|n| n.to_string_lossy().into_owned())
+            .and_then(Checkpoint::name)
             .unwrap_or_else(|| spool::new_name("spend", "json"));
         let written = spool::write_taken(&self.config.spool_dir, &name, |out| {
             Ok(serde_json::to_writer(out, &state)?)
@@ -483,16 +481,17 @@ impl Meter {
                     batch: state.batch.map(|(id, _)| id),
                     holds_pending: !state.pending.is_empty(),
                 });
-                drop(checkpoint);
-                self.remove_held_spools();
             }
-            Err(e) => {
+            Err(e) if sending => {
                 tracing::error!(error = %e, "cannot checkpoint unflushed spend; it is kept in memory");
                 let old = checkpoint.take();
                 drop(checkpoint);
                 if let Some(old) = old {
                     self.remove_spool(old.taken);
                 }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot update the spend checkpoint; it holds what it held");
             }
         }
     }
@@ -513,23 +512,22 @@ impl Meter {
 
     /// Writes `pinned` over the spool file `taken` before any of it is sent: a batch whose id is
     /// on disk goes out under that id however often the file is read again (after a crash,
-    /// say, with Redis having taken it and its answer lost). The new file is taken in turn;
-    /// `None` if another process took it first. If it cannot be written, the file is kept as
-    /// it was, and sent as new spend.
-    fn pin(&self, taken: spool::Taken, pinned: &SpendSpool) -> Option<spool::Taken> {
-        let path = taken.path().to_path_buf();
-        let name = path.file_name()?.to_string_lossy().into_owned();
-        let written = spool::write(&self.config.spool_dir, &name, |out| {
+    /// say, with Redis having taken it and its answer lost). The new file is held from the
+    /// moment it replaces the old one. If it cannot be written, the file is kept as it was,
+    /// and its spend sent as new spend (once the checkpoint it becomes is rewritten, or gone).
+    fn pin(&self, taken: spool::Taken, pinned: &SpendSpool) -> (spool::Taken, bool) {
+        let name = match taken.path().file_name() {
+            Some(name) => name.to_string_lossy().into_owned(),
+            None => return (taken, false),
+        };
+        let written = spool::write_taken(&self.config.spool_dir, &name, |out| {
             Ok(serde_json::to_writer(out, pinned)?)
         });
         match written {
-            Ok(_) => {
-                drop(taken);
-                spool::take(&path)
-            }
+            Ok(new) => (new, true),
             Err(e) => {
-                tracing::warn!(error = %e, path = %path.display(), "cannot write a spend spool's batch id down; sent as new spend");
-                Some(taken)
+                tracing::warn!(error = %e, path = %taken.path().display(), "cannot write a spend spool's batch id down; sent as new spend");
+                (taken, false)
             }
         }
     }
@@ -538,43 +536,30 @@ impl Meter {
     fn remove_spool(&self, taken: spool::Taken) {
         if let Err((e, taken)) = taken.remove() {
             tracing::error!(error = %e, path = %taken.path().display(), "cannot remove a written spend spool");
-            self.held().push((taken, KEPT));
+            self.kept().push(taken);
         }
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, Vec<(spool::Taken, u64)>> {
-        self.held_spools
+    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<spool::Taken>> {
+        self.kept_spools
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Removes the spool files taken in whose spend has all landed.
-    fn release_written_spools(&self) {
-        let landed = self.usage.landed();
-        let mut held = self.held();
-        if !held.iter().any(|(_, flush)| *flush <= landed) {
+    /// Takes in a spend spool file no process holds, if this process has no spend file of its
+    /// own ([`Checkpoint`]): at start, after a file's spend is written, and from time to time
+    /// (a process that hands over in a graceful upgrade spools at its exit). The file taken in
+    /// becomes the checkpoint; one at a time, so that the spend of two files never goes into
+    /// one, which a crash could leave beside one of them.
+    fn take_spooled_spend(&self) {
+        if self.checkpoint().is_some() {
             return;
         }
-        let (written, kept) = std::mem::take(&mut *held)
-            .into_iter()
-            .partition(|(_, flush)| *flush <= landed);
-        *held = kept;
-        drop(held);
-        for (taken, _) in written {
-            tracing::info!(path = %taken.path().display(), "spooled spend written");
-            self.remove_spool(taken);
-        }
-    }
-
-    /// Takes in the spend spool files no process holds: at start, and from time to time
-    /// after (a process that hands over in a graceful upgrade spools at its exit).
-    fn take_spooled_spend(&self) {
-        let mut held: Vec<PathBuf> = self.held().iter().map(|(t, _)| t.path().into()).collect();
-        held.extend(self.checkpoint().as_ref().map(|c| c.taken.path().into()));
+        let kept: Vec<PathBuf> = self.kept().iter().map(|t| t.path().into()).collect();
         let files = spool::list(&self.config.spool_dir, |name| {
             name == "spend.json" || (name.starts_with("spend-") && name.ends_with(".json"))
         });
-        for path in files.into_iter().filter(|p| !held.contains(p)) {
+        for path in files.into_iter().filter(|p| !kept.contains(p)) {
             let Some(mut taken) = spool::take(&path) else {
                 continue;
             };
@@ -593,22 +578,28 @@ impl Meter {
                 Ok(spooled) => spooled,
                 Err(e) => {
                     tracing::error!(error = %e, path = %path.display(), "spooled spend unreadable; left in place");
-                    self.held().push((taken, KEPT));
+                    self.kept().push(taken);
                     continue;
                 }
             };
             let (taken, spooled) = match spooled.pinned() {
                 Some(pinned) => match self.pin(taken, &pinned) {
-                    Some(taken) => (taken, pinned),
-                    // Taken by another process meanwhile: it sends the same batch.
-                    None => continue,
+                    (taken, true) => (taken, pinned),
+                    (taken, false) => (taken, spooled),
                 },
                 None => (taken, spooled),
             };
+            let checkpoint = Checkpoint {
+                taken,
+                written: std::time::Instant::now(),
+                batch: spooled.batch.as_ref().map(|(id, _)| id.clone()),
+                holds_pending: !spooled.pending.is_empty(),
+            };
             // Taken again once the batch in flight has landed, if it holds a batch of its own.
-            if let Some(flush) = self.usage.restore_spool(spooled) {
+            if self.usage.restore_spool(spooled) {
                 tracing::info!(path = %path.display(), "spooled spend restored");
-                self.held().push((taken, flush));
+                *self.checkpoint() = Some(checkpoint);
+                return;
             }
         }
     }
@@ -723,12 +714,15 @@ mod spool_tests {
         assert_eq!(meter.usage.unflushed()[&month]["ws_1"], spend);
         // Kept until it is written: a crash before then leaves it for the next start.
         assert!(spool.exists(), "a restored spool stays until written");
-        // What this version spools comes back by month, in a file that replaces it.
+        // What this version spools comes back by month, written over it.
         meter.spool_spend();
-        assert!(!spool.exists(), "the new spool holds what it held");
-        let files = spool::list(dir.path(), |n| n.starts_with("spend-"));
-        assert_eq!(files.len(), 1);
-        assert!(std::fs::read_to_string(&files[0]).unwrap().contains(&month));
+        let files = spool::list(dir.path(), |n| n.starts_with("spend"));
+        assert_eq!(
+            files,
+            std::slice::from_ref(&spool),
+            "the new spool replaces it"
+        );
+        assert!(std::fs::read_to_string(&spool).unwrap().contains(&month));
         drop(meter);
         let again = self::meter(dir.path());
         assert_eq!(again.usage.unflushed()[&month]["ws_1"], spend);
@@ -768,7 +762,7 @@ mod spool_tests {
         let meter = meter(dir.path());
         assert!(meter.usage.unflushed().is_empty());
         assert!(!path.exists());
-        assert!(meter.held().is_empty());
+        assert!(meter.kept().is_empty());
     }
 
     #[tokio::test]
@@ -853,6 +847,18 @@ mod spool_tests {
             .sum()
     }
 
+    /// The spool of a meter that `spend` is made on, moved into `dir`: a process of its own, not
+    /// one that takes the files already there.
+    fn spooled_elsewhere(dir: &Path, spend: impl FnOnce(&Meter)) {
+        let own = tempfile::tempdir().unwrap();
+        let spooling = meter(own.path());
+        spend(&spooling);
+        spooling.spool_spend();
+        for file in spool::list(own.path(), |_| true) {
+            std::fs::rename(&file, dir.join(file.file_name().unwrap())).unwrap();
+        }
+    }
+
     /// Spend of 5 in a batch the store did not take, 3 more since, checkpointed.
     fn checkpointed(dir: &Path) -> (Arc<Meter>, String) {
         let meter = meter(dir);
@@ -869,7 +875,7 @@ mod spool_tests {
         charge(&meter, 3);
         meter.checkpoint_if_due();
         assert_eq!(pending_total(&spend_file(dir)), 0, "not due again yet");
-        meter.write_checkpoint();
+        meter.write_checkpoint(false);
         let on_disk = spend_file(dir);
         assert_eq!((batch_total(&on_disk), pending_total(&on_disk)), (5, 3));
         (meter, a)
@@ -919,25 +925,53 @@ mod spool_tests {
         assert_eq!(report.total, 8);
     }
 
-    #[tokio::test]
-    async fn spend_restored_from_a_spool_goes_into_the_checkpoint_and_its_file_goes() {
+    #[test]
+    fn a_spool_file_taken_in_is_the_checkpoint_rewritten_in_place_and_files_go_one_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
-        let spooling = meter(dir.path());
-        charger()(&spooling, 7);
-        spooling.spool_spend();
-        drop(spooling);
+        let month = month_of(crate::ids::unix_now());
+        // Two processes' shutdown spools, each with a batch in flight and spend behind it.
+        for amount in [7, 11] {
+            spooled_elsewhere(dir.path(), |spooling| {
+                charger()(spooling, amount);
+                spooling.usage.begin_flush(&month);
+                charger()(spooling, 1);
+            });
+        }
+        let names = || spool::list(dir.path(), |_| true);
+        let before = names();
+        assert_eq!(before.len(), 2);
         let meter = meter(dir.path());
-        // Taken in: 7 pending; an outage starts before it is sent.
-        meter.write_checkpoint();
-        let on_disk = spend_file(dir.path());
-        assert_eq!(batch_total(&on_disk) + pending_total(&on_disk), 7);
+        let held = |m: &Meter| m.usage.unflushed()[&month]["ws_1"].total();
+        assert_eq!(held(&meter), 8, "one file taken in, the oldest");
+        // An outage: the file taken in is rewritten where it is, never copied into another.
+        meter.usage.flush_failed();
+        charger()(&meter, 2);
+        meter.write_checkpoint(false);
+        assert_eq!(names(), before);
+        let on_disk: SpendSpool =
+            serde_json::from_slice(&std::fs::read(&before[0]).unwrap()).unwrap();
+        assert_eq!((batch_total(&on_disk), pending_total(&on_disk)), (7, 3));
+        meter.take_spooled_spend();
+        assert_eq!(held(&meter), 10, "the other file waits its turn");
+        // A crash now: the files hold it all, once.
         drop(meter);
         let again = self::meter(dir.path());
+        assert_eq!(held(&again), 10);
+    }
+
+    #[tokio::test]
+    async fn spooled_files_are_written_one_after_the_other() {
+        let dir = tempfile::tempdir().unwrap();
+        for amount in [7, 11] {
+            spooled_elsewhere(dir.path(), |spooling| charger()(spooling, amount));
+        }
+        let meter = meter(dir.path());
+        for _ in 0..4 {
+            assert!(meter.flush_usage().await);
+        }
+        assert!(spool::list(dir.path(), |_| true).is_empty());
         let month = month_of(crate::ids::unix_now());
-        assert_eq!(
-            again.usage.unflushed()[&month]["ws_1"].total(),
-            7,
-            "once, not twice"
-        );
+        let report = meter.store.usage_report("ws_1", &month).await.unwrap();
+        assert_eq!(report.total, 18);
     }
 }

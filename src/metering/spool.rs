@@ -124,21 +124,30 @@ pub fn list(dir: &Path, matches: impl Fn(&str) -> bool) -> Vec<PathBuf> {
 }
 
 /// Writes `dir/name` whole or not at all: `fill` writes into a temporary file, which is synced
-/// and then renamed.
+/// and then renamed. A file already at the path is replaced.
 pub fn write(
     dir: &Path,
     name: &str,
     fill: impl FnOnce(&mut io::BufWriter<&File>) -> io::Result<()>,
 ) -> io::Result<PathBuf> {
-    write_taken(dir, name, fill).map(|taken| taken.path)
+    write_file(dir, name, false, fill).map(|taken| taken.path)
 }
 
 /// Like [`write`], and the file is held by this process once written: it is locked before it
-/// appears under its name, so no other process takes it meanwhile. A file already at the path
-/// is replaced.
+/// appears under its name, so no other process takes it meanwhile.
 pub fn write_taken(
     dir: &Path,
     name: &str,
+    fill: impl FnOnce(&mut io::BufWriter<&File>) -> io::Result<()>,
+) -> io::Result<Taken> {
+    write_file(dir, name, true, fill)
+}
+
+/// [`write`], locking the file first if `hold`.
+fn write_file(
+    dir: &Path,
+    name: &str,
+    hold: bool,
     fill: impl FnOnce(&mut io::BufWriter<&File>) -> io::Result<()>,
 ) -> io::Result<Taken> {
     std::fs::create_dir_all(dir)?;
@@ -151,7 +160,9 @@ pub fn write_taken(
             .create(true)
             .truncate(true)
             .open(&tmp)?;
-        file.try_lock().map_err(io::Error::from)?;
+        if hold {
+            file.try_lock().map_err(io::Error::from)?;
+        }
         let mut out = io::BufWriter::new(&file);
         fill(&mut out)?;
         out.flush()?;

@@ -273,8 +273,6 @@ struct Ledger {
     flushes: u64,
     /// The number of the batch in flight (retries keep it).
     batch_flush: u64,
-    /// Batches the store took so far, spooled ones included.
-    landings: u64,
     /// The month of the totals and of `pending`.
     month: String,
     /// The month the last flush begun reads totals of: when a request turned `month` since,
@@ -657,7 +655,6 @@ impl Usage {
         let mut ledger = self.ledger();
         ledger.in_flight.clear();
         ledger.in_flight_batch = None;
-        ledger.landings += 1;
         if ledger.flush_month == ledger.month {
             for (ws, totals) in &snapshot.workspaces {
                 ledger.totals.insert(ws.clone(), totals.into());
@@ -732,29 +729,17 @@ impl Usage {
 
     /// Takes back what [`spool`](Self::spool) kept: the batch goes out first, under its id (the
     /// store adds a batch it has already taken nothing), then the rest. A spool with a batch
-    /// is not taken while another batch is in flight (`None`): its id would be lost.
-    ///
-    /// Returns the number of landings ([`landed`](Self::landed)) after which all of it is in
-    /// the store.
-    pub fn restore_spool(&self, spool: SpendSpool) -> Option<u64> {
+    /// is not taken while another batch is in flight (`false`): its id would be lost.
+    pub fn restore_spool(&self, spool: SpendSpool) -> bool {
         let mut ledger = self.ledger();
         if let Some(batch) = spool.batch {
             if ledger.in_flight_batch.is_some() {
-                return None;
+                return false;
             }
             ledger.in_flight_batch = Some(batch);
         }
-        // The batch in flight lands first, then the next batch, which takes all that is
-        // pending.
-        let batches =
-            u64::from(ledger.in_flight_batch.is_some()) + u64::from(!spool.pending.is_empty());
         restore(&mut ledger, spool.pending);
-        Some(ledger.landings + batches)
-    }
-
-    /// How many batches the store has taken.
-    pub fn landed(&self) -> u64 {
-        self.ledger().landings
+        true
     }
 
     /// Adds spend recovered from the spool, each to its month.
@@ -1071,9 +1056,7 @@ mod tests {
         let spooled = serde_json::to_vec(&usage.spool()).unwrap();
 
         let restored = Usage::new(HashMap::new());
-        let written_by = restored
-            .restore_spool(serde_json::from_slice(&spooled).unwrap())
-            .unwrap();
+        assert!(restored.restore_spool(serde_json::from_slice(&spooled).unwrap()));
         // The batch goes first, as it was (the store adds a batch id it knows nothing), with
         // its month written down; the rest follows in a batch of its own.
         let (retry_id, retried) = restored.begin_flush(&month);
@@ -1084,17 +1067,12 @@ mod tests {
         assert_eq!(retried[0].event_id, sent[0].event_id);
         assert_eq!(retried[0].month.as_deref(), Some(month.as_str()));
         restored.finish_flush(&UsageSnapshot::default());
-        assert!(
-            restored.landed() < written_by,
-            "the spool is not all written yet"
-        );
         let (next_id, next) = restored.begin_flush(&month);
         assert_ne!(next_id, id);
         assert_eq!(next.iter().map(|w| w.total).sum::<i64>(), 3);
         // Nothing left over: every micro-credit went out exactly once.
         restored.finish_flush(&UsageSnapshot::default());
         assert!(restored.spool().is_empty());
-        assert!(restored.landed() >= written_by, "the spool is all written");
     }
 
     #[test]
@@ -1107,15 +1085,12 @@ mod tests {
             usage.spool()
         };
         let usage = Usage::new(HashMap::new());
-        let written_by = usage.restore_spool(spooled(5)).unwrap();
+        assert!(usage.restore_spool(spooled(5)));
         // Its id would be lost behind the batch in flight: not taken now.
-        assert!(usage.restore_spool(spooled(9)).is_none());
+        assert!(!usage.restore_spool(spooled(9)));
         usage.begin_flush(&month);
-        assert!(usage.landed() < written_by);
         usage.finish_flush(&UsageSnapshot::default());
-        // A spool of a batch alone is written with it.
-        assert!(usage.landed() >= written_by);
-        assert!(usage.restore_spool(spooled(9)).is_some());
+        assert!(usage.restore_spool(spooled(9)));
         let (_, batch) = usage.begin_flush(&month);
         assert_eq!(batch.iter().map(|w| w.total).sum::<i64>(), 9);
     }
