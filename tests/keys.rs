@@ -253,6 +253,45 @@ async fn a_rotation_does_not_open_a_new_months_budget() {
 }
 
 #[tokio::test]
+async fn a_key_rotated_twice_shares_one_budget_across_its_lineage() {
+    let ns = TestNamespace::new();
+    lineage_shares_one_budget(&on_redis(&ns).await).await;
+    lineage_shares_one_budget(&Gateway::builder().start().await).await;
+}
+
+/// A is rotated to B, then B to C, while A is still in grace: whichever of the three a request
+/// uses, the three keys' spend counts against the one budget.
+async fn lineage_shares_one_budget(gw: &Gateway) {
+    let ws = gw.create_workspace().await;
+    let (a_id, a_key) = gw
+        .create_key_in(&ws, "live", &["chat.completions:create"])
+        .await;
+    let resp = gw
+        .admin_request(Method::PATCH, &format!("/admin/v1/keys/{a_id}"))
+        .json(&serde_json::json!({"monthly_budget": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let rotated = |id: String| async move {
+        let resp = rotate(gw, &id, serde_json::json!({}), None).await;
+        assert_eq!(resp.status(), 201);
+        let new: serde_json::Value = resp.json().await.unwrap();
+        let id = new["id"].as_str().unwrap().to_string();
+        (id, new["key"].as_str().unwrap().to_string())
+    };
+    let (b_id, b_key) = rotated(a_id.clone()).await;
+    let (_, c_key) = rotated(b_id).await;
+    for _ in 0..2 {
+        assert_eq!(gw.chat(&c_key).await.status(), 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for key in [&c_key, &b_key, &a_key] {
+        assert_error(gw.chat(key).await, 402, "budget_exceeded").await;
+    }
+}
+
+#[tokio::test]
 async fn a_rotated_key_works_until_its_grace_period_ends() {
     let ns = TestNamespace::new();
     let (a, b) = replicas(&ns).await;

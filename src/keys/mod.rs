@@ -137,6 +137,11 @@ pub struct KeyRecord {
     /// budget counts their spend too, so a rotation does not open a new month's budget.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub predecessors: Vec<String>,
+    /// For a rotated key, the keys that replaced its successor in turn (oldest first, at most
+    /// [`MAX_PREDECESSORS`]) while it was still in grace: its budget counts their spend too, so
+    /// the whole lineage shares one budget whichever of its keys a request uses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descendants: Vec<String>,
     /// For a scoped token, what it was minted from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scoped: Option<Box<ScopedGrant>>,
@@ -206,6 +211,7 @@ impl CachedKey {
                     .predecessors
                     .iter()
                     .chain(&record.rotated_to)
+                    .chain(&record.descendants)
                     .map(|id| Arc::from(id.as_str()))
                     .collect(),
                 None => Box::default(),
@@ -311,6 +317,7 @@ pub fn record_of(params: KeyParams, key: &NewKey, now: u64) -> KeyRecord {
         hash: key.hash,
         rotated_from: None,
         rotated_to: None,
+        descendants: Vec::new(),
         predecessors: Vec::new(),
         scoped: None,
     }
@@ -342,6 +349,7 @@ pub fn mint(
         hash: key.hash,
         rotated_from: None,
         rotated_to: None,
+        descendants: Vec::new(),
         predecessors: Vec::new(),
         scoped: Some(Box::new(ScopedGrant {
             parent_id: parent.id.to_string(),
@@ -376,6 +384,25 @@ pub fn inherit(successor: &mut KeyRecord, old: &KeyRecord) {
     successor.predecessors = successor_lineage(old);
 }
 
+/// `predecessor` as it is once `successor` (a key whose lineage it is in) replaced a key after
+/// it, if that changes it: a key still in grace counts the new key's spend against its budget.
+/// `None` for a key that no longer works (its grace is over, or it is revoked) or already
+/// counts it.
+pub fn with_descendant(predecessor: &KeyRecord, successor: &str, now: u64) -> Option<KeyRecord> {
+    let in_grace = predecessor.status == KeyStatus::Rotating
+        && predecessor.grace_until.is_some_and(|until| until > now);
+    let counted = predecessor.rotated_to.as_deref() == Some(successor)
+        || predecessor.descendants.iter().any(|d| d == successor);
+    if !in_grace || counted {
+        return None;
+    }
+    let mut changed = predecessor.clone();
+    changed.descendants.push(successor.to_string());
+    let excess = changed.descendants.len().saturating_sub(MAX_PREDECESSORS);
+    changed.descendants.drain(..excess);
+    Some(changed)
+}
+
 /// The record of the key that replaces `old` in a rotation: same workspace, environment,
 /// scopes, name and budget, and the budget's spend so far (`predecessors`).
 pub fn successor(old: &KeyRecord, key: &NewKey, now: u64) -> KeyRecord {
@@ -394,6 +421,7 @@ pub fn successor(old: &KeyRecord, key: &NewKey, now: u64) -> KeyRecord {
         hash: key.hash,
         rotated_from: Some(old.id.clone()),
         rotated_to: None,
+        descendants: Vec::new(),
         predecessors: successor_lineage(old),
         scoped: None,
     }
@@ -441,6 +469,7 @@ pub(crate) mod tests {
             hash: key.hash,
             rotated_from: None,
             rotated_to: None,
+            descendants: Vec::new(),
             predecessors: Vec::new(),
             scoped: None,
         }
@@ -537,5 +566,39 @@ pub(crate) mod tests {
         assert!(json.contains(&r.hash.to_hex()));
         let back: KeyRecord = serde_json::from_str(&json).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn only_a_key_still_in_grace_counts_a_later_successor() {
+        let mut rotating = record(KeyStatus::Rotating, None);
+        rotating.grace_until = Some(2_000);
+        rotating.rotated_to = Some("key_b".into());
+        assert!(
+            with_descendant(&rotating, "key_b", 1_000).is_none(),
+            "its own successor"
+        );
+        let extended = with_descendant(&rotating, "key_c", 1_000).expect("in grace");
+        assert_eq!(extended.descendants, ["key_c"]);
+        assert!(
+            with_descendant(&extended, "key_c", 1_000).is_none(),
+            "counted already"
+        );
+        assert!(
+            with_descendant(&rotating, "key_c", 2_000).is_none(),
+            "grace over"
+        );
+        let revoked = record(KeyStatus::Revoked, None);
+        assert!(with_descendant(&revoked, "key_c", 1_000).is_none());
+        // Its budget counts it; at most a dozen are kept, the latest.
+        let mut key = extended;
+        key.monthly_budget = Some(Credits::from_micros(5));
+        for n in 0..MAX_PREDECESSORS {
+            key = with_descendant(&key, &format!("key_{n}"), 1_000).unwrap();
+        }
+        assert_eq!(key.descendants.len(), MAX_PREDECESSORS);
+        let peers = cached(&key).budget_peers;
+        assert!(peers.iter().any(|p| &**p == "key_b"));
+        assert!(peers.iter().any(|p| &**p == "key_11"));
+        assert!(!peers.iter().any(|p| &**p == "key_c"), "the oldest dropped");
     }
 }

@@ -352,6 +352,21 @@ impl Store for MemoryStore {
         rotated.grace_until = Some(grace_until);
         rotated.rotated_to = Some(successor.id.clone());
         let rotated = Arc::new(rotated);
+        // Keys before it still in grace count the new key against their budget too.
+        let now = unix_now();
+        let extended: Vec<KeyRecord> = rotated
+            .predecessors
+            .iter()
+            .filter_map(|id| inner.keys.get(id))
+            .filter_map(|p| crate::keys::with_descendant(p, &successor.id, now))
+            .collect();
+        for predecessor in extended {
+            let hash = predecessor.hash;
+            inner
+                .keys
+                .insert(predecessor.id.clone(), Arc::new(predecessor));
+            inner.record_change(hash);
+        }
         inner.keys.insert(old_id.to_string(), rotated.clone());
         inner.record_change(rotated.hash);
         inner
@@ -835,6 +850,7 @@ mod tests {
             hash: new.hash,
             rotated_from: None,
             rotated_to: None,
+            descendants: Vec::new(),
             predecessors: Vec::new(),
             scoped: None,
         }

@@ -215,16 +215,22 @@ return e
 });
 
 /// Rotates a key: the old record (if unchanged) becomes the rotating one, the successor and its
-/// indexes are inserted, and both changes are recorded. KEYS: old record, successor record,
-/// successor id index, workspace set, epoch, log. ARGV: expected old json, rotated old json,
-/// successor json, old hash hex, successor hash hex, successor id, created_at, channel, log
-/// length, mark. Returns the epoch, -1 if the old record changed meanwhile, -2 if the successor
-/// exists already.
+/// indexes are inserted, the old key's predecessors still in grace are extended with the
+/// successor (if unchanged), and every change is recorded. KEYS: old record, successor record,
+/// successor id index, workspace set, epoch, log, then each predecessor's record. ARGV:
+/// expected old json, rotated old json, successor json, old hash hex, successor hash hex,
+/// successor id, created_at, channel, log length, mark, then per predecessor its expected json,
+/// new json and hash hex. Returns the epoch, -1 if a record changed meanwhile, -2 if the
+/// successor exists already.
 static ROTATE_KEY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('EXISTS', KEYS[2]) == 1 then return -2 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local n = #KEYS - 6
+for i = 1, n do
+  if redis.call('GET', KEYS[6 + i]) ~= ARGV[8 + 3 * i] then return -1 end
+end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[3], ARGV[5])
@@ -233,6 +239,11 @@ local e = redis.call('INCR', KEYS[5])
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[4], 'm', ARGV[10])
 e = redis.call('INCR', KEYS[5])
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[5], 'm', ARGV[10])
+for i = 1, n do
+  redis.call('SET', KEYS[6 + i], ARGV[9 + 3 * i], 'KEEPTTL')
+  e = redis.call('INCR', KEYS[5])
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[10 + 3 * i], 'm', ARGV[10])
+end
 redis.pcall('PUBLISH', ARGV[8], e)
 return e
 ",
@@ -526,6 +537,40 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
+    /// The predecessors of `old` still in grace, each as read (for the rotation's
+    /// compare-and-set) and as it is once it counts `successor` against its budget.
+    async fn extended_predecessors(
+        &self,
+        old: &KeyRecord,
+        successor: &str,
+    ) -> Result<Vec<(String, KeyRecord)>, StoreError> {
+        let now = crate::ids::unix_now();
+        let mut extended = Vec::new();
+        for id in &old.predecessors {
+            let hash: Option<String> = self
+                .conn()
+                .get(self.layout.key_by_id(id))
+                .await
+                .map_err(unavailable)?;
+            let Some(hash) = hash.as_deref().and_then(KeyHash::from_hex) else {
+                continue;
+            };
+            let key = self.layout.key_by_hash(&hash);
+            let raw: Option<String> = self.conn().get(&key).await.map_err(unavailable)?;
+            let Some(raw) = raw else {
+                continue;
+            };
+            // An unreadable record (it serves no request either) does not block the rotation.
+            let Ok(record) = decode::<KeyRecord>(&key, &raw) else {
+                continue;
+            };
+            if let Some(changed) = crate::keys::with_descendant(&record, successor, now) {
+                extended.push((raw, changed));
+            }
+        }
+        Ok(extended)
+    }
+
     /// Connects lazily (the gateway starts, and reports not-ready, while Redis is down) and
     /// starts the change listener. Must run inside the Tokio runtime that will drive the
     /// connection for the life of the process.
@@ -1105,7 +1150,9 @@ impl Store for RedisStore {
             rotated.status = KeyStatus::Rotating;
             rotated.grace_until = Some(grace_until);
             rotated.rotated_to = Some(successor.id.clone());
-            let epoch: i64 = ROTATE_KEY
+            let extended = self.extended_predecessors(&old, &successor.id).await?;
+            let mut script = ROTATE_KEY.prepare_invoke();
+            script
                 .key(&old_key)
                 .key(&successor_key)
                 .key(l.key_by_id(&successor.id))
@@ -1121,7 +1168,15 @@ impl Store for RedisStore {
                 .arg(successor.created_at)
                 .arg(l.channel())
                 .arg(CHANGE_LOG_LEN)
-                .arg(new_mark())
+                .arg(new_mark());
+            for (raw, changed) in &extended {
+                script
+                    .key(l.key_by_hash(&changed.hash))
+                    .arg(raw)
+                    .arg(encode(changed))
+                    .arg(changed.hash.to_hex());
+            }
+            let epoch: i64 = script
                 .invoke_async(&mut self.conn())
                 .await
                 .map_err(unavailable)?;
