@@ -220,21 +220,27 @@ async fn rotate(
     req.send().await.unwrap()
 }
 
-#[tokio::test]
-async fn a_rotation_does_not_open_a_new_months_budget() {
-    let ns = TestNamespace::new();
-    let gw = on_redis(&ns).await;
+/// A live key (id, value) of a new workspace, for chat, with a monthly budget of `credits`.
+async fn key_with_budget(gw: &Gateway, credits: u32) -> (String, String) {
     let ws = gw.create_workspace().await;
-    let (old_id, old_key) = gw
+    let (id, key) = gw
         .create_key_in(&ws, "live", &["chat.completions:create"])
         .await;
     let resp = gw
-        .admin_request(Method::PATCH, &format!("/admin/v1/keys/{old_id}"))
-        .json(&serde_json::json!({"monthly_budget": 2}))
+        .admin_request(Method::PATCH, &format!("/admin/v1/keys/{id}"))
+        .json(&serde_json::json!({"monthly_budget": credits}))
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
+    (id, key)
+}
+
+#[tokio::test]
+async fn a_rotation_does_not_open_a_new_months_budget() {
+    let ns = TestNamespace::new();
+    let gw = on_redis(&ns).await;
+    let (old_id, old_key) = key_with_budget(&gw, 2).await;
     // Two requests at the simulated backend's price of 1 spend the budget.
     for _ in 0..2 {
         assert_eq!(gw.chat(&old_key).await.status(), 200);
@@ -262,17 +268,7 @@ async fn a_key_rotated_twice_shares_one_budget_across_its_lineage() {
 /// A is rotated to B, then B to C, while A is still in grace: whichever of the three a request
 /// uses, the three keys' spend counts against the one budget.
 async fn lineage_shares_one_budget(gw: &Gateway) {
-    let ws = gw.create_workspace().await;
-    let (a_id, a_key) = gw
-        .create_key_in(&ws, "live", &["chat.completions:create"])
-        .await;
-    let resp = gw
-        .admin_request(Method::PATCH, &format!("/admin/v1/keys/{a_id}"))
-        .json(&serde_json::json!({"monthly_budget": 2}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    let (a_id, a_key) = key_with_budget(gw, 2).await;
     let rotated = |id: String| async move {
         let resp = rotate(gw, &id, serde_json::json!({}), None).await;
         assert_eq!(resp.status(), 201);

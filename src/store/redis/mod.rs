@@ -537,6 +537,16 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
+    /// The digest of the key (or token) with id `id`, from the id index.
+    async fn hash_of(&self, id: &str) -> Result<Option<KeyHash>, StoreError> {
+        let hash: Option<String> = self
+            .conn()
+            .get(self.layout.key_by_id(id))
+            .await
+            .map_err(unavailable)?;
+        Ok(hash.as_deref().and_then(KeyHash::from_hex))
+    }
+
     /// The predecessors of `old` still in grace, each as read (for the rotation's
     /// compare-and-set) and as it is once it counts `successor` against its budget.
     async fn extended_predecessors(
@@ -547,12 +557,7 @@ impl RedisStore {
         let now = crate::ids::unix_now();
         let mut extended = Vec::new();
         for id in &old.predecessors {
-            let hash: Option<String> = self
-                .conn()
-                .get(self.layout.key_by_id(id))
-                .await
-                .map_err(unavailable)?;
-            let Some(hash) = hash.as_deref().and_then(KeyHash::from_hex) else {
+            let Some(hash) = self.hash_of(id).await? else {
                 continue;
             };
             let key = self.layout.key_by_hash(&hash);
@@ -679,12 +684,7 @@ impl RedisStore {
         change: KeyChange<'_>,
         event: Option<&Event>,
     ) -> Result<Option<Arc<KeyRecord>>, StoreError> {
-        let hash: Option<String> = self
-            .conn()
-            .get(self.layout.key_by_id(id))
-            .await
-            .map_err(unavailable)?;
-        let Some(hash) = hash.as_deref().and_then(KeyHash::from_hex) else {
+        let Some(hash) = self.hash_of(id).await? else {
             return Ok(None);
         };
         let record_key = self.layout.key_by_hash(&hash);
@@ -982,12 +982,7 @@ impl Store for RedisStore {
     }
 
     async fn key_by_id(&self, id: &str) -> Result<Option<Arc<KeyRecord>>, StoreError> {
-        let hash: Option<String> = self
-            .conn()
-            .get(self.layout.key_by_id(id))
-            .await
-            .map_err(unavailable)?;
-        match hash.as_deref().and_then(KeyHash::from_hex) {
+        match self.hash_of(id).await? {
             Some(hash) => self.key_by_hash(&hash).await,
             None => Ok(None),
         }
@@ -1116,12 +1111,7 @@ impl Store for RedisStore {
         grace_until: u64,
     ) -> Result<Rotation, StoreError> {
         let l = &self.layout;
-        let hash: Option<String> = self
-            .conn()
-            .get(l.key_by_id(old_id))
-            .await
-            .map_err(unavailable)?;
-        let Some(old_hash) = hash.as_deref().and_then(KeyHash::from_hex) else {
+        let Some(old_hash) = self.hash_of(old_id).await? else {
             return Ok(Rotation::NotFound);
         };
         let old_key = l.key_by_hash(&old_hash);
