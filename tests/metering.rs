@@ -982,18 +982,12 @@ async fn a_gateway_killed_in_a_redis_outage_loses_no_spend_and_no_audit_record_i
             .spool_dir(spool.path())
     };
     let (mut gw, ws, id, _) = served_in_an_outage(builder(), &mut redis).await;
-    // Within seconds of the outage both are on disk, not only in memory.
+    // Within seconds of the outage all of it is on disk, not only in memory.
     eventually(Duration::from_secs(15), || async {
-        let files = spool_files(spool.path(), "");
-        files
-            .iter()
-            .any(|f| f.starts_with("audit-") && f.ends_with(".jsonl"))
-            && files
-                .iter()
-                .any(|f| f.starts_with("spend-") && f.ends_with(".json"))
+        spooled(spool.path()) == (4_000_000, 4)
     })
     .await
-    .unwrap_or_else(|| panic!("spooled: {:?}", spool_files(spool.path(), "")));
+    .unwrap_or_else(|| panic!("spooled: {:?}", spooled(spool.path())));
     sigkill(&mut gw);
 
     redis.resume().await;
@@ -1053,6 +1047,36 @@ async fn spend_checkpointed_in_an_outage_is_charged_once_when_redis_comes_back()
     .expect("one more request, one more credit");
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(usage(&gw, &ws).await["keys"][&id], 7.0);
+}
+
+/// What the spool files in `dir` hold: spend (micro-credits, every `total` of every spend
+/// file, its batch's and its pending spend's) and audit records.
+fn spooled(dir: &std::path::Path) -> (i64, usize) {
+    fn totals(value: &Value) -> i64 {
+        match value {
+            Value::Object(fields) => fields
+                .iter()
+                .map(|(name, v)| match (name.as_str(), v) {
+                    ("total", Value::Number(n)) => n.as_i64().unwrap_or(0),
+                    _ => totals(v),
+                })
+                .sum(),
+            Value::Array(items) => items.iter().map(totals).sum(),
+            _ => 0,
+        }
+    }
+    let read = |name: &String| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    let spend = spool_files(dir, "spend-")
+        .iter()
+        .filter(|f| f.ends_with(".json"))
+        .map(|f| totals(&serde_json::from_str(&read(f)).unwrap_or(Value::Null)))
+        .sum();
+    let audit = spool_files(dir, "audit-")
+        .iter()
+        .filter(|f| f.ends_with(".jsonl"))
+        .map(|f| read(f).lines().count())
+        .sum();
+    (spend, audit)
 }
 
 /// The names of the files in `dir` that start with `prefix`.

@@ -390,7 +390,7 @@ impl AuditWriter {
             }
         };
         // Spilled when there are too many, or they have waited long: a crash loses what is in
-        // memory, so no more than `SPILL_AFTER` of records.
+        // memory, so about `SPILL_AFTER` (and a flush interval) of records at most.
         if self.backlog.len() > self.max_backlog || waited_long {
             self.spill();
             self.unwritten_since = None;

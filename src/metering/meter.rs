@@ -252,7 +252,12 @@ impl Meter {
     pub async fn flush_usage(&self) -> bool {
         let now = crate::ids::unix_now();
         let month = month_of(now);
-        let (id, workspaces) = self.begin_batch(&month);
+        let Some((id, workspaces)) = self.begin_batch(&month) else {
+            // A spool file holds this spend as pending and can be neither rewritten nor
+            // removed: sent now, the spend would be charged again when the file is replayed.
+            self.usage.flush_failed();
+            return false;
+        };
         let window = now / 60;
         let batch = self.rate.next_batch();
         let mut rate: Vec<RateFlush> = batch
@@ -408,19 +413,20 @@ impl Meter {
         }
     }
 
-    /// The next batch of spend ([`Usage::begin_flush`]). While there is a checkpoint, a batch
-    /// it does not hold is written into it before it goes out: were it to hold that spend as
-    /// pending, a crash after the batch landed would charge it again.
-    fn begin_batch(&self, month: &str) -> (String, Vec<WorkspaceFlush>) {
+    /// The next batch of spend ([`Usage::begin_flush`]), if it may go out. While there is a
+    /// checkpoint, a batch it does not hold is written into it first: were it to hold that
+    /// spend as pending, a crash after the batch landed would charge it again. `None` if the
+    /// checkpoint can be neither rewritten nor removed: the batch waits.
+    fn begin_batch(&self, month: &str) -> Option<(String, Vec<WorkspaceFlush>)> {
         let (id, parts) = self.usage.begin_flush(month);
         let unpinned = self
             .checkpoint()
             .as_ref()
             .is_some_and(|c| c.batch.as_deref() != Some(id.as_str()));
-        if unpinned && !parts.is_empty() {
-            self.write_checkpoint(true);
+        if unpinned && !parts.is_empty() && !self.write_checkpoint(true) {
+            return None;
         }
-        (id, parts)
+        Some((id, parts))
     }
 
     /// After a failed flush: writes the checkpoint if there is none, or it is
@@ -449,10 +455,12 @@ impl Meter {
     }
 
     /// Writes all unflushed spend to the checkpoint, in place, or to a new one if there is none.
-    /// If it cannot be written and a batch is `sending`, the checkpoint there was goes: it may
-    /// hold as pending spend that the batch sends (a crash after the batch landed would
-    /// charge it again); otherwise it stays, holding what it held.
-    fn write_checkpoint(&self, sending: bool) {
+    /// If it cannot be written and a batch is `sending`, the checkpoint there was is removed
+    /// (or emptied): it may hold as pending spend that the batch sends, which a crash after the
+    /// batch landed would charge again. Otherwise it stays, holding what it held. Returns
+    /// whether a batch may go out: false only if the old checkpoint could not be removed or
+    /// emptied either.
+    fn write_checkpoint(&self, sending: bool) -> bool {
         let state = self.usage.spool();
         let mut checkpoint = self.checkpoint();
         if state.is_empty() {
@@ -460,7 +468,7 @@ impl Meter {
                 drop(checkpoint);
                 self.remove_spool(old.taken);
             }
-            return;
+            return true;
         }
         let name = checkpoint
             .as_ref()
@@ -469,7 +477,7 @@ impl Meter {
         let written = spool::write_taken(&self.config.spool_dir, &name, |out| {
             Ok(serde_json::to_writer(out, &state)?)
         });
-        match written {
+        let e = match written {
             Ok(taken) => {
                 if checkpoint.is_none() {
                     tracing::warn!(path = %taken.path().display(), "store unreachable: unflushed spend checkpointed to disk");
@@ -481,17 +489,41 @@ impl Meter {
                     batch: state.batch.map(|(id, _)| id),
                     holds_pending: !state.pending.is_empty(),
                 });
+                return true;
             }
-            Err(e) if sending => {
+            Err(e) => e,
+        };
+        if !sending {
+            tracing::error!(error = %e, "cannot update the spend checkpoint; it holds what it held");
+            if let Some(old) = checkpoint.as_mut() {
+                old.written = std::time::Instant::now(); // tried again in an interval
+            }
+            return true;
+        }
+        let Some(old) = checkpoint.take() else {
+            tracing::error!(error = %e, "cannot checkpoint unflushed spend; it is kept in memory");
+            return true;
+        };
+        let Checkpoint {
+            taken,
+            written,
+            batch,
+            holds_pending,
+        } = old;
+        match taken.remove() {
+            Ok(()) => {
                 tracing::error!(error = %e, "cannot checkpoint unflushed spend; it is kept in memory");
-                let old = checkpoint.take();
-                drop(checkpoint);
-                if let Some(old) = old {
-                    self.remove_spool(old.taken);
-                }
+                true
             }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot update the spend checkpoint; it holds what it held");
+            Err((removal, taken)) => {
+                tracing::error!(error = %e, removal = %removal, path = %taken.path().display(), "cannot rewrite or remove the spend checkpoint; spend waits");
+                *checkpoint = Some(Checkpoint {
+                    taken,
+                    written,
+                    batch,
+                    holds_pending,
+                });
+                false
             }
         }
     }
@@ -866,7 +898,7 @@ mod spool_tests {
         let month = month_of(crate::ids::unix_now());
         charge(&meter, 5);
         // What `flush_usage` does when the store does not answer.
-        let (a, _) = meter.begin_batch(&month);
+        let (a, _) = meter.begin_batch(&month).unwrap();
         meter.usage.flush_failed();
         meter.checkpoint_if_due();
         let on_disk = spend_file(dir);
@@ -911,7 +943,7 @@ mod spool_tests {
         assert_eq!(pending_total(&on_disk), 3);
         // The next batch is written down under its id before it goes: sent, landed and then
         // replayed from a checkpoint that held it as pending, it would be charged twice.
-        let (b, parts) = meter.begin_batch(&month);
+        let (b, parts) = meter.begin_batch(&month).unwrap();
         assert_ne!(b, a);
         assert_eq!(parts.iter().map(|p| p.total).sum::<i64>(), 3);
         let on_disk = spend_file(dir.path());
@@ -973,5 +1005,26 @@ mod spool_tests {
         let month = month_of(crate::ids::unix_now());
         let report = meter.store.usage_report("ws_1", &month).await.unwrap();
         assert_eq!(report.total, 18);
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_that_cannot_be_rewritten_goes_before_a_batch_of_its_spend_is_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let (meter, _) = checkpointed(dir.path());
+        assert!(meter.flush_usage().await, "the batch it holds lands");
+        let files = spool::list(dir.path(), |_| true);
+        assert_eq!(files.len(), 1);
+        // Its 3 pending go out next; the file cannot be rewritten (its temporary name is taken).
+        let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
+        std::fs::create_dir(dir.path().join(format!("{name}.tmp"))).unwrap();
+        let month = month_of(crate::ids::unix_now());
+        let (_, parts) = meter
+            .begin_batch(&month)
+            .expect("the file is removed instead");
+        assert_eq!(parts.iter().map(|p| p.total).sum::<i64>(), 3);
+        assert!(
+            !files[0].exists(),
+            "no file holds as pending what the batch sends"
+        );
     }
 }

@@ -32,28 +32,44 @@ impl Taken {
     }
 
     /// Removes the file: what it held is written. Its lock goes with it. If it cannot be
-    /// removed, it is emptied (an empty spool file holds nothing to replay) and comes back,
-    /// still held. A file that another process has put at the path meanwhile is left alone.
+    /// removed, it is emptied (an empty spool file holds nothing to replay) and let go. A file
+    /// that another process has put at the path meanwhile is left alone. Comes back, still
+    /// held, only if the file may still hold what it held: then it must not be let go, nor
+    /// what it holds sent as anything new.
     pub fn remove(self) -> Result<(), (io::Error, Self)> {
-        if !self.still_listed() {
-            return Ok(());
+        match self.still_listed() {
+            Ok(false) => return Ok(()),
+            Ok(true) => {}
+            // Whether the path still names this file is unknown: emptying it is safe either way.
+            Err(e) => return self.empty(e),
         }
         match std::fs::remove_file(&self.path) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                if let Err(e) = self.file.set_len(0) {
-                    tracing::error!(error = %e, path = %self.path.display(), "cannot empty a spool file either");
-                }
-                Err((e, self))
+            Ok(()) => {
+                sync_dir(&self.path);
+                Ok(())
             }
+            Err(e) => self.empty(e),
+        }
+    }
+
+    /// Empties the file, which `cause` kept from being removed.
+    fn empty(self, cause: io::Error) -> Result<(), (io::Error, Self)> {
+        match self.file.set_len(0).and_then(|()| self.file.sync_all()) {
+            Ok(()) => {
+                tracing::warn!(error = %cause, path = %self.path.display(), "a written spool file could not be removed; emptied instead");
+                Ok(())
+            }
+            Err(_) => Err((cause, self)),
         }
     }
 
     /// Whether the file at the path is still this one.
-    fn still_listed(&self) -> bool {
-        match (self.file.metadata(), std::fs::metadata(&self.path)) {
-            (Ok(held), Ok(listed)) => held.dev() == listed.dev() && held.ino() == listed.ino(),
-            _ => false,
+    fn still_listed(&self) -> io::Result<bool> {
+        let held = self.file.metadata()?;
+        match std::fs::metadata(&self.path) {
+            Ok(listed) => Ok(held.dev() == listed.dev() && held.ino() == listed.ino()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -62,6 +78,16 @@ impl Taken {
         let to = self.path.with_file_name(name);
         std::fs::rename(&self.path, &to)?;
         Ok(to)
+    }
+}
+
+/// Makes a rename or removal at `path` durable (a power loss after it must not bring back what
+/// it replaced or removed). Best effort: the change itself is made either way.
+fn sync_dir(path: &Path) {
+    if let Some(dir) = path.parent() {
+        if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+            tracing::debug!(error = %e, dir = %dir.display(), "cannot sync a spool directory");
+        }
     }
 }
 
@@ -96,7 +122,7 @@ fn hold(path: &Path, file: File) -> Option<Taken> {
     };
     // The file may have been replayed and removed between the open and the lock by the
     // process that held it: then this handle is to a file no longer in the directory.
-    taken.still_listed().then_some(taken)
+    taken.still_listed().unwrap_or(false).then_some(taken)
 }
 
 /// A new file name, `<prefix>-<nanoseconds>-<random>.<extension>`: names sort by the time
@@ -169,6 +195,7 @@ fn write_file(
         drop(out);
         file.sync_all()?;
         std::fs::rename(&tmp, &path)?;
+        sync_dir(&path);
         Ok(file)
     })();
     match written {
