@@ -80,7 +80,9 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         tracing::warn!(error = %e, "key store unreachable at start; not ready until it answers");
     }
     store_runtime.spawn(keys.clone().follow());
-    let (meter, audit_writer) = Meter::new(store.clone(), config.meter());
+    let meter_config = config.meter();
+    let configured_budgets = meter_config.project_budgets.clone();
+    let (meter, audit_writer) = Meter::new(store.clone(), meter_config);
     let (stop_meter, meter_stopped) = tokio::sync::watch::channel(false);
     let metering = store_runtime.spawn(meter.clone().run(audit_writer, meter_stopped));
     let (stop_worker, worker_stopped) = tokio::sync::watch::channel(false);
@@ -157,7 +159,8 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
             &server_cfg.admin_token,
             config.keys.rotation_grace_seconds,
         )
-        .with_draining(draining.clone()),
+        .with_draining(draining.clone())
+        .with_configured_budgets(configured_budgets),
     );
     let admin = background_service("admin API", AdminService::new(admin_listener, admin_router));
 

@@ -279,6 +279,101 @@ async fn project_budgets_from_the_admin_api_apply() {
 }
 
 #[tokio::test]
+async fn project_budgets_are_read_back_with_where_they_come_from() {
+    let gw = Gateway::builder()
+        .toml("[[metering.project_budgets]]\nworkspace = \"ws_demo\"\nproject = \"team-a\"\nmonthly_budget = 5")
+        .start()
+        .await;
+    let budget = |project: &str| {
+        let path = format!("/admin/v1/workspaces/{DEMO_WS}/projects/{project}/budget");
+        let gw = &gw;
+        async move { gw.admin_get(&path).await }
+    };
+    let all = || async {
+        gw.admin_get(&format!("/admin/v1/workspaces/{DEMO_WS}/projects"))
+            .await
+    };
+    let entry = |project: &str, budget: Value, source: Value| json!({"workspace": DEMO_WS, "project": project, "monthly_budget": budget, "source": source});
+    assert_eq!(
+        all().await["data"],
+        json!([entry("team-a", json!(5.0), json!("config"))])
+    );
+    assert_eq!(
+        budget("team-a").await,
+        entry("team-a", json!(5.0), json!("config"))
+    );
+    assert_eq!(
+        budget("team-z").await,
+        entry("team-z", Value::Null, Value::Null)
+    );
+
+    let put = |project: &str, body: Value| {
+        let path = format!("/admin/v1/workspaces/{DEMO_WS}/projects/{project}/budget");
+        gw.admin_request(Method::PUT, &path).json(&body).send()
+    };
+    let set: Value = put("team-a", json!({"monthly_budget": 2}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        set,
+        entry("team-a", json!(2.0), json!("api")),
+        "the API's overrides"
+    );
+    put("team-b", json!({"monthly_budget": 3})).await.unwrap();
+    assert_eq!(
+        all().await["data"],
+        json!([
+            entry("team-a", json!(2.0), json!("api")),
+            entry("team-b", json!(3.0), json!("api"))
+        ])
+    );
+    // Removed through the API, the configuration's applies again.
+    let removed: Value = put("team-a", json!({"monthly_budget": null}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(removed, entry("team-a", json!(5.0), json!("config")));
+
+    for (path, status) in [
+        (
+            "/admin/v1/workspaces/ws_demo/projects/bad%20name/budget",
+            400,
+        ),
+        ("/admin/v1/workspaces/ws_none/projects/p/budget", 404),
+        ("/admin/v1/workspaces/ws_none/projects", 404),
+    ] {
+        let resp = gw.admin_request(Method::GET, path).send().await.unwrap();
+        assert_eq!(resp.status(), status, "{path}");
+    }
+
+    // On Redis.
+    let ns = TestNamespace::new();
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let path = format!("/admin/v1/workspaces/{ws}/projects/team-c/budget");
+    let resp = gw
+        .admin_request(Method::PUT, &path)
+        .json(&json!({"monthly_budget": 1.5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let listed = gw
+        .admin_get(&format!("/admin/v1/workspaces/{ws}/projects"))
+        .await;
+    assert_eq!(listed["data"][0]["monthly_budget"], 1.5);
+    assert_eq!(listed["data"][0]["source"], "api");
+}
+
+#[tokio::test]
 async fn two_replicas_keep_a_budget_exactly_when_requests_are_paced() {
     let ns = TestNamespace::new();
     let (a, b) = replicas(&ns).await;

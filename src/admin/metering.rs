@@ -137,6 +137,75 @@ pub(super) struct ProjectBudget {
     workspace: String,
     project: String,
     monthly_budget: Option<Credits>,
+    /// Where the budget comes from: `"api"` (set here, which overrides the configuration),
+    /// `"config"` (`[[metering.project_budgets]]`), or `null` without one.
+    source: Option<&'static str>,
+}
+
+/// A workspace's project budgets as they apply: those set through the API, and the
+/// configuration's for the other projects, by project.
+async fn budgets_in_force(
+    state: &AdminState,
+    workspace: &str,
+) -> Result<BTreeMap<String, (Credits, &'static str)>, ApiError> {
+    let mut budgets: BTreeMap<String, (Credits, &'static str)> = state
+        .configured_budgets
+        .iter()
+        .filter(|((ws, _), _)| ws == workspace)
+        .map(|((_, project), micros)| (project.clone(), (Credits::from_micros(*micros), "config")))
+        .collect();
+    for (project, micros) in state.store.project_budgets(workspace).await? {
+        budgets.insert(project, (Credits::from_micros(micros), "api"));
+    }
+    Ok(budgets)
+}
+
+/// `GET /admin/v1/workspaces/{id}/projects/{project}/budget`: the project's monthly budget, and
+/// where it comes from.
+pub(super) async fn project_budget(
+    State(state): State<AdminState>,
+    PathParams((workspace, project)): PathParams<(String, String)>,
+) -> Result<Json<ProjectBudget>, ApiError> {
+    if !crate::proxy::policy::is_valid_project(&project) {
+        return Err(invalid_project());
+    }
+    state.require_workspace(&workspace).await?;
+    let found = budgets_in_force(&state, &workspace).await?.remove(&project);
+    Ok(Json(ProjectBudget {
+        workspace,
+        project,
+        monthly_budget: found.map(|(budget, _)| budget),
+        source: found.map(|(_, source)| source),
+    }))
+}
+
+#[derive(Serialize)]
+pub(super) struct ProjectBudgets {
+    data: Vec<ProjectBudget>,
+}
+
+/// `GET /admin/v1/workspaces/{id}/projects`: every project of the workspace with a budget, by
+/// name.
+pub(super) async fn project_budgets(
+    State(state): State<AdminState>,
+    PathParams(workspace): PathParams<String>,
+) -> Result<Json<ProjectBudgets>, ApiError> {
+    state.require_workspace(&workspace).await?;
+    let data = budgets_in_force(&state, &workspace)
+        .await?
+        .into_iter()
+        .map(|(project, (budget, source))| ProjectBudget {
+            workspace: workspace.clone(),
+            project,
+            monthly_budget: Some(budget),
+            source: Some(source),
+        })
+        .collect();
+    Ok(Json(ProjectBudgets { data }))
+}
+
+fn invalid_project() -> ApiError {
+    ApiError::invalid("a project is 1-64 characters of A-Z, a-z, 0-9, '.', '_' or '-'")
 }
 
 pub(super) async fn set_project_budget(
@@ -145,9 +214,7 @@ pub(super) async fn set_project_budget(
     JsonBody(body): JsonBody<SetBudget>,
 ) -> Result<Json<ProjectBudget>, ApiError> {
     if !crate::proxy::policy::is_valid_project(&project) {
-        return Err(ApiError::invalid(
-            "a project is 1-64 characters of A-Z, a-z, 0-9, '.', '_' or '-'",
-        ));
+        return Err(invalid_project());
     }
     state.require_workspace(&workspace).await?;
     state
@@ -158,9 +225,15 @@ pub(super) async fn set_project_budget(
             body.monthly_budget.map(Credits::micros),
         )
         .await?;
+    // Removed here, the configuration's budget (if any) applies again.
+    let found = match body.monthly_budget {
+        Some(budget) => Some((budget, "api")),
+        None => budgets_in_force(&state, &workspace).await?.remove(&project),
+    };
     Ok(Json(ProjectBudget {
         workspace,
         project,
-        monthly_budget: body.monthly_budget,
+        monthly_budget: found.map(|(budget, _)| budget),
+        source: found.map(|(_, source)| source),
     }))
 }

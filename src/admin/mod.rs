@@ -20,6 +20,7 @@ use axum::{Json, Router};
 use hmac::{Hmac, Mac};
 use http::{HeaderValue, StatusCode};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
@@ -68,6 +69,9 @@ pub struct AdminState {
     idempotency_secret: [u8; 32],
     /// Set on SIGTERM: `/readyz` answers 503.
     draining: Draining,
+    /// Monthly budgets of projects from the configuration (micro-credits), by workspace and
+    /// project: those the admin API sets override them.
+    configured_budgets: Arc<HashMap<(String, String), i64>>,
 }
 
 impl AdminState {
@@ -80,7 +84,14 @@ impl AdminState {
             token_digest: Sha256::digest(admin_token.as_bytes()).into(),
             idempotency_secret: derived_secret(admin_token, b"svcgate idempotent keys"),
             draining: Draining::default(),
+            configured_budgets: Arc::default(),
         }
+    }
+
+    /// The project budgets of the configuration, shown beside those set through the API.
+    pub fn with_configured_budgets(mut self, budgets: HashMap<(String, String), i64>) -> Self {
+        self.configured_budgets = Arc::new(budgets);
+        self
     }
 
     /// A request's `Idempotency-Key` for `context` (what the key is for), with its salt: drawn
@@ -189,9 +200,10 @@ pub fn router(state: AdminState) -> Router {
         .route("/events", post(events::create))
         .route("/audit", get(metering::audit))
         .route("/usage", get(metering::usage))
+        .route("/workspaces/{id}/projects", get(metering::project_budgets))
         .route(
             "/workspaces/{id}/projects/{project}/budget",
-            put(metering::set_project_budget),
+            put(metering::set_project_budget).get(metering::project_budget),
         )
         .route("/workspaces/{id}/webhooks", get(webhooks::list))
         .route("/workspaces/{id}/webhooks/{endpoint}", get(webhooks::show))

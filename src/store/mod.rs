@@ -305,6 +305,12 @@ pub trait Store: Send + Sync + 'static {
     /// crossing), and answers the month's totals of everything the batch watches. Atomic.
     async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError>;
 
+    /// The monthly budgets set for a workspace's projects, in micro-credits, by project.
+    async fn project_budgets(
+        &self,
+        workspace: &str,
+    ) -> Result<std::collections::HashMap<String, i64>, StoreError>;
+
     /// Sets (or, with `None`, removes) a project's monthly budget in micro-credits.
     async fn set_project_budget(
         &self,

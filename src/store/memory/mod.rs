@@ -533,6 +533,15 @@ impl Store for MemoryStore {
         Ok(snapshot)
     }
 
+    async fn project_budgets(&self, workspace: &str) -> Result<HashMap<String, i64>, StoreError> {
+        Ok(self
+            .read()
+            .budgets
+            .get(workspace)
+            .cloned()
+            .unwrap_or_default())
+    }
+
     async fn set_project_budget(
         &self,
         workspace: &str,

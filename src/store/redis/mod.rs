@@ -1270,6 +1270,18 @@ impl Store for RedisStore {
         })
     }
 
+    async fn project_budgets(&self, workspace: &str) -> Result<HashMap<String, i64>, StoreError> {
+        let raw: HashMap<String, String> = self
+            .conn()
+            .hgetall(self.layout.budgets(workspace))
+            .await
+            .map_err(unavailable)?;
+        Ok(raw
+            .into_iter()
+            .filter_map(|(project, budget)| Some((project, budget.parse().ok()?)))
+            .collect())
+    }
+
     async fn set_project_budget(
         &self,
         workspace: &str,
