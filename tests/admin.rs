@@ -371,6 +371,51 @@ async fn a_key_put_where_an_id_belongs_is_not_repeated_in_the_404() {
 }
 
 #[tokio::test]
+async fn workspaces_are_listed_a_page_at_a_time() {
+    let gw = Gateway::builder().start().await;
+    let made = [
+        gw.create_workspace().await,
+        gw.create_workspace().await,
+        gw.create_workspace().await,
+    ];
+    let all = gw.admin_get("/admin/v1/workspaces").await;
+    let ids: Vec<&str> = all["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["id"].as_str().unwrap())
+        .collect();
+    // The demo workspace and ours (the order is the store suite's to check).
+    assert_eq!(ids.len(), 4, "{all}");
+    assert!(made.iter().all(|m| ids.contains(&m.as_str())), "{all}");
+    assert!(ids.contains(&DEMO_WS));
+    assert_eq!(all["has_more"], false);
+    let page = gw
+        .admin_get(&format!(
+            "/admin/v1/workspaces?limit=1&starting_after={}",
+            ids[1]
+        ))
+        .await;
+    assert_eq!(page["data"].as_array().unwrap().len(), 1);
+    assert_eq!(page["data"][0]["id"], ids[2]);
+    assert!(page["data"][0]["name"].is_string());
+    assert_eq!(page["has_more"], true);
+    for query in [
+        "limit=0",
+        "limit=1001",
+        "starting_after=ws_nope",
+        "sort=name",
+    ] {
+        let resp = gw
+            .admin_request(Method::GET, &format!("/admin/v1/workspaces?{query}"))
+            .send()
+            .await
+            .unwrap();
+        assert_error(resp, 400, "invalid_request_error").await;
+    }
+}
+
+#[tokio::test]
 async fn reading_an_unknown_workspace_is_not_found_on_both_stores() {
     let ns = TestNamespace::new();
     for gw in [Gateway::builder().start().await, on_redis(&ns).await] {

@@ -53,6 +53,35 @@ async fn workspaces_round_trip(store: Arc<dyn Store>) {
     assert_eq!(store.workspace("ws_missing").await.unwrap(), None);
 }
 
+async fn workspaces_are_listed_oldest_first_a_page_at_a_time(store: Arc<dyn Store>) {
+    // Created out of order, and two in the same second (then by id).
+    let mut made = Vec::new();
+    for created_at in [30, 10, 20, 20] {
+        let ws = Workspace {
+            created_at,
+            ..workspace()
+        };
+        store.create_workspace(&ws).await.unwrap();
+        made.push(ws);
+    }
+    made.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    // Anything else in the store (the demo workspace of the memory store) comes first: older.
+    let ours = |page: Vec<Workspace>| -> Vec<String> {
+        page.into_iter()
+            .filter(|w| made.iter().any(|m| m.id == w.id))
+            .map(|w| w.id)
+            .collect()
+    };
+    let ids: Vec<String> = made.iter().map(|w| w.id.clone()).collect();
+    assert_eq!(ours(store.workspaces(None, 100).await.unwrap()), ids);
+    let page = store.workspaces(Some(&ids[0]), 2).await.unwrap();
+    assert_eq!(ours(page), ids[1..3]);
+    let rest = store.workspaces(Some(&ids[2]), 2).await.unwrap();
+    assert_eq!(ours(rest.clone()), ids[3..]);
+    assert_eq!(rest.len(), 1);
+    assert!(store.workspaces(Some(&ids[3]), 2).await.unwrap().is_empty());
+}
+
 async fn workspace_changes_keep_identity_and_lose_none(store: Arc<dyn Store>) {
     let ws = workspace();
     store.create_workspace(&ws).await.unwrap();
@@ -1631,6 +1660,7 @@ macro_rules! store_suite {
 
 store_suite!(
     workspaces_round_trip,
+    workspaces_are_listed_oldest_first_a_page_at_a_time,
     workspace_changes_keep_identity_and_lose_none,
     keys_are_found_every_way,
     updates_keep_identity_and_are_seen_by_hash,
@@ -1661,6 +1691,35 @@ store_suite!(
     resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now,
     a_retry_in_flight_when_its_endpoint_is_resumed_counts_for_nothing
 );
+
+/// Workspaces an earlier version created, with no index, are listed too.
+#[tokio::test]
+async fn redis_workspaces_made_before_the_index_are_listed() {
+    let ns = TestNamespace::new();
+    let older = Workspace {
+        created_at: 5,
+        ..workspace()
+    };
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = ::redis::cmd("SET")
+        .arg(format!("{{{}}}:ws:{}", ns.name, older.id))
+        .arg(serde_json::to_string(&older).unwrap())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis_url(), &ns.name).unwrap());
+    let newer = workspace();
+    store.create_workspace(&newer).await.unwrap();
+    let listed: Vec<String> = store
+        .workspaces(None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.id)
+        .collect();
+    assert_eq!(listed, [older.id, newer.id]);
+}
 
 /// A held endpoint's failed delivery that no worker can read is passed over after a few
 /// claims: the endpoint's queue does not wait for the record to expire.

@@ -88,3 +88,18 @@ pub fn present<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(
 ) -> Result<Option<Option<T>>, D::Error> {
     <Option<T> as serde::Deserialize>::deserialize(d).map(Some)
 }
+
+/// Items per page of a listing when the request names no `limit`.
+pub(super) const DEFAULT_PAGE: usize = 100;
+
+/// Most items per page of a listing.
+pub(super) const MAX_PAGE: usize = 1_000;
+
+/// A listing's `limit`: [`DEFAULT_PAGE`] if absent, else 1 to [`MAX_PAGE`].
+pub(super) fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(DEFAULT_PAGE);
+    match (1..=MAX_PAGE).contains(&limit) {
+        true => Ok(limit),
+        false => Err(ApiError::invalid(format!("limit must be 1 to {MAX_PAGE}"))),
+    }
+}

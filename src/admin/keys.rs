@@ -7,7 +7,7 @@ use http::HeaderMap;
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
 
-use super::extract::{from_object, JsonBody, PathParams, QueryParams};
+use super::extract::{from_object, page_limit, JsonBody, PathParams, QueryParams};
 use super::{AdminState, IDEMPOTENCY_WINDOW_SECONDS};
 use crate::error::ApiError;
 use crate::ids::unix_now;
@@ -176,16 +176,11 @@ pub(super) async fn create(
 #[serde(deny_unknown_fields)]
 pub(super) struct ListQuery {
     workspace: Option<String>,
-    /// Keys per page: 1 to [`MAX_PAGE`], default [`DEFAULT_PAGE`].
+    /// Keys per page ([`page_limit`]).
     limit: Option<usize>,
     /// The id of the last key of the previous page.
     starting_after: Option<String>,
 }
-
-/// Keys per page when the request names no `limit`.
-const DEFAULT_PAGE: usize = 100;
-/// Most keys per page.
-const MAX_PAGE: usize = 1_000;
 
 #[derive(Serialize)]
 pub(super) struct KeyList {
@@ -202,10 +197,7 @@ pub(super) async fn list(
         .workspace
         .ok_or_else(|| ApiError::invalid("the query parameter 'workspace' is required"))?;
     state.require_workspace(&workspace).await?;
-    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::invalid(format!("limit must be 1 to {MAX_PAGE}")));
-    }
+    let limit = page_limit(query.limit)?;
     if let Some(after) = &query.starting_after {
         // A cursor must be one of this workspace's keys (not a token, not another's key).
         let known = state.store.key_by_id(after).await?;

@@ -186,7 +186,10 @@ impl AdminState {
 /// The admin router.
 pub fn router(state: AdminState) -> Router {
     let api = Router::new()
-        .route("/workspaces", post(workspaces::create))
+        .route(
+            "/workspaces",
+            post(workspaces::create).get(workspaces::list),
+        )
         .route(
             "/workspaces/{id}",
             get(workspaces::show).patch(workspaces::patch),

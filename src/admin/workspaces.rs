@@ -1,11 +1,11 @@
-//! `POST /admin/v1/workspaces`, `GET` and `PATCH /admin/v1/workspaces/{id}`
+//! `POST` and `GET /admin/v1/workspaces`, `GET` and `PATCH /admin/v1/workspaces/{id}`
 
 use axum::extract::State;
 use axum::Json;
 use http::StatusCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::extract::{JsonBody, PathParams};
+use super::extract::{page_limit, JsonBody, PathParams, QueryParams};
 use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::{new_id, unix_now};
@@ -37,6 +37,44 @@ pub(super) async fn create(
     };
     state.store.create_workspace(&workspace).await?;
     Ok((StatusCode::CREATED, Json(workspace)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListQuery {
+    /// Workspaces per page ([`page_limit`]).
+    limit: Option<usize>,
+    /// The last id of the previous page.
+    starting_after: Option<String>,
+}
+
+#[derive(Serialize)]
+pub(super) struct WorkspaceList {
+    data: Vec<Workspace>,
+    /// Whether workspaces follow this page: ask again with `starting_after` the last one's id.
+    has_more: bool,
+}
+
+/// `GET /admin/v1/workspaces`: every workspace, oldest first, a page at a time.
+pub(super) async fn list(
+    State(state): State<AdminState>,
+    QueryParams(query): QueryParams<ListQuery>,
+) -> Result<Json<WorkspaceList>, ApiError> {
+    let limit = page_limit(query.limit)?;
+    if let Some(after) = &query.starting_after {
+        if state.store.workspace(after).await?.is_none() {
+            return Err(ApiError::invalid(
+                "starting_after must be the id of a workspace",
+            ));
+        }
+    }
+    let mut data = state
+        .store
+        .workspaces(query.starting_after.as_deref(), limit + 1)
+        .await?;
+    let has_more = data.len() > limit;
+    data.truncate(limit);
+    Ok(Json(WorkspaceList { data, has_more }))
 }
 
 pub(super) async fn show(

@@ -223,6 +223,14 @@ pub trait Store: Send + Sync + 'static {
     /// A workspace by id.
     async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError>;
 
+    /// Workspaces, oldest first: at most `limit`, those after workspace `after` (which must
+    /// exist) or from the first.
+    async fn workspaces(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Workspace>, StoreError>;
+
     /// Applies `change` to workspace `id` (its id and creation time stay) and returns the
     /// result; `None` if there is no such workspace.
     async fn update_workspace(

@@ -202,6 +202,20 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn workspaces(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Workspace>, StoreError> {
+        let inner = self.read();
+        let mut all: Vec<&Workspace> = inner.workspaces.values().collect();
+        all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        let start = after
+            .and_then(|id| all.iter().position(|w| w.id == id))
+            .map_or(0, |i| i + 1);
+        Ok(all.into_iter().skip(start).take(limit).cloned().collect())
+    }
+
     async fn create_workspace(&self, workspace: &Workspace) -> Result<(), StoreError> {
         let mut inner = self.write();
         if inner.workspaces.contains_key(&workspace.id) {

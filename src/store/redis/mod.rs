@@ -110,6 +110,14 @@ impl Layout {
     fn workspace(&self, id: &str) -> String {
         format!("{{{}}}:ws:{id}", self.ns)
     }
+    /// Every workspace's id, scored by its creation time.
+    fn workspace_index(&self) -> String {
+        format!("{{{}}}:workspaces", self.ns)
+    }
+    /// Set once the index holds the workspaces created before it existed.
+    fn workspace_index_filled(&self) -> String {
+        format!("{{{}}}:workspaces:filled", self.ns)
+    }
     fn key_by_hash(&self, hash: &KeyHash) -> String {
         format!("{}:h:{}", self.registry, hash.to_hex())
     }
@@ -162,6 +170,18 @@ local e = redis.call('INCR', KEYS[4])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], e .. '-0', 'h', ARGV[2], 'm', ARGV[7])
 redis.pcall('PUBLISH', ARGV[5], e)
 return e
+",
+    )
+});
+
+/// Creates a workspace and indexes it. KEYS: record, index. ARGV: json, created_at, id.
+/// Returns 1, or 0 if the id exists.
+static CREATE_WORKSPACE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return 1
 ",
     )
 });
@@ -537,6 +557,79 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
+    /// A page of the ids in the sorted set `index` (ordered by creation time, then id, so an
+    /// id's rank is a stable cursor): at most `limit` (at least 1), those after `after` or
+    /// from the first.
+    async fn page(
+        &self,
+        index: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut conn = self.conn();
+        let start = match after {
+            Some(id) => {
+                let rank: Option<isize> = conn.zrank(index, id).await.map_err(unavailable)?;
+                rank.map_or(0, |r| r + 1)
+            }
+            None => 0,
+        };
+        let limit = isize::try_from(limit).unwrap_or(isize::MAX);
+        conn.zrange(index, start, start.saturating_add(limit - 1))
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Indexes the workspaces created before the index existed (by an earlier version), once
+    /// per namespace: a scan of the namespace's workspace records. Workspaces created since
+    /// are indexed as they are created.
+    async fn fill_workspace_index(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let filled: bool = conn
+            .exists(self.layout.workspace_index_filled())
+            .await
+            .map_err(unavailable)?;
+        if filled {
+            return Ok(());
+        }
+        let pattern = format!("{}*", glob_escape(&self.layout.workspace("")));
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1_000)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            if !found.is_empty() {
+                let raw: Vec<Option<String>> = conn.mget(&found).await.map_err(unavailable)?;
+                let mut index = redis::pipe();
+                for (key, raw) in found.iter().zip(raw) {
+                    let Some(w) = raw.and_then(|r| decode::<Workspace>(key, &r).ok()) else {
+                        continue;
+                    };
+                    index
+                        .zadd(self.layout.workspace_index(), &w.id, w.created_at)
+                        .ignore();
+                }
+                index
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        conn.set::<_, _, ()>(self.layout.workspace_index_filled(), 1)
+            .await
+            .map_err(unavailable)
+    }
+
     /// The digest of the key (or token) with id `id`, from the id index.
     async fn hash_of(&self, id: &str) -> Result<Option<KeyHash>, StoreError> {
         let hash: Option<String> = self
@@ -881,6 +974,18 @@ fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
+/// `text` matched literally in a `SCAN … MATCH` pattern.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
 fn decode<T: serde::de::DeserializeOwned>(key: &str, raw: &str) -> Result<T, StoreError> {
     serde_json::from_str(raw)
         .map_err(|e| StoreError::Unavailable(format!("unreadable record at {key}: {e}")))
@@ -907,12 +1012,40 @@ impl Store for RedisStore {
     }
 
     async fn create_workspace(&self, workspace: &Workspace) -> Result<(), StoreError> {
-        let created: bool = self
-            .conn()
-            .set_nx(self.layout.workspace(&workspace.id), encode(workspace))
+        let created: i64 = CREATE_WORKSPACE
+            .key(self.layout.workspace(&workspace.id))
+            .key(self.layout.workspace_index())
+            .arg(encode(workspace))
+            .arg(workspace.created_at)
+            .arg(&workspace.id)
+            .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        created_or_conflict(created, "workspace", &workspace.id)
+        created_or_conflict(created == 1, "workspace", &workspace.id)
+    }
+
+    async fn workspaces(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Workspace>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.fill_workspace_index().await?;
+        let ids = self
+            .page(&self.layout.workspace_index(), after, limit)
+            .await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let record_keys: Vec<String> = ids.iter().map(|id| self.layout.workspace(id)).collect();
+        let raw: Vec<Option<String>> = self.conn().mget(&record_keys).await.map_err(unavailable)?;
+        Ok(record_keys
+            .iter()
+            .zip(raw)
+            .filter_map(|(key, raw)| decode(key, &raw?).ok())
+            .collect())
     }
 
     async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError> {
@@ -997,25 +1130,13 @@ impl Store for RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let mut conn = self.conn();
-        let index = self.layout.workspace_keys(workspace);
-        // Ordered by creation time, then id: a key's rank is a stable cursor.
-        let start = match after {
-            Some(id) => {
-                let rank: Option<isize> = conn.zrank(&index, id).await.map_err(unavailable)?;
-                rank.map_or(0, |r| r + 1)
-            }
-            None => 0,
-        };
-        let limit = isize::try_from(limit).unwrap_or(isize::MAX);
-        let stop = start.saturating_add(limit - 1);
-        let ids: Vec<String> = conn
-            .zrange(&index, start, stop)
-            .await
-            .map_err(unavailable)?;
+        let ids = self
+            .page(&self.layout.workspace_keys(workspace), after, limit)
+            .await?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        let mut conn = self.conn();
         let id_keys: Vec<String> = ids.iter().map(|id| self.layout.key_by_id(id)).collect();
         let hashes: Vec<Option<String>> = conn.mget(&id_keys).await.map_err(unavailable)?;
         let record_keys: Vec<String> = hashes
