@@ -40,6 +40,13 @@ enum Command {
         #[arg(long, short, env = "SVCGATE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Create, list and show workspaces, and their projects' budgets, through the admin API.
+    Workspaces {
+        #[command(flatten)]
+        admin: AdminArgs,
+        #[command(subcommand)]
+        command: WorkspacesCommand,
+    },
     /// Manage API keys through the admin API.
     Keys {
         #[command(flatten)]
@@ -220,6 +227,47 @@ enum EnvironmentArg {
 }
 
 #[derive(Debug, Subcommand)]
+enum WorkspacesCommand {
+    /// Create a workspace; prints it with its id.
+    Create {
+        /// Display name.
+        #[arg(long)]
+        name: String,
+        /// Who is e-mailed when a webhook endpoint is paused; repeated or comma-separated.
+        #[arg(long = "admin-email", value_delimiter = ',', required = true)]
+        admin_emails: Vec<String>,
+        /// Monthly credit allowance.
+        #[arg(long, value_parser = parse_budget)]
+        monthly_credits: Option<f64>,
+        /// Remaining credits below which `billing.credits.low` fires.
+        #[arg(long, value_parser = parse_budget)]
+        credits_low_threshold: Option<f64>,
+    },
+    /// List workspaces, oldest first, a page at a time (`has_more`: ask again with
+    /// `--starting-after` the last id shown).
+    List {
+        /// Workspaces per page (1 to 1000; the server's default is 100).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// The last workspace id of the previous page.
+        #[arg(long, value_parser = parse_id)]
+        starting_after: Option<String>,
+    },
+    /// Show one workspace.
+    Show {
+        /// Workspace id (`ws_…`).
+        #[arg(value_parser = parse_id)]
+        id: String,
+    },
+    /// The monthly budgets of a workspace's projects, and where each comes from.
+    Budgets {
+        /// Workspace id (`ws_…`).
+        #[arg(value_parser = parse_id)]
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum KeysCommand {
     /// Create a key; prints its full value, which is shown this once.
     Create {
@@ -298,6 +346,9 @@ pub fn run(cli: Cli) -> ExitCode {
             server::serve(config, ServeOptions { upgrade, no_worker })
         }),
         Command::Worker { config } => run_server(config, Role::Worker, server::work),
+        Command::Workspaces { admin, command } => {
+            call_admin(&admin, |client, base| Ok(workspaces(client, base, command)))
+        }
         Command::Keys { admin, command } => {
             call_admin(&admin, |client, base| keys(client, base, command))
         }
@@ -450,6 +501,46 @@ fn events(
         "data": data,
         "environment": environment_name(environment),
     })))
+}
+
+fn workspaces(
+    client: &reqwest::Client,
+    base: &str,
+    command: WorkspacesCommand,
+) -> reqwest::RequestBuilder {
+    let base = format!("{base}/admin/v1/workspaces");
+    match command {
+        WorkspacesCommand::Create {
+            name,
+            admin_emails,
+            monthly_credits,
+            credits_low_threshold,
+        } => {
+            let mut body = json!({ "name": name, "admin_emails": admin_emails });
+            if let Some(credits) = monthly_credits {
+                body["monthly_credits"] = json!(credits);
+            }
+            if let Some(threshold) = credits_low_threshold {
+                body["credits_low_threshold"] = json!(threshold);
+            }
+            client.post(base).json(&body)
+        }
+        WorkspacesCommand::List {
+            limit,
+            starting_after,
+        } => {
+            let mut query = Vec::new();
+            if let Some(limit) = limit {
+                query.push(("limit", limit.to_string()));
+            }
+            if let Some(after) = starting_after {
+                query.push(("starting_after", after));
+            }
+            client.get(base).query(&query)
+        }
+        WorkspacesCommand::Show { id } => client.get(format!("{base}/{id}")),
+        WorkspacesCommand::Budgets { id } => client.get(format!("{base}/{id}/projects")),
+    }
 }
 
 fn keys(

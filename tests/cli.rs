@@ -27,6 +27,58 @@ fn run_keys(gw: &Gateway, args: &[&str]) -> std::process::Output {
 }
 
 #[tokio::test]
+async fn workspaces_cli_creates_lists_and_shows() {
+    let gw = Gateway::builder().start().await;
+    let out = run_admin_cli(
+        &gw,
+        "workspaces",
+        &[
+            "create",
+            "--name",
+            "Acme",
+            "--admin-email",
+            "ops@acme.example,cto@acme.example",
+            "--monthly-credits",
+            "100",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let created = printed(&out);
+    let id = created["id"].as_str().unwrap();
+    assert_eq!(created["admin_emails"].as_array().unwrap().len(), 2);
+    assert_eq!(created["monthly_credits"], 100.0);
+
+    let shown = printed(&run_admin_cli(&gw, "workspaces", &["show", id]));
+    assert_eq!(shown["name"], "Acme");
+    let listed = printed(&run_admin_cli(&gw, "workspaces", &["list", "--limit", "1"]));
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1);
+    assert_eq!(listed["has_more"], true);
+    let first = listed["data"][0]["id"].as_str().unwrap();
+    let rest = printed(&run_admin_cli(
+        &gw,
+        "workspaces",
+        &["list", "--starting-after", first],
+    ));
+    assert_eq!(rest["data"].as_array().unwrap().len(), 1);
+    assert_eq!(rest["has_more"], false);
+    let budgets = printed(&run_admin_cli(&gw, "workspaces", &["budgets", id]));
+    assert_eq!(budgets["data"], serde_json::json!([]));
+
+    // The API's refusal, not a crash: an address that cannot be mailed.
+    let out = run_admin_cli(
+        &gw,
+        "workspaces",
+        &["create", "--name", "X", "--admin-email", "not an address"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid_request_error"));
+}
+
+#[tokio::test]
 async fn keys_cli_creates_lists_shows_and_revokes() {
     let gw = Gateway::builder().start().await;
     let out = run_keys(
