@@ -1548,6 +1548,67 @@ fn audit_record(workspace: &str, time_ms: u64) -> AuditRecord {
     }
 }
 
+async fn an_audit_batch_with_an_id_is_appended_once(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let now = unix_now() * 1000;
+    let first = [audit_record(&ws, now), audit_record(&ws, now + 1)];
+    store.append_audit(&first, Some("spool-1:0")).await.unwrap();
+    // The same id again adds nothing, whatever it holds; another id and no id add theirs.
+    let again = [audit_record(&ws, now + 2)];
+    store.append_audit(&again, Some("spool-1:0")).await.unwrap();
+    store
+        .append_audit(&[audit_record(&ws, now + 3)], Some("spool-1:5000"))
+        .await
+        .unwrap();
+    store
+        .append_audit(&[audit_record(&ws, now + 4)], None)
+        .await
+        .unwrap();
+    let query = AuditQuery {
+        workspace: ws.clone(),
+        limit: 100,
+        ..AuditQuery::default()
+    };
+    let mut times: Vec<u64> = store
+        .audit(&query)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.time_ms - now)
+        .collect();
+    times.sort();
+    assert_eq!(times, [0, 1, 3, 4]);
+}
+
+/// A spool file replayed, then replayed again by a process that found it still there (the one
+/// before it died before it could remove it), is stored once.
+#[tokio::test]
+async fn redis_an_audit_spool_file_replayed_twice_is_stored_once() {
+    let ns = TestNamespace::new();
+    let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis_url(), &ns.name).unwrap());
+    let ws = new_id("ws");
+    let dir = tempfile::tempdir().unwrap();
+    let name = "audit-00000000000000000001-s_test.jsonl";
+    let lines: String = (0..3)
+        .map(|i| serde_json::to_string(&audit_record(&ws, unix_now() * 1000 + i)).unwrap() + "\n")
+        .collect();
+    for _ in 0..2 {
+        std::fs::write(dir.path().join(name), &lines).unwrap();
+        let (_, mut writer) =
+            svcgate::metering::audit::audit_log(store.clone(), dir.path().into(), 100);
+        assert_eq!(writer.flush().await, 3);
+        assert!(!dir.path().join(name).exists(), "replayed, then removed");
+    }
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let entries: usize = ::redis::cmd("XLEN")
+        .arg(format!("{}:audit:{{{ws}}}", ns.name))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(entries, 1);
+}
+
 async fn audit_reads_the_newest_records_whichever_batch_holds_them(store: Arc<dyn Store>) {
     let ws = new_id("ws");
     let now = unix_now() * 1000;
@@ -1557,8 +1618,8 @@ async fn audit_reads_the_newest_records_whichever_batch_holds_them(store: Arc<dy
     let older: Vec<AuditRecord> = (0..5)
         .map(|i| audit_record(&ws, now - 60_000 + i))
         .collect();
-    store.append_audit(&newest).await.unwrap();
-    store.append_audit(&older).await.unwrap();
+    store.append_audit(&newest, None).await.unwrap();
+    store.append_audit(&older, None).await.unwrap();
     let query = |limit| AuditQuery {
         workspace: ws.clone(),
         limit,
@@ -1578,7 +1639,7 @@ async fn audit_since_finds_records_of_a_gateway_whose_clock_runs_ahead(store: Ar
     let ws = new_id("ws");
     let now_s = unix_now();
     store
-        .append_audit(&[audit_record(&ws, now_s * 1000 + 1_500)])
+        .append_audit(&[audit_record(&ws, now_s * 1000 + 1_500)], None)
         .await
         .unwrap();
     let query = AuditQuery {
@@ -1598,8 +1659,8 @@ async fn audit_pages_after_a_cursor_hold_every_record_once(store: Arc<dyn Store>
     let mut newest: Vec<AuditRecord> = (0..3).map(|_| audit_record(&ws, now - 10)).collect();
     newest.extend((0..4).map(|i| audit_record(&ws, now - 20 - i)));
     let older: Vec<AuditRecord> = (0..6).map(|i| audit_record(&ws, now - 5_000 - i)).collect();
-    store.append_audit(&newest).await.unwrap();
-    store.append_audit(&older).await.unwrap();
+    store.append_audit(&newest, None).await.unwrap();
+    store.append_audit(&older, None).await.unwrap();
     let mut want: Vec<AuditRecord> = newest.iter().chain(&older).cloned().collect();
     AuditRecord::sort_listing(&mut want);
     let want: Vec<String> = want.iter().map(|r| r.request_id.to_string()).collect();
@@ -1676,6 +1737,7 @@ store_suite!(
     a_tail_sees_only_events_logged_after_it_started,
     events_since_filter_by_workspace_environment_and_time,
     claims_respect_due_times_leases_and_per_endpoint_caps,
+    an_audit_batch_with_an_id_is_appended_once,
     audit_reads_the_newest_records_whichever_batch_holds_them,
     audit_pages_after_a_cursor_hold_every_record_once,
     audit_since_finds_records_of_a_gateway_whose_clock_runs_ahead,

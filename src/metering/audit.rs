@@ -347,7 +347,12 @@ impl AuditWriter {
             };
             let chunk = file.chunk();
             let n = chunk.len();
-            if self.store.append_audit(chunk).await.is_err() {
+            if self
+                .store
+                .append_audit(chunk, Some(&file.chunk_id()))
+                .await
+                .is_err()
+            {
                 spool_refused = true;
                 break;
             }
@@ -364,7 +369,7 @@ impl AuditWriter {
             let n = self.backlog.len().min(SPOOL_FILE_RECORDS);
             // Moved out, not copied; put back in order if the store refuses them.
             let batch: Vec<AuditRecord> = self.backlog.drain(..n).collect();
-            if let Err(e) = self.store.append_audit(&batch).await {
+            if let Err(e) = self.store.append_audit(&batch, None).await {
                 tracing::debug!(error = %e, "audit records not written; kept");
                 for record in batch.into_iter().rev() {
                     self.backlog.push_front(record);
@@ -420,7 +425,7 @@ impl AuditWriter {
         while !self.backlog.is_empty() {
             let n = self.backlog.len().min(SPOOL_FILE_RECORDS);
             let batch: Vec<AuditRecord> = self.backlog.drain(..n).collect();
-            if self.store.append_audit(&batch).await.is_err() {
+            if self.store.append_audit(&batch, None).await.is_err() {
                 for record in batch.into_iter().rev() {
                     self.backlog.push_front(record);
                 }
@@ -500,6 +505,14 @@ impl SpoolFile {
     fn chunk(&self) -> &[AuditRecord] {
         let end = self.records.len().min(self.written + SPOOL_FILE_RECORDS);
         &self.records[self.written..end]
+    }
+
+    /// The id of the next write, the same whichever process replays the file: its name and
+    /// where the write starts. The store appends a write of one id once, so a file replayed
+    /// again after the process replaying it died (before it could remove it) adds nothing.
+    fn chunk_id(&self) -> String {
+        let name = self.taken.path().file_name().unwrap_or_default();
+        format!("{}:{}", name.to_string_lossy(), self.written)
     }
 }
 

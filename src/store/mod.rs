@@ -330,8 +330,14 @@ pub trait Store: Send + Sync + 'static {
     /// A workspace's spend in `month` (`YYYY-MM`).
     async fn usage_report(&self, workspace: &str, month: &str) -> Result<UsageReport, StoreError>;
 
-    /// Appends audit records (any workspaces, any order of arrival).
-    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError>;
+    /// Appends audit records (any workspaces, any order of arrival). With `once`, a batch id,
+    /// a batch of that id is appended at most once (within a day): a spool file replayed again
+    /// after the process replaying it died adds nothing.
+    async fn append_audit(
+        &self,
+        records: &[AuditRecord],
+        once: Option<&str>,
+    ) -> Result<(), StoreError>;
 
     /// Reads audit records back, newest first.
     async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError>;

@@ -584,8 +584,17 @@ impl Store for MemoryStore {
             .unwrap_or_default())
     }
 
-    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+    async fn append_audit(
+        &self,
+        records: &[AuditRecord],
+        once: Option<&str>,
+    ) -> Result<(), StoreError> {
         let mut inner = self.write();
+        if let Some(id) = once {
+            if !first_sight(&mut inner.flushes, &format!("audit:{id}")) {
+                return Ok(());
+            }
+        }
         for r in records {
             let log = inner.audit.entry(r.workspace.to_string()).or_default();
             if log.len() == AUDIT_KEPT {

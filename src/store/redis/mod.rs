@@ -148,6 +148,10 @@ impl Layout {
     fn audit(&self, workspace: &str) -> String {
         format!("{}:audit:{{{workspace}}}", self.ns)
     }
+    /// Set once a batch of audit records with id `once` is in the workspace's stream.
+    fn audit_once(&self, workspace: &str, once: &str) -> String {
+        format!("{}:once:{once}", self.audit(workspace))
+    }
     fn idempotency_salt(&self, scope: &str) -> String {
         format!("{{{}}}:idem:{scope}", self.ns)
     }
@@ -170,6 +174,18 @@ local e = redis.call('INCR', KEYS[4])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], e .. '-0', 'h', ARGV[2], 'm', ARGV[7])
 redis.pcall('PUBLISH', ARGV[5], e)
 return e
+",
+    )
+});
+
+/// Appends a batch of audit records unless a batch of its id was appended. KEYS: stream,
+/// marker. ARGV: the oldest id kept, the records as JSON. Returns 1, or 0 for a batch seen.
+static APPEND_AUDIT_ONCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', 86400) then return 0 end
+redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'records', ARGV[2])
+return 1
 ",
     )
 });
@@ -1438,7 +1454,11 @@ impl Store for RedisStore {
         Ok(report)
     }
 
-    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+    async fn append_audit(
+        &self,
+        records: &[AuditRecord],
+        once: Option<&str>,
+    ) -> Result<(), StoreError> {
         // One entry per record: a fast hash, not SipHash (workspace ids are not secrets).
         let mut by_workspace: HashMap<&str, Vec<&AuditRecord>, foldhash::fast::RandomState> =
             HashMap::default();
@@ -1447,19 +1467,34 @@ impl Store for RedisStore {
         }
         let min_id = (crate::ids::unix_now().saturating_sub(self.audit_retention_secs)) * 1000;
         let mut pipe = redis::pipe();
+        if once.is_some() {
+            pipe.load_script(&APPEND_AUDIT_ONCE).ignore();
+        }
         for (ws, batch) in by_workspace {
             // Sized for a typical record, so the buffer is not grown record by record.
             let mut json = Vec::with_capacity(batch.len() * 400);
             serde_json::to_writer(&mut json, &batch).expect("records serialize");
-            pipe.cmd("XADD")
-                .arg(self.layout.audit(ws))
-                .arg("MINID")
-                .arg("~")
-                .arg(min_id)
-                .arg("*")
-                .arg("records")
-                .arg(json)
-                .ignore();
+            match once {
+                None => pipe
+                    .cmd("XADD")
+                    .arg(self.layout.audit(ws))
+                    .arg("MINID")
+                    .arg("~")
+                    .arg(min_id)
+                    .arg("*")
+                    .arg("records")
+                    .arg(json)
+                    .ignore(),
+                Some(id) => pipe
+                    .invoke_script(
+                        APPEND_AUDIT_ONCE
+                            .key(self.layout.audit(ws))
+                            .key(self.layout.audit_once(ws, id))
+                            .arg(min_id)
+                            .arg(json),
+                    )
+                    .ignore(),
+            };
         }
         pipe.query_async::<()>(&mut self.conn())
             .await
