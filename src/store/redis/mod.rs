@@ -180,11 +180,14 @@ return e
 
 /// Appends a batch of audit records unless a batch of its id was appended. KEYS: stream,
 /// marker. ARGV: the oldest id kept, the records as JSON. Returns 1, or 0 for a batch seen.
+/// The marker is set after the append: a script is not rolled back when a command fails, and
+/// a batch the stream refused must not count as appended.
 static APPEND_AUDIT_ONCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', 86400) then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'records', ARGV[2])
+redis.call('SET', KEYS[2], '1', 'EX', 86400)
 return 1
 ",
     )
