@@ -261,4 +261,15 @@ async fn a_revocation_is_confirmed_only_once_a_replica_has_it() {
         .admin_post(&format!("/admin/v1/keys/{second}/revoke"))
         .await;
     assert_error(resp, 503, "service_unavailable").await;
+    // So is an idempotency salt: lost in a failover, it would make a retry a second key.
+    let resp = gw
+        .admin_request(reqwest::Method::POST, "/admin/v1/keys")
+        .header("Idempotency-Key", "k1")
+        .json(&serde_json::json!({
+            "workspace": ws, "environment": "live", "scopes": ["models:read"]
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_error(resp, 503, "service_unavailable").await;
 }

@@ -8,7 +8,7 @@ use http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use super::extract::{from_object, page_limit, JsonBody, PathParams, QueryParams};
-use super::{AdminState, IDEMPOTENCY_WINDOW_SECONDS};
+use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::unix_now;
 use crate::keys::scopes::is_valid_scope;
@@ -155,11 +155,11 @@ pub(super) async fn create(
                     "this Idempotency-Key was used for a different key",
                 ));
             }
-            let age = now.saturating_sub(existing.created_at);
-            if existing.status != KeyStatus::Active || age > IDEMPOTENCY_WINDOW_SECONDS {
+            // Within the window (past it, the salt is gone and this is a new key): shown again
+            // while it is active.
+            if existing.status != KeyStatus::Active {
                 return Err(ApiError::invalid(
-                    "this Idempotency-Key's key is no longer active or is more than 24 hours \
-                     old; its key is not shown again",
+                    "this Idempotency-Key's key is no longer active; its key is not shown again",
                 ));
             }
             KeyRecord::clone(&existing)
@@ -351,13 +351,13 @@ pub(super) async fn rotate(
                 .key_by_hash(&new_key.hash)
                 .await?
                 .ok_or_else(|| ApiError::not_found("the rotated key no longer exists"))?;
-            // A retry is shown the new key once more; later, or once that key is revoked or
-            // rotated in turn, the value is not handed out again.
-            let age = now.saturating_sub(existing.created_at);
-            if existing.status != KeyStatus::Active || age > IDEMPOTENCY_WINDOW_SECONDS {
+            // A retry within the window (past it, the salt is gone, and so is the derived key)
+            // is shown the new key once more; once that key is revoked or rotated in turn, the
+            // value is not handed out again.
+            if existing.status != KeyStatus::Active {
                 return Err(ApiError::invalid(
-                    "this Idempotency-Key's rotation is over (its key is no longer active, or it \
-                     is more than 24 hours old); its key is not shown again",
+                    "this Idempotency-Key's rotation is over (its key is no longer active); its \
+                     key is not shown again",
                 ));
             }
             KeyRecord::clone(&existing)

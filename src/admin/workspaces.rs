@@ -68,12 +68,10 @@ pub(super) async fn list(
             ));
         }
     }
-    let mut data = state
+    let (data, has_more) = state
         .store
-        .workspaces(query.starting_after.as_deref(), limit + 1)
+        .workspaces(query.starting_after.as_deref(), limit)
         .await?;
-    let has_more = data.len() > limit;
-    data.truncate(limit);
     Ok(Json(WorkspaceList { data, has_more }))
 }
 

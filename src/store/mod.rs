@@ -223,13 +223,13 @@ pub trait Store: Send + Sync + 'static {
     /// A workspace by id.
     async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError>;
 
-    /// Workspaces, oldest first: at most `limit`, those after workspace `after` (which must
-    /// exist) or from the first.
+    /// Workspaces, oldest first: at most `limit`, those after workspace `after` or from the
+    /// first; and whether more follow.
     async fn workspaces(
         &self,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<Workspace>, StoreError>;
+    ) -> Result<(Vec<Workspace>, bool), StoreError>;
 
     /// Applies `change` to workspace `id` (its id and creation time stay) and returns the
     /// result; `None` if there is no such workspace.

@@ -206,14 +206,16 @@ impl Store for MemoryStore {
         &self,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<Workspace>, StoreError> {
+    ) -> Result<(Vec<Workspace>, bool), StoreError> {
         let inner = self.read();
         let mut all: Vec<&Workspace> = inner.workspaces.values().collect();
         all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         let start = after
             .and_then(|id| all.iter().position(|w| w.id == id))
             .map_or(0, |i| i + 1);
-        Ok(all.into_iter().skip(start).take(limit).cloned().collect())
+        let rest = all.len().saturating_sub(start);
+        let page = all.into_iter().skip(start).take(limit).cloned().collect();
+        Ok((page, rest > limit))
     }
 
     async fn create_workspace(&self, workspace: &Workspace) -> Result<(), StoreError> {

@@ -118,6 +118,10 @@ impl Layout {
     fn workspace_index_filled(&self) -> String {
         format!("{{{}}}:workspaces:filled", self.ns)
     }
+    /// Where the scan filling the index resumes.
+    fn workspace_index_cursor(&self) -> String {
+        format!("{{{}}}:workspaces:fill-cursor", self.ns)
+    }
     fn key_by_hash(&self, hash: &KeyHash) -> String {
         format!("{}:h:{}", self.registry, hash.to_hex())
     }
@@ -585,34 +589,48 @@ impl RedisStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
-        let mut conn = self.conn();
         let start = match after {
             Some(id) => {
-                let rank: Option<isize> = conn.zrank(index, id).await.map_err(unavailable)?;
+                let rank: Option<isize> =
+                    self.conn().zrank(index, id).await.map_err(unavailable)?;
                 rank.map_or(0, |r| r + 1)
             }
             None => 0,
         };
+        self.range(index, start, limit).await
+    }
+
+    /// `limit` (at least 1) ids of the sorted set `index` from rank `start`.
+    async fn range(
+        &self,
+        index: &str,
+        start: isize,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
         let limit = isize::try_from(limit).unwrap_or(isize::MAX);
-        conn.zrange(index, start, start.saturating_add(limit - 1))
+        self.conn()
+            .zrange(index, start, start.saturating_add(limit - 1))
             .await
             .map_err(unavailable)
     }
 
     /// Indexes the workspaces created before the index existed (by an earlier version), once
-    /// per namespace: a scan of the namespace's workspace records. Workspaces created since
-    /// are indexed as they are created.
+    /// per namespace: a scan of the namespace's workspace records, which a scan cut short
+    /// (the listing that ran it gone) resumes where it stopped. Workspaces created since are
+    /// indexed as they are created, and any read of a workspace indexes it if it is not.
     async fn fill_workspace_index(&self) -> Result<(), StoreError> {
         let mut conn = self.conn();
-        let filled: bool = conn
+        let (filled, resume): (bool, Option<u64>) = redis::pipe()
             .exists(self.layout.workspace_index_filled())
+            .get(self.layout.workspace_index_cursor())
+            .query_async(&mut conn)
             .await
             .map_err(unavailable)?;
         if filled {
             return Ok(());
         }
         let pattern = format!("{}*", glob_escape(&self.layout.workspace("")));
-        let mut cursor: u64 = 0;
+        let mut cursor: u64 = resume.unwrap_or(0);
         loop {
             let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
@@ -634,7 +652,10 @@ impl RedisStore {
                         .zadd(self.layout.workspace_index(), &w.id, w.created_at)
                         .ignore();
                 }
+                // Where to resume, written with what was found up to it.
                 index
+                    .set(self.layout.workspace_index_cursor(), next)
+                    .ignore()
                     .query_async::<()>(&mut conn)
                     .await
                     .map_err(unavailable)?;
@@ -644,9 +665,38 @@ impl RedisStore {
             }
             cursor = next;
         }
-        conn.set::<_, _, ()>(self.layout.workspace_index_filled(), 1)
+        redis::pipe()
+            .set(self.layout.workspace_index_filled(), 1)
+            .ignore()
+            .del(self.layout.workspace_index_cursor())
+            .ignore()
+            .query_async(&mut conn)
             .await
             .map_err(unavailable)
+    }
+
+    /// Where a page of the workspace index after workspace `id` starts: past its rank, or, for
+    /// a workspace not in the index (created by an earlier version during a rolling upgrade,
+    /// say), past where it would be, and it is indexed for the next listing.
+    async fn workspace_rank_after(&self, id: &str) -> Result<isize, StoreError> {
+        let mut conn = self.conn();
+        let index = self.layout.workspace_index();
+        let rank: Option<isize> = conn.zrank(&index, id).await.map_err(unavailable)?;
+        if let Some(rank) = rank {
+            return Ok(rank + 1);
+        }
+        let Some(workspace) = self.workspace(id).await? else {
+            return Ok(0);
+        };
+        let created = workspace.created_at;
+        let (older, same): (isize, Vec<String>) = redis::pipe()
+            .zcount(&index, "-inf", format!("({created}"))
+            .zrangebyscore(&index, created, created)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let before = same.iter().filter(|other| other.as_str() <= id).count();
+        Ok(older + isize::try_from(before).unwrap_or(isize::MAX))
     }
 
     /// The digest of the key (or token) with id `id`, from the id index.
@@ -890,7 +940,7 @@ impl RedisStore {
         } else {
             tracing::warn!("a key change is on the Redis master, and no replica has confirmed it");
             Err(StoreError::Unavailable(
-                "no replica confirmed the key change".into(),
+                "no replica confirmed the change".into(),
             ))
         }
     }
@@ -1047,28 +1097,57 @@ impl Store for RedisStore {
         &self,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<Workspace>, StoreError> {
+    ) -> Result<(Vec<Workspace>, bool), StoreError> {
         if limit == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), false));
         }
         self.fill_workspace_index().await?;
-        let ids = self
-            .page(&self.layout.workspace_index(), after, limit)
+        let start = match after {
+            Some(id) => self.workspace_rank_after(id).await?,
+            None => 0,
+        };
+        let mut ids = self
+            .range(
+                &self.layout.workspace_index(),
+                start,
+                limit.saturating_add(1),
+            )
             .await?;
+        let more = ids.len() > limit;
+        ids.truncate(limit);
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), more));
         }
         let record_keys: Vec<String> = ids.iter().map(|id| self.layout.workspace(id)).collect();
         let raw: Vec<Option<String>> = self.conn().mget(&record_keys).await.map_err(unavailable)?;
-        Ok(record_keys
+        // A record that does not decode is left out of the page, not the page refused.
+        let page = record_keys
             .iter()
             .zip(raw)
             .filter_map(|(key, raw)| decode(key, &raw?).ok())
-            .collect())
+            .collect();
+        Ok((page, more))
     }
 
     async fn workspace(&self, id: &str) -> Result<Option<Workspace>, StoreError> {
-        self.get_json(&self.layout.workspace(id)).await
+        let mut conn = self.conn();
+        let (raw, rank): (Option<String>, Option<f64>) = redis::pipe()
+            .get(self.layout.workspace(id))
+            .zscore(self.layout.workspace_index(), id)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let Some(raw) = raw else {
+            return Ok(None);
+        };
+        let workspace: Workspace = decode(&self.layout.workspace(id), &raw)?;
+        // Created by an earlier version (during a rolling upgrade): indexed now.
+        if rank.is_none() {
+            conn.zadd::<_, _, _, ()>(self.layout.workspace_index(), id, workspace.created_at)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(Some(workspace))
     }
 
     async fn update_workspace(
@@ -1332,13 +1411,17 @@ impl Store for RedisStore {
         fresh: &str,
         ttl_secs: u64,
     ) -> Result<String, StoreError> {
-        GET_OR_SET
+        let salt: String = GET_OR_SET
             .key(self.layout.idempotency_salt(scope))
             .arg(fresh)
             .arg(ttl_secs.max(1))
             .invoke_async(&mut self.conn())
             .await
-            .map_err(unavailable)
+            .map_err(unavailable)?;
+        // Lost in a failover, the salt would make a retry another key: it is on a replica
+        // before any key is derived from it.
+        self.on_a_replica().await?;
+        Ok(salt)
     }
 
     async fn insert_token(&self, token: &KeyRecord, ttl_secs: u64) -> Result<(), StoreError> {
