@@ -56,6 +56,8 @@ struct Inner {
     endpoints: HashMap<String, Vec<Endpoint>>,
     /// Ids of the latest usage batches added, so a retry adds nothing.
     flushes: VecDeque<String>,
+    /// Ids of the latest audit spool writes appended, so a replay appends nothing.
+    audit_batches: VecDeque<String>,
     /// Idempotency salts by scope, with when they are forgotten (unix seconds).
     salts: HashMap<String, (String, u64)>,
 }
@@ -593,7 +595,7 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         let mut inner = self.write();
         if let Some(id) = once {
-            if !first_sight(&mut inner.flushes, &format!("audit:{id}")) {
+            if !first_sight(&mut inner.audit_batches, id) {
                 return Ok(());
             }
         }

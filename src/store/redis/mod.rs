@@ -5,6 +5,9 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `{ns}:ws:<id>` | string | workspace JSON |
+//! | `{ns}:workspaces` | sorted set | workspace ids, scored by creation time (unix seconds) |
+//! | `{ns}:workspaces:filled` | string | set once the index holds the workspaces of versions before it |
+//! | `{ns}:idem:<digest>` | string | an `Idempotency-Key`'s salt (24 hours), under an HMAC of the key and what it is for |
 //! | `{ns}:events` | stream | the event log: fields `id`, `type`, `created`, `workspace`, `environment`, `data` (JSON) |
 //! | `{ns}:keys:h:<sha256 hex>` | string | key or scoped-token record JSON, by digest (the request path's lookup); tokens expire with a TTL |
 //! | `{ns}:keys:id:<key id>` | string | digest hex, by key or token id (a token's expires with it) |
@@ -29,6 +32,7 @@
 //! | `{ns}:wh:notices` | hash | pause notice id → notice JSON: an e-mail owed to a workspace's admins, queued with the pause, removed once sent |
 //! | `{ns}:wh:notices:due` | sorted set | pause notice ids, scored by when the next try is due (ms); a claimed one by its lease's end |
 //! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array) |
+//! | `ns:audit:{<ws>}:once:<id>` | string | an audit spool write already appended (a day) |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
 //!
 //! The event log is consumed by the consumer group `webhooks`; see [`webhooks`] for the entry
@@ -117,10 +121,6 @@ impl Layout {
     /// Set once the index holds the workspaces created before it existed.
     fn workspace_index_filled(&self) -> String {
         format!("{{{}}}:workspaces:filled", self.ns)
-    }
-    /// Where the scan filling the index resumes.
-    fn workspace_index_cursor(&self) -> String {
-        format!("{{{}}}:workspaces:fill-cursor", self.ns)
     }
     fn key_by_hash(&self, hash: &KeyHash) -> String {
         format!("{}:h:{}", self.registry, hash.to_hex())
@@ -615,22 +615,21 @@ impl RedisStore {
     }
 
     /// Indexes the workspaces created before the index existed (by an earlier version), once
-    /// per namespace: a scan of the namespace's workspace records, which a scan cut short
-    /// (the listing that ran it gone) resumes where it stopped. Workspaces created since are
-    /// indexed as they are created, and any read of a workspace indexes it if it is not.
+    /// per namespace: a scan of the namespace's workspace records (a scan cut short starts
+    /// again: a `SCAN` cursor means nothing to another Redis process, after a failover or a
+    /// restart). Workspaces created since are indexed as they are created, and any read of a
+    /// workspace indexes it if it is not.
     async fn fill_workspace_index(&self) -> Result<(), StoreError> {
         let mut conn = self.conn();
-        let (filled, resume): (bool, Option<u64>) = redis::pipe()
+        let filled: bool = conn
             .exists(self.layout.workspace_index_filled())
-            .get(self.layout.workspace_index_cursor())
-            .query_async(&mut conn)
             .await
             .map_err(unavailable)?;
         if filled {
             return Ok(());
         }
         let pattern = format!("{}*", glob_escape(&self.layout.workspace("")));
-        let mut cursor: u64 = resume.unwrap_or(0);
+        let mut cursor: u64 = 0;
         loop {
             let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
@@ -652,25 +651,19 @@ impl RedisStore {
                         .zadd(self.layout.workspace_index(), &w.id, w.created_at)
                         .ignore();
                 }
-                // Where to resume, written with what was found up to it.
-                index
-                    .set(self.layout.workspace_index_cursor(), next)
-                    .ignore()
-                    .query_async::<()>(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
+                if !index.is_empty() {
+                    index
+                        .query_async::<()>(&mut conn)
+                        .await
+                        .map_err(unavailable)?;
+                }
             }
             if next == 0 {
                 break;
             }
             cursor = next;
         }
-        redis::pipe()
-            .set(self.layout.workspace_index_filled(), 1)
-            .ignore()
-            .del(self.layout.workspace_index_cursor())
-            .ignore()
-            .query_async(&mut conn)
+        conn.set::<_, _, ()>(self.layout.workspace_index_filled(), 1)
             .await
             .map_err(unavailable)
     }
@@ -938,7 +931,7 @@ impl RedisStore {
         if confirmed >= 1 {
             Ok(())
         } else {
-            tracing::warn!("a key change is on the Redis master, and no replica has confirmed it");
+            tracing::warn!("a change is on the Redis master, and no replica has confirmed it");
             Err(StoreError::Unavailable(
                 "no replica confirmed the change".into(),
             ))
@@ -1141,11 +1134,15 @@ impl Store for RedisStore {
             return Ok(None);
         };
         let workspace: Workspace = decode(&self.layout.workspace(id), &raw)?;
-        // Created by an earlier version (during a rolling upgrade): indexed now.
+        // Created by an earlier version (during a rolling upgrade): indexed now. A read does not
+        // fail for it (a Redis out of memory, read-only in a failover): the next read tries again.
         if rank.is_none() {
-            conn.zadd::<_, _, _, ()>(self.layout.workspace_index(), id, workspace.created_at)
-                .await
-                .map_err(unavailable)?;
+            let indexed = conn
+                .zadd::<_, _, _, ()>(self.layout.workspace_index(), id, workspace.created_at)
+                .await;
+            if let Err(e) = indexed {
+                tracing::warn!(error = %e, workspace = id, "cannot index a workspace");
+            }
         }
         Ok(Some(workspace))
     }
@@ -1418,9 +1415,12 @@ impl Store for RedisStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        // Lost in a failover, the salt would make a retry another key: it is on a replica
-        // before any key is derived from it.
-        self.on_a_replica().await?;
+        // Lost in a failover, a new salt would make a retry another key: it is on a replica
+        // before any key is derived from it. (One found was confirmed so, or its request got a
+        // 503; a replica with the key derived from it then has it too, written before it.)
+        if salt == fresh {
+            self.on_a_replica().await?;
+        }
         Ok(salt)
     }
 
