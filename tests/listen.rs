@@ -531,6 +531,45 @@ async fn a_client_that_hangs_up_ends_its_stream_at_once() {
 }
 
 #[tokio::test]
+async fn a_key_holds_at_most_five_streams_across_replicas() {
+    let ns = TestNamespace::new();
+    let (a, b) = replicas(&ns).await;
+    let ws = a.create_workspace().await;
+    let (_, key) = a.create_key_in(&ws, "live", READ).await;
+    let open = |gw: &Gateway| {
+        let request = gw
+            .request(Method::GET, "/v1/webhooks/listen")
+            .bearer_auth(&key);
+        async move { request.send().await.unwrap() }
+    };
+    let mut streams = Vec::new();
+    for gw in [&a, &a, &a, &b, &b] {
+        let mut resp = open(gw).await;
+        assert_eq!(resp.status(), 200);
+        resp.chunk().await.unwrap().expect("the session event");
+        streams.push(resp);
+    }
+    // Three on one replica and two on the other: a sixth is refused on either.
+    for gw in [&b, &a] {
+        let body = assert_error(open(gw).await, 429, "rate_limit_error").await;
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("across the gateways"),
+            "{body}"
+        );
+    }
+    // A stream that ends on one frees its place on the other.
+    streams.remove(0);
+    let reopened = eventually(Duration::from_secs(5), || async {
+        open(&b).await.status() == 200
+    })
+    .await;
+    assert!(reopened.is_some(), "{}", b.logs());
+}
+
+#[tokio::test]
 async fn a_key_holds_at_most_five_streams_open_at_once() {
     let gw = Gateway::builder().start().await;
     let (_, key) = gw

@@ -92,6 +92,32 @@ async fn workspaces_are_listed_oldest_first_a_page_at_a_time(store: Arc<dyn Stor
     );
 }
 
+async fn listen_slots_are_capped_leased_renewed_and_freed(store: Arc<dyn Store>) {
+    let key = new_id("key");
+    let hold = |stream: &'static str, now_ms: u64| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .hold_listen_slot(&key, stream, 2, now_ms, 1_000)
+                .await
+                .unwrap()
+        }
+    };
+    let now = unix_now() * 1000;
+    assert!(hold("s1", now).await);
+    assert!(hold("s2", now).await);
+    assert!(!hold("s3", now).await, "both slots held");
+    assert!(hold("s1", now + 600).await, "a holder renews its own");
+    // s2's lease ends at now + 1000; s1's, renewed, at now + 1600.
+    assert!(
+        hold("s3", now + 1_100).await,
+        "an expired lease frees its slot"
+    );
+    assert!(!hold("s4", now + 1_200).await);
+    store.release_listen_slot(&key, "s1").await.unwrap();
+    assert!(hold("s4", now + 1_200).await, "a released slot is free");
+}
+
 async fn workspace_changes_keep_identity_and_lose_none(store: Arc<dyn Store>) {
     let ws = workspace();
     store.create_workspace(&ws).await.unwrap();
@@ -1732,6 +1758,7 @@ macro_rules! store_suite {
 store_suite!(
     workspaces_round_trip,
     workspaces_are_listed_oldest_first_a_page_at_a_time,
+    listen_slots_are_capped_leased_renewed_and_freed,
     workspace_changes_keep_identity_and_lose_none,
     keys_are_found_every_way,
     updates_keep_identity_and_are_seen_by_hash,

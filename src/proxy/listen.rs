@@ -49,6 +49,45 @@ pub const STREAMS_PER_KEY: usize = 5;
 pub const STREAMS_PER_REPLICA: usize = 1_000;
 /// The `Retry-After` of a refused stream.
 const STREAMS_RETRY_AFTER_SECS: u64 = 5;
+/// How long a stream's slot among its key's [`STREAMS_PER_KEY`] holds without a renewal: the
+/// streams of a replica that dies free their slots after it.
+const SLOT_LEASE: Duration = Duration::from_secs(30);
+/// How often an open stream renews its slot.
+const SLOT_RENEWAL: Duration = Duration::from_secs(10);
+
+/// The 429 of a key that holds all its streams.
+fn too_many_for_key() -> ApiError {
+    ApiError::RateLimited {
+        message: format!(
+            "at most {STREAMS_PER_KEY} listen streams per key may be open at once, across the \
+             gateways; close one"
+        )
+        .into(),
+        retry_after_secs: STREAMS_RETRY_AFTER_SECS,
+    }
+}
+
+/// Holds, or renews, stream `stream`'s slot among key `key_id`'s [`STREAMS_PER_KEY`], shared by
+/// every replica (behind a load balancer, a key would otherwise hold that many on each): a 429
+/// if the key's other streams hold them all.
+pub async fn hold_slot(store: &dyn Store, key_id: &str, stream: &str) -> Result<(), ApiError> {
+    let now_ms = crate::ids::unix_millis();
+    let lease_ms = u64::try_from(SLOT_LEASE.as_millis()).unwrap_or(u64::MAX);
+    match store
+        .hold_listen_slot(key_id, stream, STREAMS_PER_KEY, now_ms, lease_ms)
+        .await?
+    {
+        true => Ok(()),
+        false => Err(too_many_for_key()),
+    }
+}
+
+/// Frees stream `stream`'s slot (else its lease runs out).
+pub async fn release_slot(store: &dyn Store, key_id: &str, stream: &str) {
+    if let Err(e) = store.release_listen_slot(key_id, stream).await {
+        tracing::debug!(error = %e, "a listen stream's slot is freed when its lease ends");
+    }
+}
 
 /// The streams open on this replica, per key.
 #[derive(Default)]
@@ -70,18 +109,13 @@ impl OpenStreams {
         let mut per_key = self.per_key.lock().unwrap_or_else(PoisonError::into_inner);
         let total: usize = per_key.values().sum();
         let mine = per_key.get(key_id).copied().unwrap_or(0);
-        let refusal = if mine >= STREAMS_PER_KEY {
-            Some(format!(
-                "at most {STREAMS_PER_KEY} listen streams per key may be open at once; close one"
-            ))
-        } else if total >= STREAMS_PER_REPLICA {
-            Some("this gateway holds as many listen streams as it can; retry shortly".into())
-        } else {
-            None
-        };
-        if let Some(message) = refusal {
+        if mine >= STREAMS_PER_KEY {
+            return Err(too_many_for_key());
+        }
+        if total >= STREAMS_PER_REPLICA {
             return Err(ApiError::RateLimited {
-                message: message.into(),
+                message: "this gateway holds as many listen streams as it can; retry shortly"
+                    .into(),
                 retry_after_secs: STREAMS_RETRY_AFTER_SECS,
             });
         }
@@ -166,9 +200,16 @@ pub async fn stream(
     }
 
     let mut last_write = Instant::now();
+    let mut renewed = Instant::now();
     let ended = loop {
         if session.is_process_shutting_down() {
             break ApiError::ServiceUnavailable("the gateway is shutting down; reconnect".into());
+        }
+        if renewed.elapsed() >= SLOT_RENEWAL {
+            if let Err(refused) = hold_slot(store, caller.key.billed_key_id(), request_id).await {
+                break refused;
+            }
+            renewed = Instant::now();
         }
         if let Err(refused) = still_allowed(session, auth, route).await {
             break refused;

@@ -268,10 +268,12 @@ impl Gateway {
             }
             Handler::Listen => {
                 let caller = ctx.caller.as_ref().expect("authorized");
-                let _slot = self.listen_streams.open(caller.key.billed_key_id())?;
+                let key_id = caller.key.billed_key_id();
+                let _slot = self.listen_streams.open(key_id)?;
                 let (auth, store) = (&self.auth, self.store.as_ref());
+                listen::hold_slot(store, key_id, &ctx.request_id).await?;
                 let headers = ctx.answer_headers();
-                Box::pin(listen::stream(
+                let streamed = Box::pin(listen::stream(
                     session,
                     caller,
                     auth,
@@ -280,7 +282,9 @@ impl Gateway {
                     &ctx.request_id,
                     &headers,
                 ))
-                .await?;
+                .await;
+                listen::release_slot(store, key_id, &ctx.request_id).await;
+                streamed?;
                 Ok(Admission::Answer)
             }
             Handler::Forward if ctx.target == Target::Simulated => {

@@ -304,6 +304,21 @@ pub trait Store: Send + Sync + 'static {
         ttl_secs: u64,
     ) -> Result<String, StoreError>;
 
+    /// Holds one of key `key_id`'s `max` listen-stream slots for stream `stream` until
+    /// `now_ms + lease_ms`, across replicas, or renews the one it holds; slots whose lease ran
+    /// out are free. `false` if all are held by other streams.
+    async fn hold_listen_slot(
+        &self,
+        key_id: &str,
+        stream: &str,
+        max: usize,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// Frees stream `stream`'s slot of key `key_id`.
+    async fn release_listen_slot(&self, key_id: &str, stream: &str) -> Result<(), StoreError>;
+
     /// Stores a scoped token (found by [`Store::key_by_hash`]) for `ttl_secs`, after which the
     /// store forgets it.
     async fn insert_token(&self, token: &KeyRecord, ttl_secs: u64) -> Result<(), StoreError>;

@@ -56,6 +56,8 @@ struct Inner {
     endpoints: HashMap<String, Vec<Endpoint>>,
     /// Ids of the latest usage batches added, so a retry adds nothing.
     flushes: VecDeque<String>,
+    /// Listen-stream slots per key id: stream → lease end (unix ms).
+    listen_slots: HashMap<String, HashMap<String, u64>>,
     /// Ids of the latest audit spool writes appended, so a replay appends nothing.
     audit_batches: VecDeque<String>,
     /// Idempotency salts by scope, with when they are forgotten (unix seconds).
@@ -398,6 +400,35 @@ impl Store for MemoryStore {
             old: rotated,
             successor,
         })
+    }
+
+    async fn hold_listen_slot(
+        &self,
+        key_id: &str,
+        stream: &str,
+        max: usize,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.write();
+        let slots = inner.listen_slots.entry(key_id.to_string()).or_default();
+        slots.retain(|_, until| *until > now_ms);
+        if !slots.contains_key(stream) && slots.len() >= max {
+            return Ok(false);
+        }
+        slots.insert(stream.to_string(), now_ms.saturating_add(lease_ms));
+        Ok(true)
+    }
+
+    async fn release_listen_slot(&self, key_id: &str, stream: &str) -> Result<(), StoreError> {
+        let mut inner = self.write();
+        if let Some(slots) = inner.listen_slots.get_mut(key_id) {
+            slots.remove(stream);
+            if slots.is_empty() {
+                inner.listen_slots.remove(key_id);
+            }
+        }
+        Ok(())
     }
 
     async fn idempotency_salt(

@@ -7,6 +7,7 @@
 //! | `{ns}:ws:<id>` | string | workspace JSON |
 //! | `{ns}:workspaces` | sorted set | workspace ids, scored by creation time (unix seconds) |
 //! | `{ns}:workspaces:filled` | string | set once the index holds the workspaces of versions before it |
+//! | `{ns}:listen:<key id>` | sorted set | the key's open `listen` streams (request ids), scored by when their lease ends (ms) |
 //! | `{ns}:idem:<digest>` | string | an `Idempotency-Key`'s salt (24 hours), under an HMAC of the key and what it is for |
 //! | `{ns}:events` | stream | the event log: fields `id`, `type`, `created`, `workspace`, `environment`, `data` (JSON) |
 //! | `{ns}:keys:h:<sha256 hex>` | string | key or scoped-token record JSON, by digest (the request path's lookup); tokens expire with a TTL |
@@ -156,6 +157,9 @@ impl Layout {
     fn audit_once(&self, workspace: &str, once: &str) -> String {
         format!("{}:once:{once}", self.audit(workspace))
     }
+    fn listen_slots(&self, key_id: &str) -> String {
+        format!("{{{}}}:listen:{key_id}", self.ns)
+    }
     fn idempotency_salt(&self, scope: &str) -> String {
         format!("{{{}}}:idem:{scope}", self.ns)
     }
@@ -204,6 +208,23 @@ static CREATE_WORKSPACE: LazyLock<Script> = LazyLock::new(|| {
         r"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return 1
+",
+    )
+});
+
+/// Holds or renews a listen-stream slot. KEYS: the key's slots (stream → lease end, ms).
+/// ARGV: stream, max, now (ms), lease (ms). Returns 1, or 0 if every slot is held by another.
+static HOLD_LISTEN_SLOT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+if not redis.call('ZSCORE', KEYS[1], ARGV[1])
+  and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 ",
     )
@@ -1400,6 +1421,33 @@ impl Store for RedisStore {
         Err(StoreError::Conflict(format!(
             "key {old_id} is changing too often; retry"
         )))
+    }
+
+    async fn hold_listen_slot(
+        &self,
+        key_id: &str,
+        stream: &str,
+        max: usize,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let held: i64 = HOLD_LISTEN_SLOT
+            .key(self.layout.listen_slots(key_id))
+            .arg(stream)
+            .arg(max)
+            .arg(now_ms)
+            .arg(lease_ms.max(1))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(held == 1)
+    }
+
+    async fn release_listen_slot(&self, key_id: &str, stream: &str) -> Result<(), StoreError> {
+        self.conn()
+            .zrem::<_, _, ()>(self.layout.listen_slots(key_id), stream)
+            .await
+            .map_err(unavailable)
     }
 
     async fn idempotency_salt(
