@@ -93,29 +93,29 @@ async fn workspaces_are_listed_oldest_first_a_page_at_a_time(store: Arc<dyn Stor
 }
 
 async fn listen_slots_are_capped_leased_renewed_and_freed(store: Arc<dyn Store>) {
+    // Real time: Redis times leases by its own clock. A lease of 3 s, renewed at 1.5 s.
     let key = new_id("key");
-    let hold = |stream: &'static str, now_ms: u64| {
+    let hold = |stream: &'static str| {
         let (store, key) = (store.clone(), key.clone());
         async move {
+            let now = svcgate::ids::unix_millis();
             store
-                .hold_listen_slot(&key, stream, 2, now_ms, 1_000)
+                .hold_listen_slot(&key, stream, 2, now, 3_000)
                 .await
                 .unwrap()
         }
     };
-    let now = unix_now() * 1000;
-    assert!(hold("s1", now).await);
-    assert!(hold("s2", now).await);
-    assert!(!hold("s3", now).await, "both slots held");
-    assert!(hold("s1", now + 600).await, "a holder renews its own");
-    // s2's lease ends at now + 1000; s1's, renewed, at now + 1600.
-    assert!(
-        hold("s3", now + 1_100).await,
-        "an expired lease frees its slot"
-    );
-    assert!(!hold("s4", now + 1_200).await);
+    assert!(hold("s1").await);
+    assert!(hold("s2").await);
+    assert!(!hold("s3").await, "both slots held");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(hold("s1").await, "a holder renews its own");
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    // s2's lease ended at 3 s; s1's, renewed, ends at 4.5 s.
+    assert!(hold("s3").await, "an expired lease frees its slot");
+    assert!(!hold("s4").await);
     store.release_listen_slot(&key, "s1").await.unwrap();
-    assert!(hold("s4", now + 1_200).await, "a released slot is free");
+    assert!(hold("s4").await, "a released slot is free");
 }
 
 async fn workspace_changes_keep_identity_and_lose_none(store: Arc<dyn Store>) {

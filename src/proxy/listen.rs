@@ -28,9 +28,10 @@ use super::routes::Route;
 use crate::error::ApiError;
 use crate::events::Event;
 use crate::ids::unix_now;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::webhooks::endpoint::{check_filter, matches_filter, new_secret};
 use crate::webhooks::{delivery, sign};
+use std::sync::Arc;
 
 /// Most filters one stream may name.
 const MAX_FILTERS: usize = 50;
@@ -50,8 +51,10 @@ pub const STREAMS_PER_REPLICA: usize = 1_000;
 /// The `Retry-After` of a refused stream.
 const STREAMS_RETRY_AFTER_SECS: u64 = 5;
 /// How long a stream's slot among its key's [`STREAMS_PER_KEY`] holds without a renewal: the
-/// streams of a replica that dies free their slots after it.
-const SLOT_LEASE: Duration = Duration::from_secs(30);
+/// streams of a replica that dies free their slots after it. Longer than the longest a stream
+/// can go between renewals: [`SLOT_RENEWAL`], then a wait for events ([`BLOCK`]) and a write
+/// to a slow client ([`WRITE_TIMEOUT`]), or at its start the header and the opening event.
+const SLOT_LEASE: Duration = Duration::from_secs(90);
 /// How often an open stream renews its slot.
 const SLOT_RENEWAL: Duration = Duration::from_secs(10);
 
@@ -68,24 +71,54 @@ fn too_many_for_key() -> ApiError {
 }
 
 /// Holds, or renews, stream `stream`'s slot among key `key_id`'s [`STREAMS_PER_KEY`], shared by
-/// every replica (behind a load balancer, a key would otherwise hold that many on each): a 429
-/// if the key's other streams hold them all.
-pub async fn hold_slot(store: &dyn Store, key_id: &str, stream: &str) -> Result<(), ApiError> {
+/// every replica (behind a load balancer, a key would otherwise hold that many on each):
+/// `false` if the key's other streams hold them all.
+async fn hold(store: &dyn Store, key_id: &str, stream: &str) -> Result<bool, StoreError> {
     let now_ms = crate::ids::unix_millis();
     let lease_ms = u64::try_from(SLOT_LEASE.as_millis()).unwrap_or(u64::MAX);
-    match store
+    store
         .hold_listen_slot(key_id, stream, STREAMS_PER_KEY, now_ms, lease_ms)
-        .await?
-    {
-        true => Ok(()),
-        false => Err(too_many_for_key()),
+        .await
+}
+
+/// A stream's slot among its key's, freed when dropped (however the stream ends; else its
+/// lease runs out).
+pub struct HeldSlot {
+    store: Arc<dyn Store>,
+    key_id: String,
+    stream: String,
+}
+
+impl HeldSlot {
+    /// Holds a slot of key `key_id` for stream `stream`: a 429 if the key's other streams, on
+    /// any replica, hold them all.
+    pub async fn take(store: Arc<dyn Store>, key_id: &str, stream: &str) -> Result<Self, ApiError> {
+        if !hold(store.as_ref(), key_id, stream).await? {
+            return Err(too_many_for_key());
+        }
+        Ok(Self {
+            store,
+            key_id: key_id.to_string(),
+            stream: stream.to_string(),
+        })
     }
 }
 
-/// Frees stream `stream`'s slot (else its lease runs out).
-pub async fn release_slot(store: &dyn Store, key_id: &str, stream: &str) {
-    if let Err(e) = store.release_listen_slot(key_id, stream).await {
-        tracing::debug!(error = %e, "a listen stream's slot is freed when its lease ends");
+impl Drop for HeldSlot {
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, key_id, stream) = (
+            self.store.clone(),
+            std::mem::take(&mut self.key_id),
+            std::mem::take(&mut self.stream),
+        );
+        runtime.spawn(async move {
+            if let Err(e) = store.release_listen_slot(&key_id, &stream).await {
+                tracing::debug!(error = %e, "a listen stream's slot is freed when its lease ends");
+            }
+        });
     }
 }
 
@@ -206,10 +239,13 @@ pub async fn stream(
             break ApiError::ServiceUnavailable("the gateway is shutting down; reconnect".into());
         }
         if renewed.elapsed() >= SLOT_RENEWAL {
-            if let Err(refused) = hold_slot(store, caller.key.billed_key_id(), request_id).await {
-                break refused;
+            match hold(store, caller.key.billed_key_id(), request_id).await {
+                Ok(true) => renewed = Instant::now(),
+                // Its lease ran out (a client too slow for long) and another stream took it.
+                Ok(false) => break too_many_for_key(),
+                // Tried again at the next turn: the lease outlasts a blip of the store.
+                Err(e) => tracing::debug!(request_id, error = %e, "cannot renew a listen slot"),
             }
-            renewed = Instant::now();
         }
         if let Err(refused) = still_allowed(session, auth, route).await {
             break refused;

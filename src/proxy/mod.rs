@@ -270,10 +270,11 @@ impl Gateway {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let key_id = caller.key.billed_key_id();
                 let _slot = self.listen_streams.open(key_id)?;
+                let _held =
+                    listen::HeldSlot::take(self.store.clone(), key_id, &ctx.request_id).await?;
                 let (auth, store) = (&self.auth, self.store.as_ref());
-                listen::hold_slot(store, key_id, &ctx.request_id).await?;
                 let headers = ctx.answer_headers();
-                let streamed = Box::pin(listen::stream(
+                Box::pin(listen::stream(
                     session,
                     caller,
                     auth,
@@ -282,9 +283,7 @@ impl Gateway {
                     &ctx.request_id,
                     &headers,
                 ))
-                .await;
-                listen::release_slot(store, key_id, &ctx.request_id).await;
-                streamed?;
+                .await?;
                 Ok(Admission::Answer)
             }
             Handler::Forward if ctx.target == Target::Simulated => {

@@ -304,9 +304,10 @@ pub trait Store: Send + Sync + 'static {
         ttl_secs: u64,
     ) -> Result<String, StoreError>;
 
-    /// Holds one of key `key_id`'s `max` listen-stream slots for stream `stream` until
-    /// `now_ms + lease_ms`, across replicas, or renews the one it holds; slots whose lease ran
-    /// out are free. `false` if all are held by other streams.
+    /// Holds one of key `key_id`'s `max` listen-stream slots for stream `stream` for `lease_ms`
+    /// from now, across replicas, or renews the one it holds; slots whose lease ran out are
+    /// free. `false` if all are held by other streams. `now_ms` is the caller's clock; a shared
+    /// store times leases by its own, which all replicas share.
     async fn hold_listen_slot(
         &self,
         key_id: &str,

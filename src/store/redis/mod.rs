@@ -214,17 +214,20 @@ return 1
 });
 
 /// Holds or renews a listen-stream slot. KEYS: the key's slots (stream → lease end, ms).
-/// ARGV: stream, max, now (ms), lease (ms). Returns 1, or 0 if every slot is held by another.
+/// ARGV: stream, max, lease (ms). Returns 1, or 0 if every slot is held by another. Leases
+/// are timed by Redis's clock, not the replicas' (one running ahead would end the others').
 static HOLD_LISTEN_SLOT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if not redis.call('ZSCORE', KEYS[1], ARGV[1])
   and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
   return 0
 end
-redis.call('ZADD', KEYS[1], tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 ",
     )
@@ -1431,11 +1434,12 @@ impl Store for RedisStore {
         now_ms: u64,
         lease_ms: u64,
     ) -> Result<bool, StoreError> {
+        // Redis's clock times the leases: `now_ms` is the caller's.
+        let _ = now_ms;
         let held: i64 = HOLD_LISTEN_SLOT
             .key(self.layout.listen_slots(key_id))
             .arg(stream)
             .arg(max)
-            .arg(now_ms)
             .arg(lease_ms.max(1))
             .invoke_async(&mut self.conn())
             .await
