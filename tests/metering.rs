@@ -104,11 +104,7 @@ async fn test_keys_leave_no_spend_and_refused_requests_cost_nothing() {
         assert_eq!(gw.chat(&live_key).await.status(), 403);
     }
     // Audit records arrive for all six; spend stays at zero.
-    eventually(Duration::from_secs(5), || async {
-        audit(&gw, &format!("workspace={DEMO_WS}")).await.len() == 6
-    })
-    .await
-    .expect("every authenticated request is audited");
+    until_audited(&gw, DEMO_WS, 6, "every authenticated request is audited").await;
     let report = usage(&gw, DEMO_WS).await;
     assert_eq!(report["total"], 0.0);
     assert_eq!(report["keys"], json!({}));
@@ -394,11 +390,7 @@ async fn two_replicas_keep_a_budget_exactly_when_requests_are_paced() {
         tokio::time::sleep(Duration::from_millis(120)).await;
     }
     assert_eq!(ok, 5, "exactly the budget, across two replicas");
-    eventually(Duration::from_secs(5), || async {
-        usage(&a, &ws).await["keys"][&id] == 5.0
-    })
-    .await
-    .expect("the spend of both replicas adds up");
+    until_charged(&a, &ws, &id, 5.0, "the spend of both replicas adds up").await;
 }
 
 #[tokio::test]
@@ -413,11 +405,7 @@ async fn a_replica_new_to_a_spent_key_refuses_its_first_request() {
     for _ in 0..2 {
         assert_eq!(a.chat(&key).await.status(), 200);
     }
-    eventually(Duration::from_secs(5), || async {
-        usage(&a, &ws).await["keys"][&id] == 2.0
-    })
-    .await
-    .expect("replica A's spend reaches the store");
+    until_charged(&a, &ws, &id, 2.0, "replica A's spend reaches the store").await;
     // Replica B starts after (as after a restart, or a key forgotten after two idle minutes)
     // and, with a minute between scheduled flushes, learns the key's total only by reading it
     // for the request: unknown is not zero.
@@ -729,11 +717,7 @@ async fn a_key_in_the_path_is_cut_to_its_last_four_in_answers_and_audit_records(
     assert_eq!(resp.status(), 200);
     assert_eq!(live.requests()[0].path, path);
     // Both requests were authenticated, so both are audited, the 404 too.
-    eventually(Duration::from_secs(5), || async {
-        audit(&gw, &format!("workspace={DEMO_WS}")).await.len() == 2
-    })
-    .await
-    .expect("two audit records");
+    until_audited(&gw, DEMO_WS, 2, "two audit records").await;
     let records = audit(&gw, &format!("workspace={DEMO_WS}")).await;
     let mut seen: Vec<(String, u64)> = records
         .iter()
@@ -787,11 +771,13 @@ async fn the_audit_log_records_who_did_what_and_never_a_secret() {
     assert_eq!(resp.status(), 200);
     assert_eq!(gw.chat("svc_live_nope").await.status(), 401);
 
-    eventually(Duration::from_secs(5), || async {
-        audit(&gw, &format!("workspace={DEMO_WS}")).await.len() == 2
-    })
-    .await
-    .expect("two authenticated requests, two records (the 401 has no key to record)");
+    until_audited(
+        &gw,
+        DEMO_WS,
+        2,
+        "two authenticated requests, two records (the 401 has no key to record)",
+    )
+    .await;
     let records = audit(&gw, &format!("workspace={DEMO_WS}&project=web")).await;
     assert_eq!(records.len(), 1);
     let r = &records[0];
@@ -897,11 +883,7 @@ async fn the_audit_log_is_read_page_by_page() {
     for _ in 0..5 {
         assert_eq!(gw.chat(&key).await.status(), 200);
     }
-    eventually(Duration::from_secs(5), || async {
-        audit(&gw, &format!("workspace={ws}")).await.len() == 5
-    })
-    .await
-    .expect("audited");
+    until_audited(&gw, &ws, 5, "audited").await;
     let everything = audit(&gw, &format!("workspace={ws}")).await;
 
     let mut pages = Vec::new();
@@ -1014,11 +996,7 @@ async fn a_redis_outage_loses_no_audit_record_and_no_spend() {
     })
     .await
     .expect("all 15 audit records, including the 7 made while Redis was down");
-    eventually(Duration::from_secs(5), || async {
-        usage(&gw, &ws).await["keys"][&id] == 15.0
-    })
-    .await
-    .expect("all 15 credits");
+    until_charged(&gw, &ws, &id, 15.0, "all 15 credits").await;
 }
 
 #[tokio::test]
@@ -1052,16 +1030,8 @@ async fn what_cannot_be_written_at_shutdown_is_spooled_and_written_at_the_next_s
         .spool_dir(spool.path())
         .start()
         .await;
-    eventually(Duration::from_secs(10), || async {
-        audit(&gw, &format!("workspace={ws}")).await.len() == 6
-    })
-    .await
-    .expect("the spooled audit records are written");
-    eventually(Duration::from_secs(5), || async {
-        usage(&gw, &ws).await["keys"][&id] == 6.0
-    })
-    .await
-    .expect("the spooled spend is charged");
+    until_audited(&gw, &ws, 6, "the spooled audit records are written").await;
+    until_charged(&gw, &ws, &id, 6.0, "the spooled spend is charged").await;
     let left = std::fs::read_dir(spool.path()).unwrap().count();
     assert_eq!(left, 0, "the spool is emptied");
 }
@@ -1071,11 +1041,7 @@ async fn a_gateway_killed_in_a_redis_outage_loses_no_spend_and_no_audit_record_i
     let mut redis = RedisServer::start().await;
     let spool = tempfile::tempdir().unwrap();
     let url = redis.url();
-    let builder = || {
-        Gateway::builder()
-            .redis(&url, "killed")
-            .spool_dir(spool.path())
-    };
+    let builder = || spooling(&url, "killed", spool.path());
     let (mut gw, ws, id, _) = served_in_an_outage(builder(), &mut redis).await;
     // Within seconds of the outage all of it is on disk, not only in memory.
     eventually(Duration::from_secs(15), || async {
@@ -1087,21 +1053,9 @@ async fn a_gateway_killed_in_a_redis_outage_loses_no_spend_and_no_audit_record_i
 
     redis.resume().await;
     let gw = builder().start().await;
-    eventually(Duration::from_secs(10), || async {
-        audit(&gw, &format!("workspace={ws}")).await.len() == 6
-    })
-    .await
-    .expect("the audit records of the outage are written");
-    eventually(Duration::from_secs(10), || async {
-        usage(&gw, &ws).await["keys"][&id] == 6.0
-    })
-    .await
-    .expect("the spend of the outage is charged");
-    eventually(Duration::from_secs(10), || async {
-        spool_files(spool.path(), "").is_empty()
-    })
-    .await
-    .expect("the spool is emptied");
+    until_audited(&gw, &ws, 6, "the audit records of the outage are written").await;
+    until_charged(&gw, &ws, &id, 6.0, "the spend of the outage is charged").await;
+    until_spool_empty(spool.path(), "", "the spool is emptied").await;
 }
 
 #[tokio::test]
@@ -1109,11 +1063,7 @@ async fn spend_checkpointed_in_an_outage_is_charged_once_when_redis_comes_back()
     let mut redis = RedisServer::start().await;
     let spool = tempfile::tempdir().unwrap();
     let url = redis.url();
-    let builder = || {
-        Gateway::builder()
-            .redis(&url, "checkpoint")
-            .spool_dir(spool.path())
-    };
+    let builder = || spooling(&url, "checkpoint", spool.path());
     let (mut gw, ws, id, key) = served_in_an_outage(builder(), &mut redis).await;
     eventually(Duration::from_secs(15), || async {
         !spool_files(spool.path(), "spend-").is_empty()
@@ -1121,25 +1071,25 @@ async fn spend_checkpointed_in_an_outage_is_charged_once_when_redis_comes_back()
     .await
     .expect("the spend is checkpointed");
     redis.resume().await;
-    eventually(Duration::from_secs(10), || async {
-        usage(&gw, &ws).await["keys"][&id] == 6.0
-    })
-    .await
-    .expect("the spend of the outage is charged by the gateway that kept it");
-    eventually(Duration::from_secs(10), || async {
-        spool_files(spool.path(), "spend-").is_empty()
-    })
-    .await
-    .expect("the checkpoint goes once its spend is written");
+    until_charged(
+        &gw,
+        &ws,
+        &id,
+        6.0,
+        "the spend of the outage is charged by the gateway that kept it",
+    )
+    .await;
+    until_spool_empty(
+        spool.path(),
+        "spend-",
+        "the checkpoint goes once its spend is written",
+    )
+    .await;
     // Killed now, its successor finds nothing to charge again.
     sigkill(&mut gw);
     let gw = builder().start().await;
     assert_eq!(gw.chat(&key).await.status(), 200);
-    eventually(Duration::from_secs(10), || async {
-        usage(&gw, &ws).await["keys"][&id] == 7.0
-    })
-    .await
-    .expect("one more request, one more credit");
+    until_charged(&gw, &ws, &id, 7.0, "one more request, one more credit").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(usage(&gw, &ws).await["keys"][&id], 7.0);
 }
@@ -1172,6 +1122,38 @@ fn spooled(dir: &std::path::Path) -> (i64, usize) {
         .map(|f| read(f).lines().count())
         .sum();
     (spend, audit)
+}
+
+/// A gateway on the Redis at `url`, in namespace `ns`, spooling to `spool`.
+fn spooling(url: &str, ns: &str, spool: &std::path::Path) -> GatewayBuilder {
+    Gateway::builder().redis(url, ns).spool_dir(spool)
+}
+
+/// Waits up to 10 s for workspace `ws` to have `records` audit records (the first page).
+async fn until_audited(gw: &Gateway, ws: &str, records: usize, what: &str) {
+    eventually(Duration::from_secs(10), || async {
+        audit(gw, &format!("workspace={ws}")).await.len() == records
+    })
+    .await
+    .expect(what);
+}
+
+/// Waits up to 10 s for key `id` of workspace `ws` to have been charged `credits` this month.
+async fn until_charged(gw: &Gateway, ws: &str, id: &str, credits: f64, what: &str) {
+    eventually(Duration::from_secs(10), || async {
+        usage(gw, ws).await["keys"][id] == credits
+    })
+    .await
+    .expect(what);
+}
+
+/// Waits up to 10 s for no file in `dir` to start with `prefix`.
+async fn until_spool_empty(dir: &std::path::Path, prefix: &str, what: &str) {
+    eventually(Duration::from_secs(10), || async {
+        spool_files(dir, prefix).is_empty()
+    })
+    .await
+    .expect(what);
 }
 
 /// The names of the files in `dir` that start with `prefix`.
@@ -1451,11 +1433,7 @@ async fn spooled_spend_stays_on_disk_until_it_is_written() {
     let mut redis = RedisServer::start().await;
     let spool = tempfile::tempdir().unwrap();
     let url = redis.url();
-    let builder = || {
-        Gateway::builder()
-            .redis(&url, "kept-spool")
-            .spool_dir(spool.path())
-    };
+    let builder = || spooling(&url, "kept-spool", spool.path());
     let (mut gw, ws, id, _) = served_in_an_outage(builder(), &mut redis).await;
     sigterm(&mut gw);
     drop(gw);
@@ -1469,16 +1447,8 @@ async fn spooled_spend_stays_on_disk_until_it_is_written() {
     drop(gw);
     redis.resume().await;
     let gw = builder().start().await;
-    eventually(Duration::from_secs(5), || async {
-        usage(&gw, &ws).await["keys"][&id] == 6.0
-    })
-    .await
-    .expect("the spooled spend is charged");
-    eventually(Duration::from_secs(5), || async {
-        spool_files(spool.path(), "spend-").is_empty()
-    })
-    .await
-    .expect("and its file removed once written");
+    until_charged(&gw, &ws, &id, 6.0, "the spooled spend is charged").await;
+    until_spool_empty(spool.path(), "spend-", "and its file removed once written").await;
 }
 
 #[tokio::test]
@@ -1503,11 +1473,7 @@ async fn a_graceful_upgrade_during_an_outage_hands_over_what_the_old_process_spo
     })
     .await
     .expect("the old process's spend and audit records are written");
-    eventually(Duration::from_secs(5), || async {
-        spool_files(spool.path(), "").is_empty()
-    })
-    .await
-    .expect("and the spool emptied");
+    until_spool_empty(spool.path(), "", "and the spool emptied").await;
 }
 
 /// The demo workspace's one audit record, once it is written.
