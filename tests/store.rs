@@ -98,9 +98,8 @@ async fn listen_slots_are_capped_leased_renewed_and_freed(store: Arc<dyn Store>)
     let hold = |stream: &'static str| {
         let (store, key) = (store.clone(), key.clone());
         async move {
-            let now = svcgate::ids::unix_millis();
             store
-                .hold_listen_slot(&key, stream, 2, now, 3_000)
+                .hold_listen_slot(&key, stream, 2, 3_000)
                 .await
                 .unwrap()
         }

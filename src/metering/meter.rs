@@ -462,14 +462,11 @@ impl Meter {
     /// emptied either.
     fn write_checkpoint(&self, sending: bool) -> bool {
         let state = self.usage.spool();
-        let mut checkpoint = self.checkpoint();
         if state.is_empty() {
-            if let Some(old) = checkpoint.take() {
-                drop(checkpoint);
-                self.remove_spool(old.taken);
-            }
+            self.drop_checkpoint();
             return true;
         }
+        let mut checkpoint = self.checkpoint();
         let name = checkpoint
             .as_ref()
             .and_then(Checkpoint::name)

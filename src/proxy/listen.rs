@@ -74,10 +74,9 @@ fn too_many_for_key() -> ApiError {
 /// every replica (behind a load balancer, a key would otherwise hold that many on each):
 /// `false` if the key's other streams hold them all.
 async fn hold(store: &dyn Store, key_id: &str, stream: &str) -> Result<bool, StoreError> {
-    let now_ms = crate::ids::unix_millis();
     let lease_ms = u64::try_from(SLOT_LEASE.as_millis()).unwrap_or(u64::MAX);
     store
-        .hold_listen_slot(key_id, stream, STREAMS_PER_KEY, now_ms, lease_ms)
+        .hold_listen_slot(key_id, stream, STREAMS_PER_KEY, lease_ms)
         .await
 }
 

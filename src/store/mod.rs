@@ -306,14 +306,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Holds one of key `key_id`'s `max` listen-stream slots for stream `stream` for `lease_ms`
     /// from now, across replicas, or renews the one it holds; slots whose lease ran out are
-    /// free. `false` if all are held by other streams. `now_ms` is the caller's clock; a shared
-    /// store times leases by its own, which all replicas share.
+    /// free. `false` if all are held by other streams. Leases are timed by the store's clock,
+    /// which all replicas share.
     async fn hold_listen_slot(
         &self,
         key_id: &str,
         stream: &str,
         max: usize,
-        now_ms: u64,
         lease_ms: u64,
     ) -> Result<bool, StoreError>;
 

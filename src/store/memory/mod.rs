@@ -407,9 +407,9 @@ impl Store for MemoryStore {
         key_id: &str,
         stream: &str,
         max: usize,
-        now_ms: u64,
         lease_ms: u64,
     ) -> Result<bool, StoreError> {
+        let now_ms = crate::ids::unix_millis();
         let mut inner = self.write();
         let slots = inner.listen_slots.entry(key_id.to_string()).or_default();
         slots.retain(|_, until| *until > now_ms);

@@ -1431,11 +1431,8 @@ impl Store for RedisStore {
         key_id: &str,
         stream: &str,
         max: usize,
-        now_ms: u64,
         lease_ms: u64,
     ) -> Result<bool, StoreError> {
-        // Redis's clock times the leases: `now_ms` is the caller's.
-        let _ = now_ms;
         let held: i64 = HOLD_LISTEN_SLOT
             .key(self.layout.listen_slots(key_id))
             .arg(stream)
