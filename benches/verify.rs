@@ -8,7 +8,8 @@
 //! `credits_parse` reads a backend's `Service-Credits`. `event_filter_match` is an endpoint
 //! with exact and wildcard filters deciding on one event; `webhook_sign` signs a 1 KiB body.
 //! `model_sniff_*` finds the `model` of a forwarded chat body (4 and 16 KiB), after its
-//! messages or before them.
+//! messages or before them. `audit_json_100` serializes a batch of 100 typical audit records
+//! as the store writer does; `audit_json_100_serde` is the same through serde, for reference.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderValue, Method};
@@ -17,6 +18,7 @@ use std::sync::Arc;
 
 use svcgate::config::default_routes;
 use svcgate::keys::{self, format, Environment, KeyHash, KeyParams, Scopes};
+use svcgate::metering::audit::AuditRecord;
 use svcgate::metering::usage::{KeyBudget, Usage, UsageSnapshot, Verdict, WorkspaceTotals};
 use svcgate::metering::Credits;
 use svcgate::proxy::auth::Authenticator;
@@ -152,6 +154,41 @@ fn bench(c: &mut Criterion) {
             b.iter(|| svcgate::proxy::body::sniff_model(black_box(&body), true))
         });
     }
+    let records: Vec<AuditRecord> = (0..100)
+        .map(|i| AuditRecord {
+            time_ms: 1_764_115_200_000 + i,
+            request_id: svcgate::ids::request_id(),
+            workspace: "ws_8cQ2bX0kP4mZ7rT1".into(),
+            key_id: "key_3vN9sL2qW8eR5tY0".into(),
+            key: "svc_live_…Ab9z".into(),
+            environment: Environment::Live,
+            project: Some("proj-search".into()),
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            model: Some("gpt-large-2".into()),
+            status: 200,
+            credits: 1.25,
+            client_ip: Some(std::net::IpAddr::from([10, 1, 2, 3])),
+            latency_ms: 182,
+            token_id: None,
+            metadata: None,
+        })
+        .collect();
+    let batch: Vec<&AuditRecord> = records.iter().collect();
+    c.bench_function("audit_json_100", |b| {
+        b.iter(|| {
+            let mut out = Vec::with_capacity(40_000);
+            AuditRecord::write_json_array(black_box(&batch), &mut out);
+            out
+        })
+    });
+    c.bench_function("audit_json_100_serde", |b| {
+        b.iter(|| {
+            let mut out = Vec::with_capacity(40_000);
+            serde_json::to_writer(&mut out, black_box(&batch)).unwrap();
+            out
+        })
+    });
     let secret = svcgate::webhooks::endpoint::new_secret();
     let body = vec![b'x'; 1024];
     c.bench_function("webhook_sign", |b| {

@@ -1608,7 +1608,7 @@ impl Store for RedisStore {
         for (ws, batch) in by_workspace {
             // Sized for a typical record, so the buffer is not grown record by record.
             let mut json = Vec::with_capacity(batch.len() * 400);
-            serde_json::to_writer(&mut json, &batch).expect("records serialize");
+            AuditRecord::write_json_array(&batch, &mut json);
             match once {
                 None => pipe
                     .cmd("XADD")
