@@ -611,3 +611,134 @@ async fn a_key_holds_at_most_five_streams_open_at_once() {
     .await;
     assert!(reopened.is_some(), "{}", gw.logs());
 }
+
+/// A listen stream read by hand: whole Server-Sent Events, keep-alive comments skipped.
+struct Sse {
+    resp: reqwest::Response,
+    buffer: String,
+}
+
+impl Sse {
+    async fn open(gw: &Gateway, key: &str) -> Self {
+        Self::try_open(gw, key).await.expect("the stream opens")
+    }
+
+    /// Opens a stream and reads its opening event; the status if it is refused.
+    async fn try_open(gw: &Gateway, key: &str) -> Result<Self, u16> {
+        let resp = gw
+            .request(Method::GET, "/v1/webhooks/listen")
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        if resp.status() != 200 {
+            return Err(resp.status().as_u16());
+        }
+        let mut sse = Self {
+            resp,
+            buffer: String::new(),
+        };
+        let opening = sse.next(Duration::from_secs(5)).await.unwrap();
+        assert!(opening.starts_with("event: session\n"), "{opening}");
+        Ok(sse)
+    }
+
+    /// The next event within `wait`; `None` if none came.
+    async fn next(&mut self, wait: Duration) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let event: String = self.buffer.drain(..end + 2).collect();
+                if !event.starts_with(':') {
+                    return Some(event);
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.resp.chunk())
+                .await
+                .ok()?;
+            let chunk = chunk.unwrap().expect("the stream goes on");
+            self.buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+}
+
+/// Connections of `redis` whose last command was `command` (a blocked read shows its command).
+async fn clients_running(redis: &RedisServer, command: &str) -> usize {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    list.lines()
+        .filter(|l| l.split(' ').any(|f| f == format!("cmd={command}")))
+        .count()
+}
+
+#[tokio::test]
+async fn a_gateways_streams_share_one_reader_of_the_log_and_all_end_when_it_fails() {
+    let mut redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .redis(&redis.url(), "listen-hub")
+        .start()
+        .await;
+    let (ws, other_ws) = (gw.create_workspace().await, gw.create_workspace().await);
+    let (_, key) = gw.create_key_in(&ws, "live", READ).await;
+    let (_, other_key) = gw.create_key_in(&other_ws, "live", READ).await;
+    let mut mine = Vec::new();
+    for _ in 0..3 {
+        mine.push(Sse::open(&gw, &key).await);
+    }
+    let mut other = Sse::open(&gw, &other_key).await;
+    // One blocking read of the log for the four (each used to hold one of its own).
+    // (Polled: the reader's first read may still be on its way.)
+    let one = eventually(Duration::from_secs(2), || async {
+        clients_running(&redis, "xread").await == 1
+    })
+    .await;
+    assert!(
+        one.is_some(),
+        "{} readers",
+        clients_running(&redis, "xread").await
+    );
+
+    let id = trigger(&gw, &ws, "agent.run.completed", "live", payload("hub")).await;
+    for stream in &mut mine {
+        let event = stream
+            .next(Duration::from_secs(5))
+            .await
+            .expect("the event");
+        assert!(
+            event.starts_with("event: delivery\n") && event.contains(&id),
+            "{event}"
+        );
+    }
+    assert_eq!(other.next(Duration::from_millis(500)).await, None);
+
+    // The store goes away: every stream ends with the SPEC error body.
+    redis.stop().await;
+    for stream in mine.iter_mut().chain([&mut other]) {
+        let event = stream
+            .next(Duration::from_secs(10))
+            .await
+            .expect("an error event");
+        assert!(event.starts_with("event: error\n"), "{event}");
+        assert!(event.contains("service_unavailable"), "{event}");
+    }
+    // Back again, a new stream opens and gets what is logged from then on.
+    redis.resume().await;
+    let mut again = None;
+    for _ in 0..50 {
+        if let Ok(stream) = Sse::try_open(&gw, &key).await {
+            again = Some(stream);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut again = again.expect("a stream opens once Redis is back");
+    let id = trigger(&gw, &ws, "agent.run.completed", "live", payload("back")).await;
+    let event = again.next(Duration::from_secs(5)).await.expect("the event");
+    assert!(event.contains(&id), "{event}");
+}

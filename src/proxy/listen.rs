@@ -8,9 +8,10 @@
 //! travels after the first event. The stream ends with an `error` event carrying the SPEC
 //! error body when the store fails, the key stops being valid or the gateway shuts down.
 //!
-//! Each stream holds a Redis connection of its own (a blocking read), so a replica holds at
-//! most [`STREAMS_PER_KEY`] open for one key (a scoped token counts as its parent) and
-//! [`STREAMS_PER_REPLICA`] in all; one more gets a 429 ([`OpenStreams`]).
+//! The gateway reads the event log once for all its streams ([`EventHub`]). A key holds at
+//! most [`STREAMS_PER_KEY`] streams across the gateways (a scoped token counts as its parent),
+//! and a replica at most [`STREAMS_PER_REPLICA`] in all; one more gets a 429
+//! ([`HeldSlot`], [`OpenStreams`]).
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, TRANSFER_ENCODING};
@@ -22,6 +23,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::auth::{Authenticated, Authenticator};
+use super::event_hub::{EventHub, Subscription};
 use super::policy::check_scope;
 use super::respond::REQUEST_ID;
 use super::routes::Route;
@@ -35,8 +37,6 @@ use std::sync::Arc;
 
 /// Most filters one stream may name.
 const MAX_FILTERS: usize = 50;
-/// Most events taken from the log at once.
-const BATCH: usize = 100;
 /// Longest wait for new events before the key and the shutdown flag are checked again.
 const BLOCK: Duration = Duration::from_secs(2);
 /// Idle time after which a comment keeps proxies and the client from closing the stream.
@@ -46,7 +46,7 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Most streams one key may hold open on one replica: a developer's terminal or three.
 pub const STREAMS_PER_KEY: usize = 5;
-/// Most streams one replica holds open (each holds a Redis connection).
+/// Most streams one replica holds open.
 pub const STREAMS_PER_REPLICA: usize = 1_000;
 /// The `Retry-After` of a refused stream.
 const STREAMS_RETRY_AFTER_SECS: u64 = 5;
@@ -82,7 +82,7 @@ async fn hold(store: &dyn Store, key_id: &str, stream: &str) -> Result<bool, Sto
 
 /// A stream's slot among its key's, freed when dropped (however the stream ends; else its
 /// lease runs out).
-pub struct HeldSlot {
+struct HeldSlot {
     store: Arc<dyn Store>,
     key_id: String,
     stream: String,
@@ -91,7 +91,7 @@ pub struct HeldSlot {
 impl HeldSlot {
     /// Holds a slot of key `key_id` for stream `stream`: a 429 if the key's other streams, on
     /// any replica, hold them all.
-    pub async fn take(store: Arc<dyn Store>, key_id: &str, stream: &str) -> Result<Self, ApiError> {
+    async fn take(store: Arc<dyn Store>, key_id: &str, stream: &str) -> Result<Self, ApiError> {
         if !hold(store.as_ref(), key_id, stream).await? {
             return Err(too_many_for_key());
         }
@@ -100,6 +100,11 @@ impl HeldSlot {
             key_id: key_id.to_string(),
             stream: stream.to_string(),
         })
+    }
+
+    /// Renews the slot's lease: `false` if it ran out and another stream took the place.
+    async fn renew(&self) -> Result<bool, StoreError> {
+        hold(self.store.as_ref(), &self.key_id, &self.stream).await
     }
 }
 
@@ -118,6 +123,33 @@ impl Drop for HeldSlot {
                 tracing::debug!(error = %e, "a listen stream's slot is freed when its lease ends");
             }
         });
+    }
+}
+
+/// What an open stream holds in the store and the gateway, released when it is dropped.
+pub struct Listening {
+    /// Its place among its key's streams, across the gateways.
+    slot: HeldSlot,
+    /// Its workspace and environment's events.
+    feed: Subscription,
+}
+
+impl Listening {
+    /// Takes a place among the caller's key's streams (a 429 when they are all taken) and joins
+    /// the gateway's reader of the event log (a 503 when the store is down, before the answer
+    /// begins rather than as an empty stream).
+    pub async fn open(
+        store: Arc<dyn Store>,
+        hub: &Arc<EventHub>,
+        caller: &Authenticated,
+        stream: &str,
+    ) -> Result<Self, ApiError> {
+        let key = &caller.key;
+        let slot = HeldSlot::take(store, key.billed_key_id(), stream).await?;
+        let feed = hub
+            .join(key.workspace.clone(), key.effective_environment())
+            .await?;
+        Ok(Self { slot, feed })
     }
 }
 
@@ -194,15 +226,16 @@ impl Selection<'_> {
     }
 }
 
-/// Streams the caller's events (the caller holds its [`StreamSlot`]) until the client goes
-/// away, the store fails, the key is no longer allowed on `route`, or the gateway shuts down.
-/// Errors before the first byte are answered by the caller as usual.
+/// Streams the caller's events (the caller holds its [`StreamSlot`], and `listening` the rest
+/// of what the stream holds) until the client goes away, the store fails, the key is no longer
+/// allowed on `route`, or the gateway shuts down. Errors before the first byte are answered by
+/// the caller as usual.
 pub async fn stream(
     session: &mut Session,
     caller: &Authenticated,
     auth: &Authenticator,
     route: &Route,
-    store: &dyn Store,
+    mut listening: Listening,
     request_id: &str,
     answer_headers: &[(&'static str, String)],
 ) -> Result<(), ApiError> {
@@ -211,8 +244,6 @@ pub async fn stream(
         environment: caller.key.effective_environment(),
         filters: parse_filters(session.req_header().uri.query())?,
     };
-    // Opened before answering, so a store that is down gets a 503 rather than an empty stream.
-    let mut feed = store.tail_events().await?;
     let secret = new_secret();
 
     session.set_keepalive(None);
@@ -238,7 +269,7 @@ pub async fn stream(
             break ApiError::ServiceUnavailable("the gateway is shutting down; reconnect".into());
         }
         if renewed.elapsed() >= SLOT_RENEWAL {
-            match hold(store, caller.key.billed_key_id(), request_id).await {
+            match listening.slot.renew().await {
                 Ok(true) => renewed = Instant::now(),
                 // Its lease ran out (a client too slow for long) and another stream took it.
                 Ok(false) => break too_many_for_key(),
@@ -252,24 +283,21 @@ pub async fn stream(
         // Waiting for events, also watch the connection: a client that hangs up ends the
         // stream (and frees its store connection) at once rather than at the next write.
         let next = tokio::select! {
-            next = feed.next(BATCH, BLOCK) => next,
+            next = listening.feed.next(BLOCK) => next,
             gone = session.read_body_or_idle(true) => {
                 tracing::debug!(request_id, closed = ?gone.err(), "listen stream ended: the client went away");
                 return Ok(());
             }
         };
-        let logged = match next {
-            Ok(logged) => logged,
-            Err(e) => {
-                tracing::warn!(request_id, error = %e, "event log unreadable; ending listen stream");
-                break e.into();
-            }
+        let events = match next {
+            Ok(events) => events,
+            Err(e) => break e,
         };
         // The key may have been revoked while the read waited, in the very step that logged
         // these events (a leak report logs `key.auto_revoked` as it revokes): bring the key
         // cache up to date with the store and check again before anything is sent (only when
-        // something is to be sent: the log holds every workspace's events).
-        if logged.iter().any(|l| selection.wants(&l.event)) {
+        // something is to be sent).
+        if events.iter().any(|e| selection.wants(e)) {
             if let Err(e) = auth.catch_up().await {
                 break e.into();
             }
@@ -279,11 +307,7 @@ pub async fn stream(
         }
         let now = unix_now();
         let mut chunk = String::new();
-        for event in logged
-            .iter()
-            .map(|l| &l.event)
-            .filter(|e| selection.wants(e))
-        {
+        for event in events.iter().filter(|e| selection.wants(e)) {
             chunk.push_str(&delivery_frame(&secret, event, now));
         }
         if chunk.is_empty() && last_write.elapsed() >= KEEP_ALIVE {

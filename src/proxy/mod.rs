@@ -12,6 +12,7 @@ pub mod auth;
 pub mod body;
 pub mod client_ip;
 pub mod cors;
+pub mod event_hub;
 pub mod headers;
 pub mod listen;
 pub mod policy;
@@ -148,6 +149,8 @@ pub struct Gateway {
     trusted_proxies: TrustedProxies,
     /// The `svcgate listen` streams open here.
     listen_streams: listen::OpenStreams,
+    /// Their reader of the event log.
+    listen_hub: Arc<event_hub::EventHub>,
     /// The store's last answer to `/readyz`.
     store_check: readiness::StoreCheck,
 }
@@ -173,7 +176,6 @@ impl Gateway {
     ) -> Self {
         Self {
             store: keys.store().clone(),
-            auth: Authenticator::new(keys),
             routes,
             upstreams,
             meter,
@@ -183,6 +185,8 @@ impl Gateway {
             cors: Cors::default(),
             trusted_proxies: TrustedProxies::default(),
             listen_streams: listen::OpenStreams::default(),
+            listen_hub: event_hub::EventHub::new(keys.store().clone()),
+            auth: Authenticator::new(keys),
             store_check: readiness::StoreCheck::default(),
         }
     }
@@ -270,16 +274,20 @@ impl Gateway {
                 let caller = ctx.caller.as_ref().expect("authorized");
                 let key_id = caller.key.billed_key_id();
                 let _slot = self.listen_streams.open(key_id)?;
-                let _held =
-                    listen::HeldSlot::take(self.store.clone(), key_id, &ctx.request_id).await?;
-                let (auth, store) = (&self.auth, self.store.as_ref());
+                let listening = listen::Listening::open(
+                    self.store.clone(),
+                    &self.listen_hub,
+                    caller,
+                    &ctx.request_id,
+                )
+                .await?;
                 let headers = ctx.answer_headers();
                 Box::pin(listen::stream(
                     session,
                     caller,
-                    auth,
+                    &self.auth,
                     route,
-                    store,
+                    listening,
                     &ctx.request_id,
                     &headers,
                 ))
