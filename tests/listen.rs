@@ -742,3 +742,30 @@ async fn a_gateways_streams_share_one_reader_of_the_log_and_all_end_when_it_fail
     let event = again.next(Duration::from_secs(5)).await.expect("the event");
     assert!(event.contains(&id), "{event}");
 }
+
+#[tokio::test]
+async fn streams_end_when_the_store_stops_answering() {
+    let redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .redis(&redis.url(), "listen-hang")
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", READ).await;
+    let mut streams = vec![Sse::open(&gw, &key).await, Sse::open(&gw, &key).await];
+    // A Redis that holds the connection and never answers: the read waits 2 s for events,
+    // then 5 s more at most.
+    redis.freeze();
+    for stream in &mut streams {
+        let event = stream.next(Duration::from_secs(15)).await;
+        let event = event.expect("an error event, not keep-alives for ever");
+        assert!(event.starts_with("event: error\n"), "{event}");
+        assert!(event.contains("service_unavailable"), "{event}");
+    }
+    redis.thaw();
+    // The next stream reads the log anew.
+    let mut again = Sse::open(&gw, &key).await;
+    let id = trigger(&gw, &ws, "agent.run.completed", "live", json!({})).await;
+    let event = again.next(Duration::from_secs(5)).await.expect("the event");
+    assert!(event.contains(&id), "{event}");
+}

@@ -170,8 +170,10 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
 fn json_value<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
     // Writing to a vector cannot fail, and none of the record's values (strings, numbers, an
     // address, a map with string keys) can fail to serialize.
+    let start = out.len();
     if let Err(e) = serde_json::to_writer(&mut *out, value) {
         tracing::error!(error = %e, "audit record value not serialized");
+        out.truncate(start);
         out.extend_from_slice(b"null");
     }
 }

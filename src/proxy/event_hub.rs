@@ -3,43 +3,74 @@
 //! The log holds every workspace's events. Read by each stream on its own, a thousand streams
 //! would read every event a thousand times, each through a blocking Redis connection of its
 //! own. The hub reads the log once, while at least one stream is open, and hands each stream
-//! the events of its workspace and environment, shared, through a queue of its own.
+//! the events it selects (its workspace, environment and filters), shared, through a queue of
+//! its own.
 //!
 //! A stream starts with the events the hub reads after it joins: those logged from about the
-//! moment it opened. A stream whose queue is full (its client has not taken
-//! [`QUEUE_BATCHES`] batches) is dropped from the hub and ends with an error, rather than hold
-//! the others back. When the log cannot be read, every stream gets the error and ends; the next
-//! stream to open tries the store again.
+//! moment it opened. A stream whose client lets [`QUEUED_EVENTS`] events pile up is dropped
+//! from the hub and ends with an error, rather than hold the others back or the gateway's
+//! memory. When the log cannot be read, or a read takes far longer than it may block, every
+//! stream gets the error and ends; the next stream to open tries the store again.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
-use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::mpsc::{self, error::TryRecvError};
 
 use crate::error::ApiError;
 use crate::events::Event;
 use crate::keys::Environment;
 use crate::store::{EventFeed, Store, StoreError};
+use crate::webhooks::endpoint::matches_filter;
 
-/// Most events read from the log at once.
+/// Most events read from the log at once, and handed to a stream at once.
 const BATCH: usize = 100;
 /// Longest wait for new events before the hub looks whether any stream is still open.
 const BLOCK: Duration = Duration::from_secs(2);
-/// Batches a stream's queue holds before the stream is dropped for falling behind.
-pub const QUEUE_BATCHES: usize = 1_024;
+/// How much longer than [`BLOCK`] a read may take before the store is taken for gone (a
+/// connection cut without a word, a Redis that hangs): the streams end rather than wait on it.
+const READ_GRACE: Duration = Duration::from_secs(5);
+/// Events a stream's queue holds before the stream is dropped for falling behind.
+pub const QUEUED_EVENTS: usize = 1_000;
 
 /// What a stream is handed: its events, oldest first, or why the log could not be read.
 type Batch = Result<Vec<Arc<Event>>, StoreError>;
 
-/// Which events a stream takes: one workspace's, in one environment.
-type Selector = (Arc<str>, Environment);
+/// The events a stream forwards: its caller's workspace and environment, narrowed by its
+/// filters (event names and `resource.*` wildcards; none: all).
+#[derive(Debug, Clone)]
+pub struct Selection {
+    /// The caller's workspace.
+    pub workspace: Arc<str>,
+    /// The caller's key's environment (a test key gets test events only).
+    pub environment: Environment,
+    /// `events=a,b`.
+    pub filters: Vec<String>,
+}
+
+impl Selection {
+    /// Whether the stream forwards `event`.
+    pub fn wants(&self, event: &Event) -> bool {
+        *event.workspace == *self.workspace
+            && event.environment == self.environment
+            && self.takes_type(&event.event_type)
+    }
+
+    fn takes_type(&self, event_type: &str) -> bool {
+        self.filters.is_empty() || self.filters.iter().any(|f| matches_filter(f, event_type))
+    }
+}
 
 /// The gateway's reader of the event log.
 pub struct EventHub {
     store: Arc<dyn Store>,
     state: Mutex<State>,
-    /// Batches a stream's queue holds ([`QUEUE_BATCHES`]).
-    queue_batches: usize,
+    /// Held by a stream that opens the log for a reader, so streams that arrive together
+    /// while none runs open it once, not once each.
+    opening: tokio::sync::Mutex<()>,
+    /// Events a stream's queue holds ([`QUEUED_EVENTS`]).
+    queued_events: usize,
 }
 
 #[derive(Default)]
@@ -52,22 +83,25 @@ struct State {
 
 /// A stream, as the hub knows it.
 struct Joined {
-    selector: Selector,
-    queue: mpsc::Sender<Batch>,
+    selection: Selection,
+    queue: mpsc::UnboundedSender<Batch>,
+    /// Events handed over and not yet taken.
+    queued: Arc<AtomicUsize>,
 }
 
 impl EventHub {
     /// A hub over `store`'s event log; it reads only while a stream is open.
     pub fn new(store: Arc<dyn Store>) -> Arc<Self> {
-        Self::with_queue(store, QUEUE_BATCHES)
+        Self::with_queue(store, QUEUED_EVENTS)
     }
 
-    /// A hub whose streams' queues hold `batches` batches.
-    fn with_queue(store: Arc<dyn Store>, batches: usize) -> Arc<Self> {
+    /// A hub whose streams' queues hold `events` events.
+    fn with_queue(store: Arc<dyn Store>, events: usize) -> Arc<Self> {
         Arc::new(Self {
             store,
             state: Mutex::default(),
-            queue_batches: batches,
+            opening: tokio::sync::Mutex::new(()),
+            queued_events: events,
         })
     }
 
@@ -75,44 +109,52 @@ impl EventHub {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Joins a stream for `workspace`'s events in `environment`. When nothing reads the log
-    /// yet, the log is opened first, so a store that is down refuses the stream here, before
-    /// its answer begins.
-    pub async fn join(
-        self: &Arc<Self>,
-        workspace: Arc<str>,
-        environment: Environment,
-    ) -> Result<Subscription, StoreError> {
-        let (mut state, start) = loop {
-            let reading = self.state().reading;
-            let feed = match reading {
-                true => None,
-                false => Some(self.store.tail_events().await?),
-            };
-            let state = self.state();
-            match (feed, state.reading) {
-                // A reader runs (another stream may have started it while this one opened
-                // the log, whose feed is then not needed).
-                (_, true) => break (state, None),
-                (Some(feed), false) => break (state, Some(feed)),
-                // The reader stopped, its last stream gone, after this one looked.
-                (None, false) => continue,
+    /// Joins a stream for the events `selection` selects. When nothing reads the log yet, the
+    /// log is opened first, so a store that is down refuses the stream here, before its answer
+    /// begins.
+    pub async fn join(self: &Arc<Self>, selection: Selection) -> Result<Subscription, StoreError> {
+        let (queue, events) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let joined = Joined {
+            selection,
+            queue,
+            queued: queued.clone(),
+        };
+        let id = match self.join_running(joined) {
+            Ok(id) => id,
+            Err(joined) => {
+                let _opening = self.opening.lock().await;
+                // Another stream may have started a reader while this one waited.
+                match self.join_running(joined) {
+                    Ok(id) => id,
+                    Err(joined) => {
+                        let feed = self.store.tail_events().await?;
+                        let mut state = self.state();
+                        let id = state.add(joined);
+                        // Only a stream holding `opening` starts a reader: none runs.
+                        state.reading = true;
+                        tokio::spawn(self.clone().read(feed));
+                        id
+                    }
+                }
             }
         };
-        let (queue, events) = mpsc::channel(self.queue_batches);
-        let id = state.next_id;
-        state.next_id += 1;
-        let selector = (workspace, environment);
-        state.streams.insert(id, Joined { selector, queue });
-        if let Some(feed) = start {
-            state.reading = true;
-            tokio::spawn(self.clone().read(feed));
-        }
         Ok(Subscription {
             hub: self.clone(),
             id,
             events,
+            queued,
+            ended: None,
         })
+    }
+
+    /// Adds the stream if a reader runs; gives it back if none does.
+    fn join_running(&self, joined: Joined) -> Result<u64, Joined> {
+        let mut state = self.state();
+        match state.reading {
+            true => Ok(state.add(joined)),
+            false => Err(joined),
+        }
     }
 
     /// Streams open.
@@ -122,56 +164,113 @@ impl EventHub {
 
     /// Reads the log while any stream is open, handing each stream its events.
     async fn read(self: Arc<Self>, mut feed: Box<dyn EventFeed>) {
+        let mut running = Running {
+            hub: &self,
+            armed: true,
+        };
         loop {
             {
                 let mut state = self.state();
                 if state.streams.is_empty() {
-                    state.reading = false;
+                    running.stop(&mut state);
                     return;
                 }
             }
-            let read = feed.next(BATCH, BLOCK).await;
-            let mut state = self.state();
+            let read = tokio::time::timeout(BLOCK + READ_GRACE, feed.next(BATCH, BLOCK))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(StoreError::Unavailable(
+                        "the event log did not answer in time".into(),
+                    ))
+                });
             let logged = match read {
                 Ok(logged) => logged,
                 Err(e) => {
-                    tracing::warn!(error = %e, "event log unreadable; ending listen streams");
+                    let mut state = self.state();
+                    let streams = state.streams.len();
+                    tracing::warn!(error = %e, streams, "event log unreadable; ending listen streams");
                     for (_, stream) in state.streams.drain() {
-                        // A full queue has the stream dropped anyway: it ends either way.
-                        let _ = stream.queue.try_send(Err(e.clone()));
+                        // Unbounded: the error is queued after what the stream has not taken.
+                        let _ = stream.queue.send(Err(e.clone()));
                     }
-                    state.reading = false;
+                    running.stop(&mut state);
                     return;
                 }
             };
             if logged.is_empty() {
                 continue;
             }
-            let mut by_selector: HashMap<Selector, Vec<Arc<Event>>> = HashMap::new();
-            for l in logged {
-                let selector = (Arc::from(l.event.workspace.as_str()), l.event.environment);
-                by_selector
-                    .entry(selector)
+            let events: Vec<Arc<Event>> = logged.into_iter().map(|l| Arc::new(l.event)).collect();
+            let mut by_source: HashMap<(&str, Environment), Vec<&Arc<Event>>> = HashMap::new();
+            for event in &events {
+                by_source
+                    .entry((event.workspace.as_str(), event.environment))
                     .or_default()
-                    .push(Arc::new(l.event));
+                    .push(event);
             }
-            state.streams.retain(|id, stream| {
-                let Some(events) = by_selector.get(&stream.selector) else {
+            let limit = self.queued_events;
+            self.state().streams.retain(|id, stream| {
+                let selection = &stream.selection;
+                let source = (&*selection.workspace, selection.environment);
+                let Some(candidates) = by_source.get(&source) else {
                     return true;
                 };
-                match stream.queue.try_send(Ok(events.clone())) {
-                    Ok(()) => true,
-                    Err(TrySendError::Full(_)) => {
-                        tracing::warn!(
-                            stream = id,
-                            "a listen stream fell behind the event log; ending it"
-                        );
-                        false
-                    }
-                    Err(TrySendError::Closed(_)) => false,
+                let mine: Vec<Arc<Event>> = candidates
+                    .iter()
+                    .filter(|e| selection.takes_type(&e.event_type))
+                    .map(|e| Arc::clone(e))
+                    .collect();
+                if mine.is_empty() {
+                    return true;
                 }
+                if stream.queued.fetch_add(mine.len(), Ordering::AcqRel) + mine.len() > limit {
+                    tracing::warn!(
+                        stream = id,
+                        "a listen stream fell behind the event log; ending it"
+                    );
+                    return false;
+                }
+                stream.queue.send(Ok(mine)).is_ok()
             });
         }
+    }
+}
+
+/// The hub's running reader. However its task ends — its last stream gone, the store
+/// failing, a panic, the runtime dropping it — the hub then knows that no reader runs, and
+/// streams it leaves behind are dropped (their queues close: each ends with an error once it
+/// has taken what was queued).
+struct Running<'a> {
+    hub: &'a EventHub,
+    /// Not yet stopped by [`Running::stop`].
+    armed: bool,
+}
+
+impl Running<'_> {
+    /// Stops the reader, in the same lock as its last look at the streams: a stream that
+    /// joins after it starts a new one.
+    fn stop(&mut self, state: &mut State) {
+        state.reading = false;
+        state.streams.clear();
+        self.armed = false;
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut state = self.hub.state();
+            self.stop(&mut state);
+        }
+    }
+}
+
+impl State {
+    fn add(&mut self, joined: Joined) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.streams.insert(id, joined);
+        id
     }
 }
 
@@ -179,17 +278,51 @@ impl EventHub {
 pub struct Subscription {
     hub: Arc<EventHub>,
     id: u64,
-    events: mpsc::Receiver<Batch>,
+    events: mpsc::UnboundedReceiver<Batch>,
+    queued: Arc<AtomicUsize>,
+    /// Why the stream ends, found while taking the events queued before it.
+    ended: Option<ApiError>,
 }
 
 impl Subscription {
-    /// The stream's next events, oldest first, waiting up to `wait` (none: empty). A 503
-    /// when the log could not be read, or the stream fell behind it.
+    /// The stream's next events, oldest first, about [`BATCH`] of those queued at most,
+    /// waiting up to `wait` for one (none: empty). A 503 when the log could not be read, or
+    /// the stream fell behind it, once the events queued before are taken.
     pub async fn next(&mut self, wait: Duration) -> Result<Vec<Arc<Event>>, ApiError> {
-        match tokio::time::timeout(wait, self.events.recv()).await {
-            Err(_elapsed) => Ok(Vec::new()),
-            Ok(Some(batch)) => batch.map_err(ApiError::from),
-            Ok(None) => Err(ApiError::ServiceUnavailable(
+        if let Some(ended) = self.ended.take() {
+            return Err(ended);
+        }
+        let first = match tokio::time::timeout(wait, self.events.recv()).await {
+            Err(_elapsed) => return Ok(Vec::new()),
+            Ok(first) => first,
+        };
+        let mut events = self.take(first)?;
+        while events.len() < BATCH {
+            let more = match self.events.try_recv() {
+                Ok(batch) => Some(batch),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => None,
+            };
+            match self.take(more) {
+                Ok(more) => events.extend(more),
+                Err(ended) => {
+                    self.ended = Some(ended);
+                    break;
+                }
+            }
+        }
+        Ok(events)
+    }
+
+    /// A batch taken from the queue (`None`: the hub closed it), counted off.
+    fn take(&self, batch: Option<Batch>) -> Result<Vec<Arc<Event>>, ApiError> {
+        match batch {
+            Some(Ok(events)) => {
+                self.queued.fetch_sub(events.len(), Ordering::AcqRel);
+                Ok(events)
+            }
+            Some(Err(e)) => Err(e.into()),
+            None => Err(ApiError::ServiceUnavailable(
                 "this stream fell behind the event log; reconnect".into(),
             )),
         }
@@ -216,6 +349,14 @@ mod tests {
         )
     }
 
+    fn selection(workspace: &str, environment: Environment) -> Selection {
+        Selection {
+            workspace: workspace.into(),
+            environment,
+            filters: Vec::new(),
+        }
+    }
+
     /// The `n`s of the events a stream is handed within `wait`.
     async fn numbers(stream: &mut Subscription, wait: Duration) -> Vec<u64> {
         let mut got = Vec::new();
@@ -228,14 +369,49 @@ mod tests {
         got
     }
 
+    #[test]
+    fn a_stream_selects_its_workspace_environment_and_filters() {
+        let selection = Selection {
+            workspace: "ws_1".into(),
+            environment: Environment::Test,
+            filters: vec!["agent.run.*".into()],
+        };
+        let event = |t: &str, ws: &str, env| Event::new(t, ws, env, serde_json::json!({}));
+        assert!(selection.wants(&event("agent.run.failed", "ws_1", Environment::Test)));
+        assert!(!selection.wants(&event("agent.run.failed", "ws_1", Environment::Live)));
+        assert!(!selection.wants(&event("agent.run.failed", "ws_2", Environment::Test)));
+        assert!(!selection.wants(&event("key.auto_revoked", "ws_1", Environment::Test)));
+        let all = Selection {
+            filters: Vec::new(),
+            ..selection
+        };
+        assert!(all.wants(&event("key.auto_revoked", "ws_1", Environment::Test)));
+    }
+
     #[tokio::test]
-    async fn each_stream_gets_its_workspace_and_environment_from_one_reader() {
+    async fn each_stream_gets_what_it_selects_from_one_reader() {
         let store = Arc::new(MemoryStore::new());
         let hub = EventHub::new(store.clone());
-        let mut a_live = hub.join("ws_a".into(), Environment::Live).await.unwrap();
-        let mut a_test = hub.join("ws_a".into(), Environment::Test).await.unwrap();
-        let mut b_live = hub.join("ws_b".into(), Environment::Live).await.unwrap();
-        assert_eq!(hub.streams(), 3);
+        let mut a_live = hub
+            .join(selection("ws_a", Environment::Live))
+            .await
+            .unwrap();
+        let mut a_test = hub
+            .join(selection("ws_a", Environment::Test))
+            .await
+            .unwrap();
+        let mut b_live = hub
+            .join(selection("ws_b", Environment::Live))
+            .await
+            .unwrap();
+        let mut a_keys = hub
+            .join(Selection {
+                filters: vec!["key.*".into()],
+                ..selection("ws_a", Environment::Live)
+            })
+            .await
+            .unwrap();
+        assert_eq!(hub.streams(), 4);
         for (n, (ws, env)) in [
             ("ws_a", Environment::Live),
             ("ws_b", Environment::Live),
@@ -248,8 +424,16 @@ mod tests {
         {
             store.append_event(&event(ws, env, n as u64)).await.unwrap();
         }
+        let revoked = Event::new(
+            "key.auto_revoked",
+            "ws_a",
+            Environment::Live,
+            serde_json::json!({ "n": 5 }),
+        );
+        store.append_event(&revoked).await.unwrap();
         let wait = Duration::from_millis(300);
-        assert_eq!(numbers(&mut a_live, wait).await, [0, 3]);
+        assert_eq!(numbers(&mut a_live, wait).await, [0, 3, 5]);
+        assert_eq!(numbers(&mut a_keys, wait).await, [5]);
         assert_eq!(numbers(&mut a_test, wait).await, [2]);
         assert_eq!(numbers(&mut b_live, wait).await, [1]);
     }
@@ -258,7 +442,10 @@ mod tests {
     async fn the_reader_stops_with_the_last_stream_and_starts_with_the_next() {
         let store = Arc::new(MemoryStore::new());
         let hub = EventHub::new(store.clone());
-        let first = hub.join("ws_a".into(), Environment::Live).await.unwrap();
+        let first = hub
+            .join(selection("ws_a", Environment::Live))
+            .await
+            .unwrap();
         assert!(hub.state().reading);
         drop(first);
         assert_eq!(hub.streams(), 0);
@@ -274,7 +461,10 @@ mod tests {
             .append_event(&event("ws_a", Environment::Live, 1))
             .await
             .unwrap();
-        let mut next = hub.join("ws_a".into(), Environment::Live).await.unwrap();
+        let mut next = hub
+            .join(selection("ws_a", Environment::Live))
+            .await
+            .unwrap();
         assert!(hub.state().reading);
         store
             .append_event(&event("ws_a", Environment::Live, 2))
@@ -285,10 +475,17 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_that_falls_behind_is_dropped_and_the_others_go_on() {
+        // Queues of 2 events.
         let store = Arc::new(MemoryStore::new());
         let hub = EventHub::with_queue(store.clone(), 2);
-        let mut slow = hub.join("ws_a".into(), Environment::Live).await.unwrap();
-        let mut quick = hub.join("ws_a".into(), Environment::Live).await.unwrap();
+        let mut slow = hub
+            .join(selection("ws_a", Environment::Live))
+            .await
+            .unwrap();
+        let mut quick = hub
+            .join(selection("ws_a", Environment::Live))
+            .await
+            .unwrap();
         let mut seen = Vec::new();
         for n in 0..5 {
             store
@@ -300,9 +497,15 @@ mod tests {
         }
         assert_eq!(seen, [0, 1, 2, 3, 4]);
         assert_eq!(hub.streams(), 1);
-        // The slow one gets what its queue held, then the error.
-        assert_eq!(slow.next(BLOCK).await.unwrap()[0].data["n"], 0);
-        assert_eq!(slow.next(BLOCK).await.unwrap()[0].data["n"], 1);
+        // The slow one gets what its queue held, at once, then the error.
+        let held: Vec<_> = slow
+            .next(BLOCK)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.data["n"].clone())
+            .collect();
+        assert_eq!(held, [0, 1]);
         let ended = slow.next(BLOCK).await.unwrap_err();
         assert!(ended.to_string().contains("fell behind"), "{ended}");
     }

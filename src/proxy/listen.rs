@@ -11,7 +11,7 @@
 //! The gateway reads the event log once for all its streams ([`EventHub`]). A key holds at
 //! most [`STREAMS_PER_KEY`] streams across the gateways (a scoped token counts as its parent),
 //! and a replica at most [`STREAMS_PER_REPLICA`] in all; one more gets a 429
-//! ([`HeldSlot`], [`OpenStreams`]).
+//! ([`Listening`], [`OpenStreams`]).
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, TRANSFER_ENCODING};
@@ -23,7 +23,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::auth::{Authenticated, Authenticator};
-use super::event_hub::{EventHub, Subscription};
+use super::event_hub::{EventHub, Selection, Subscription};
 use super::policy::check_scope;
 use super::respond::REQUEST_ID;
 use super::routes::Route;
@@ -31,7 +31,7 @@ use crate::error::ApiError;
 use crate::events::Event;
 use crate::ids::unix_now;
 use crate::store::{Store, StoreError};
-use crate::webhooks::endpoint::{check_filter, matches_filter, new_secret};
+use crate::webhooks::endpoint::{check_filter, new_secret};
 use crate::webhooks::{delivery, sign};
 use std::sync::Arc;
 
@@ -44,7 +44,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// A client that takes longer than this to accept a write is gone.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Most streams one key may hold open on one replica: a developer's terminal or three.
+/// Most streams one key may hold open, across the gateways: a developer's terminal or three.
 pub const STREAMS_PER_KEY: usize = 5;
 /// Most streams one replica holds open.
 pub const STREAMS_PER_REPLICA: usize = 1_000;
@@ -135,20 +135,25 @@ pub struct Listening {
 }
 
 impl Listening {
-    /// Takes a place among the caller's key's streams (a 429 when they are all taken) and joins
-    /// the gateway's reader of the event log (a 503 when the store is down, before the answer
-    /// begins rather than as an empty stream).
+    /// Reads the stream's filters from `query` (a 400 if they are bad), takes a place among
+    /// the caller's key's streams (a 429 when they are all taken) and joins the gateway's
+    /// reader of the event log (a 503 when the store is down, before the answer begins rather
+    /// than as an empty stream).
     pub async fn open(
         store: Arc<dyn Store>,
         hub: &Arc<EventHub>,
         caller: &Authenticated,
         stream: &str,
+        query: Option<&str>,
     ) -> Result<Self, ApiError> {
         let key = &caller.key;
+        let selection = Selection {
+            workspace: key.workspace.clone(),
+            environment: key.effective_environment(),
+            filters: parse_filters(query)?,
+        };
         let slot = HeldSlot::take(store, key.billed_key_id(), stream).await?;
-        let feed = hub
-            .join(key.workspace.clone(), key.effective_environment())
-            .await?;
+        let feed = hub.join(selection).await?;
         Ok(Self { slot, feed })
     }
 }
@@ -207,43 +212,18 @@ impl Drop for StreamSlot<'_> {
     }
 }
 
-/// What a stream forwards: the caller's workspace and environment, and the filters.
-struct Selection<'a> {
-    workspace: &'a str,
-    environment: crate::keys::Environment,
-    filters: Vec<String>,
-}
-
-impl Selection<'_> {
-    fn wants(&self, event: &Event) -> bool {
-        event.workspace == self.workspace
-            && event.environment == self.environment
-            && (self.filters.is_empty()
-                || self
-                    .filters
-                    .iter()
-                    .any(|f| matches_filter(f, &event.event_type)))
-    }
-}
-
 /// Streams the caller's events (the caller holds its [`StreamSlot`], and `listening` the rest
 /// of what the stream holds) until the client goes away, the store fails, the key is no longer
 /// allowed on `route`, or the gateway shuts down. Errors before the first byte are answered by
 /// the caller as usual.
 pub async fn stream(
     session: &mut Session,
-    caller: &Authenticated,
     auth: &Authenticator,
     route: &Route,
     mut listening: Listening,
     request_id: &str,
     answer_headers: &[(&'static str, String)],
 ) -> Result<(), ApiError> {
-    let selection = Selection {
-        workspace: &caller.key.workspace,
-        environment: caller.key.effective_environment(),
-        filters: parse_filters(session.req_header().uri.query())?,
-    };
     let secret = new_secret();
 
     session.set_keepalive(None);
@@ -281,7 +261,7 @@ pub async fn stream(
             break refused;
         }
         // Waiting for events, also watch the connection: a client that hangs up ends the
-        // stream (and frees its store connection) at once rather than at the next write.
+        // stream (and frees its slot) at once rather than at the next write.
         let next = tokio::select! {
             next = listening.feed.next(BLOCK) => next,
             gone = session.read_body_or_idle(true) => {
@@ -296,8 +276,8 @@ pub async fn stream(
         // The key may have been revoked while the read waited, in the very step that logged
         // these events (a leak report logs `key.auto_revoked` as it revokes): bring the key
         // cache up to date with the store and check again before anything is sent (only when
-        // something is to be sent).
-        if events.iter().any(|e| selection.wants(e)) {
+        // something is to be sent). The hub hands over only the events the stream selects.
+        if !events.is_empty() {
             if let Err(e) = auth.catch_up().await {
                 break e.into();
             }
@@ -307,7 +287,7 @@ pub async fn stream(
         }
         let now = unix_now();
         let mut chunk = String::new();
-        for event in events.iter().filter(|e| selection.wants(e)) {
+        for event in &events {
             chunk.push_str(&delivery_frame(&secret, event, now));
         }
         if chunk.is_empty() && last_write.elapsed() >= KEEP_ALIVE {
@@ -493,25 +473,6 @@ mod tests {
         }
         let many = vec!["agent.run.*"; MAX_FILTERS + 1].join(",");
         assert!(parse_filters(Some(&format!("events={many}"))).is_err());
-    }
-
-    #[test]
-    fn a_stream_selects_its_workspace_environment_and_filters() {
-        let selection = Selection {
-            workspace: "ws_1",
-            environment: Environment::Test,
-            filters: vec!["agent.run.*".into()],
-        };
-        let event = |t: &str, ws: &str, env| Event::new(t, ws, env, serde_json::json!({}));
-        assert!(selection.wants(&event("agent.run.failed", "ws_1", Environment::Test)));
-        assert!(!selection.wants(&event("agent.run.failed", "ws_1", Environment::Live)));
-        assert!(!selection.wants(&event("agent.run.failed", "ws_2", Environment::Test)));
-        assert!(!selection.wants(&event("key.auto_revoked", "ws_1", Environment::Test)));
-        let all = Selection {
-            filters: Vec::new(),
-            ..selection
-        };
-        assert!(all.wants(&event("key.auto_revoked", "ws_1", Environment::Test)));
     }
 
     #[test]

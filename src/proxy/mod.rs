@@ -279,12 +279,12 @@ impl Gateway {
                     &self.listen_hub,
                     caller,
                     &ctx.request_id,
+                    session.req_header().uri.query(),
                 )
                 .await?;
                 let headers = ctx.answer_headers();
                 Box::pin(listen::stream(
                     session,
-                    caller,
                     &self.auth,
                     route,
                     listening,

@@ -681,6 +681,25 @@ impl RedisServer {
         )
     }
 
+    /// Freezes it (`SIGSTOP`): connections stay open and nothing answers, as on a network that
+    /// drops packets. [`RedisServer::thaw`] lets it go on.
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .args([format!("-{name}"), pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
     /// Starts it (again), with the data it had (an RDB dump is kept).
     pub async fn resume(&mut self) {
         assert!(self.child.is_none());
