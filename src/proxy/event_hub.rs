@@ -7,15 +7,17 @@
 //! its own.
 //!
 //! A stream starts with the events the hub reads after it joins: those logged from about the
-//! moment it opened. A stream whose client lets [`QUEUED_EVENTS`] events pile up is dropped
-//! from the hub and ends with an error, rather than hold the others back or the gateway's
-//! memory. When the log cannot be read, or a read takes far longer than it may block, every
-//! stream gets the error and ends; the next stream to open tries the store again.
+//! moment it opened. A stream whose client lets more than [`QUEUED_EVENTS`] events pile up is
+//! dropped from the hub and ends with an error, rather than hold the others back or the
+//! gateway's memory. When the log cannot be read, or a read takes far longer than it may block,
+//! every stream gets the error and ends; the next stream to open tries the store again. (A
+//! stream that opens while a reader runs is answered at once: if the store has just gone, it
+//! learns so from an `error` event, within seconds, rather than from a 503.)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{self, error::TryRecvError};
 
 use crate::error::ApiError;
@@ -31,6 +33,8 @@ const BLOCK: Duration = Duration::from_secs(2);
 /// How much longer than [`BLOCK`] a read may take before the store is taken for gone (a
 /// connection cut without a word, a Redis that hangs): the streams end rather than wait on it.
 const READ_GRACE: Duration = Duration::from_secs(5);
+/// Longest a stream waits for the log to open.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(2);
 /// Events a stream's queue holds before the stream is dropped for falling behind.
 pub const QUEUED_EVENTS: usize = 1_000;
 
@@ -50,13 +54,8 @@ pub struct Selection {
 }
 
 impl Selection {
-    /// Whether the stream forwards `event`.
-    pub fn wants(&self, event: &Event) -> bool {
-        *event.workspace == *self.workspace
-            && event.environment == self.environment
-            && self.takes_type(&event.event_type)
-    }
-
+    /// Whether the stream forwards events of `event_type` (its workspace and environment are
+    /// matched by the reader, for all the streams at once).
     fn takes_type(&self, event_type: &str) -> bool {
         self.filters.is_empty() || self.filters.iter().any(|f| matches_filter(f, event_type))
     }
@@ -79,6 +78,9 @@ struct State {
     next_id: u64,
     /// A reader task is running (it stops when no stream is left).
     reading: bool,
+    /// When the log last failed to open, and why: streams that waited for that try are
+    /// refused with it rather than each try again in turn.
+    open_failed: Option<(Instant, StoreError)>,
 }
 
 /// A stream, as the hub knows it.
@@ -122,22 +124,7 @@ impl EventHub {
         };
         let id = match self.join_running(joined) {
             Ok(id) => id,
-            Err(joined) => {
-                let _opening = self.opening.lock().await;
-                // Another stream may have started a reader while this one waited.
-                match self.join_running(joined) {
-                    Ok(id) => id,
-                    Err(joined) => {
-                        let feed = self.store.tail_events().await?;
-                        let mut state = self.state();
-                        let id = state.add(joined);
-                        // Only a stream holding `opening` starts a reader: none runs.
-                        state.reading = true;
-                        tokio::spawn(self.clone().read(feed));
-                        id
-                    }
-                }
-            }
+            Err(joined) => self.join_opening(joined).await?,
         };
         Ok(Subscription {
             hub: self.clone(),
@@ -146,6 +133,47 @@ impl EventHub {
             queued,
             ended: None,
         })
+    }
+
+    /// Adds the stream once the log is open and a reader runs: the first of the streams that
+    /// arrive while none runs opens the log and starts one; the others join it, or are
+    /// refused with its error.
+    async fn join_opening(self: &Arc<Self>, joined: Joined) -> Result<u64, StoreError> {
+        let waiting_since = Instant::now();
+        let _opening = self.opening.lock().await;
+        // Another stream may have started a reader, or failed to, while this one waited.
+        let joined = match self.join_running(joined) {
+            Ok(id) => return Ok(id),
+            Err(joined) => joined,
+        };
+        if let Some((at, e)) = &self.state().open_failed {
+            if *at >= waiting_since {
+                return Err(e.clone());
+            }
+        }
+        let opened = tokio::time::timeout(OPEN_TIMEOUT, self.store.tail_events())
+            .await
+            .unwrap_or_else(|_| Err(not_in_time()));
+        let feed = match opened {
+            Ok(feed) => feed,
+            Err(e) => {
+                self.state().open_failed = Some((Instant::now(), e.clone()));
+                return Err(e);
+            }
+        };
+        // Made before the task is spawned: it ends the reading even if the task never runs.
+        let running = Running {
+            hub: self.clone(),
+            armed: true,
+        };
+        let id = {
+            let mut state = self.state();
+            // Only a stream holding `opening` starts a reader, and none runs.
+            state.reading = true;
+            state.add(joined)
+        };
+        tokio::spawn(read(running, feed));
+        Ok(id)
     }
 
     /// Adds the stream if a reader runs; gives it back if none does.
@@ -161,111 +189,109 @@ impl EventHub {
     pub fn streams(&self) -> usize {
         self.state().streams.len()
     }
+}
 
-    /// Reads the log while any stream is open, handing each stream its events.
-    async fn read(self: Arc<Self>, mut feed: Box<dyn EventFeed>) {
-        let mut running = Running {
-            hub: &self,
-            armed: true,
-        };
-        loop {
-            {
-                let mut state = self.state();
-                if state.streams.is_empty() {
-                    running.stop(&mut state);
-                    return;
-                }
+/// The log did not answer within its time.
+fn not_in_time() -> StoreError {
+    StoreError::Unavailable("the event log did not answer in time".into())
+}
+
+/// Reads the log while any stream is open, handing each stream its events.
+async fn read(mut running: Running, mut feed: Box<dyn EventFeed>) {
+    let hub = running.hub.clone();
+    loop {
+        {
+            let mut state = hub.state();
+            if state.streams.is_empty() {
+                state.end_reading(None);
+                running.armed = false;
+                return;
             }
-            let read = tokio::time::timeout(BLOCK + READ_GRACE, feed.next(BATCH, BLOCK))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(StoreError::Unavailable(
-                        "the event log did not answer in time".into(),
-                    ))
-                });
-            let logged = match read {
-                Ok(logged) => logged,
-                Err(e) => {
-                    let mut state = self.state();
-                    let streams = state.streams.len();
-                    tracing::warn!(error = %e, streams, "event log unreadable; ending listen streams");
-                    for (_, stream) in state.streams.drain() {
-                        // Unbounded: the error is queued after what the stream has not taken.
-                        let _ = stream.queue.send(Err(e.clone()));
-                    }
-                    running.stop(&mut state);
-                    return;
-                }
-            };
-            if logged.is_empty() {
-                continue;
-            }
-            let events: Vec<Arc<Event>> = logged.into_iter().map(|l| Arc::new(l.event)).collect();
-            let mut by_source: HashMap<(&str, Environment), Vec<&Arc<Event>>> = HashMap::new();
-            for event in &events {
-                by_source
-                    .entry((event.workspace.as_str(), event.environment))
-                    .or_default()
-                    .push(event);
-            }
-            let limit = self.queued_events;
-            self.state().streams.retain(|id, stream| {
-                let selection = &stream.selection;
-                let source = (&*selection.workspace, selection.environment);
-                let Some(candidates) = by_source.get(&source) else {
-                    return true;
-                };
-                let mine: Vec<Arc<Event>> = candidates
-                    .iter()
-                    .filter(|e| selection.takes_type(&e.event_type))
-                    .map(|e| Arc::clone(e))
-                    .collect();
-                if mine.is_empty() {
-                    return true;
-                }
-                if stream.queued.fetch_add(mine.len(), Ordering::AcqRel) + mine.len() > limit {
-                    tracing::warn!(
-                        stream = id,
-                        "a listen stream fell behind the event log; ending it"
-                    );
-                    return false;
-                }
-                stream.queue.send(Ok(mine)).is_ok()
-            });
         }
+        let read = tokio::time::timeout(BLOCK + READ_GRACE, feed.next(BATCH, BLOCK))
+            .await
+            .unwrap_or_else(|_| Err(not_in_time()));
+        let logged = match read {
+            Ok(logged) => logged,
+            Err(e) => {
+                let mut state = hub.state();
+                let streams = state.streams.len();
+                tracing::warn!(error = %e, streams, "event log unreadable; ending listen streams");
+                state.end_reading(Some(&e));
+                running.armed = false;
+                return;
+            }
+        };
+        if logged.is_empty() {
+            continue;
+        }
+        let events: Vec<Arc<Event>> = logged.into_iter().map(|l| Arc::new(l.event)).collect();
+        let mut by_source: HashMap<(&str, Environment), Vec<&Arc<Event>>> = HashMap::new();
+        for event in &events {
+            by_source
+                .entry((event.workspace.as_str(), event.environment))
+                .or_default()
+                .push(event);
+        }
+        let limit = hub.queued_events;
+        hub.state().streams.retain(|id, stream| {
+            let selection = &stream.selection;
+            let source = (&*selection.workspace, selection.environment);
+            let Some(candidates) = by_source.get(&source) else {
+                return true;
+            };
+            let mine: Vec<Arc<Event>> = candidates
+                .iter()
+                .filter(|e| selection.takes_type(&e.event_type))
+                .map(|e| Arc::clone(e))
+                .collect();
+            if mine.is_empty() {
+                return true;
+            }
+            if stream.queued.fetch_add(mine.len(), Ordering::AcqRel) + mine.len() > limit {
+                tracing::warn!(
+                    stream = id,
+                    "a listen stream fell behind the event log; ending it"
+                );
+                return false;
+            }
+            stream.queue.send(Ok(mine)).is_ok()
+        });
     }
 }
 
-/// The hub's running reader. However its task ends — its last stream gone, the store
-/// failing, a panic, the runtime dropping it — the hub then knows that no reader runs, and
-/// streams it leaves behind are dropped (their queues close: each ends with an error once it
-/// has taken what was queued).
-struct Running<'a> {
-    hub: &'a EventHub,
-    /// Not yet stopped by [`Running::stop`].
+/// The hub's reader, from just before its task is spawned. However the task ends — its last
+/// stream gone, the store failing, a panic, the runtime dropping it, even before it first
+/// runs — the hub then knows that no reader runs, and the streams left end with an error once
+/// they have taken what was queued for them.
+struct Running {
+    hub: Arc<EventHub>,
+    /// The task has not ended the reading itself.
     armed: bool,
 }
 
-impl Running<'_> {
-    /// Stops the reader, in the same lock as its last look at the streams: a stream that
-    /// joins after it starts a new one.
-    fn stop(&mut self, state: &mut State) {
-        state.reading = false;
-        state.streams.clear();
-        self.armed = false;
-    }
-}
-
-impl Drop for Running<'_> {
+impl Drop for Running {
     fn drop(&mut self) {
         if self.armed {
-            let mut state = self.hub.state();
-            self.stop(&mut state);
+            let stopped = StoreError::Unavailable("the event log's reader stopped".into());
+            self.hub.state().end_reading(Some(&stopped));
         }
     }
 }
 
 impl State {
+    /// No reader runs any more (in the same lock as its last look at the streams: a stream
+    /// that joins after it starts a new one); the streams left, if any, are told `why`.
+    fn end_reading(&mut self, why: Option<&StoreError>) {
+        for (_, stream) in self.streams.drain() {
+            if let Some(e) = why {
+                // Unbounded: the error is queued after what the stream has not taken.
+                let _ = stream.queue.send(Err(e.clone()));
+            }
+        }
+        self.reading = false;
+    }
+
     fn add(&mut self, joined: Joined) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
@@ -285,7 +311,7 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    /// The stream's next events, oldest first, about [`BATCH`] of those queued at most,
+    /// The stream's next events, oldest first, those queued (fewer than 2 × [`BATCH`]),
     /// waiting up to `wait` for one (none: empty). A 503 when the log could not be read, or
     /// the stream fell behind it, once the events queued before are taken.
     pub async fn next(&mut self, wait: Duration) -> Result<Vec<Arc<Event>>, ApiError> {
@@ -367,25 +393,6 @@ mod tests {
             }
         }
         got
-    }
-
-    #[test]
-    fn a_stream_selects_its_workspace_environment_and_filters() {
-        let selection = Selection {
-            workspace: "ws_1".into(),
-            environment: Environment::Test,
-            filters: vec!["agent.run.*".into()],
-        };
-        let event = |t: &str, ws: &str, env| Event::new(t, ws, env, serde_json::json!({}));
-        assert!(selection.wants(&event("agent.run.failed", "ws_1", Environment::Test)));
-        assert!(!selection.wants(&event("agent.run.failed", "ws_1", Environment::Live)));
-        assert!(!selection.wants(&event("agent.run.failed", "ws_2", Environment::Test)));
-        assert!(!selection.wants(&event("key.auto_revoked", "ws_1", Environment::Test)));
-        let all = Selection {
-            filters: Vec::new(),
-            ..selection
-        };
-        assert!(all.wants(&event("key.auto_revoked", "ws_1", Environment::Test)));
     }
 
     #[tokio::test]
@@ -508,5 +515,35 @@ mod tests {
         assert_eq!(held, [0, 1]);
         let ended = slow.next(BLOCK).await.unwrap_err();
         assert!(ended.to_string().contains("fell behind"), "{ended}");
+    }
+
+    #[test]
+    fn a_reader_dropped_before_it_runs_leaves_no_stream_waiting_on_it() {
+        let hub = EventHub::new(Arc::new(MemoryStore::new()));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // `block_on` returns as `join` does, before the reader it spawned has run.
+        let mut stream = runtime
+            .block_on(hub.join(selection("ws_a", Environment::Live)))
+            .unwrap();
+        drop(runtime);
+        assert!(!hub.state().reading);
+        assert_eq!(hub.streams(), 0);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let ended = runtime.block_on(stream.next(BLOCK)).unwrap_err();
+        assert!(ended.to_string().contains("unreachable"), "{ended}");
+        // The next stream starts a reader of its own.
+        runtime.block_on(async {
+            let _next = hub
+                .join(selection("ws_a", Environment::Live))
+                .await
+                .unwrap();
+            assert!(hub.state().reading);
+        });
     }
 }

@@ -130,7 +130,7 @@ impl Drop for HeldSlot {
 pub struct Listening {
     /// Its place among its key's streams, across the gateways.
     slot: HeldSlot,
-    /// Its workspace and environment's events.
+    /// The events it selects: its workspace's, in its environment, narrowed by its filters.
     feed: Subscription,
 }
 
