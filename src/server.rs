@@ -80,6 +80,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         tracing::warn!(error = %e, "key store unreachable at start; not ready until it answers");
     }
     store_runtime.spawn(keys.clone().follow());
+    store_runtime.spawn(prepare_store(store.clone()));
     let meter_config = config.meter();
     let configured_budgets = meter_config.project_budgets.clone();
     let (meter, audit_writer) = Meter::new(store.clone(), meter_config);
@@ -313,6 +314,21 @@ pub fn work(config: Config) -> Result<(), StartError> {
 }
 
 /// Resolves on SIGTERM or SIGINT; SIGHUP is ignored (the configuration is not re-read).
+/// Brings what an earlier version wrote up to date ([`Store::prepare`]), off every request's
+/// path, trying again while the store does not answer.
+async fn prepare_store(store: Arc<dyn Store>) {
+    const RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+    loop {
+        match store.prepare().await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "store upkeep from an earlier version not done; trying again")
+            }
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut hup)) = (

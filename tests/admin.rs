@@ -415,6 +415,50 @@ async fn workspaces_are_listed_a_page_at_a_time() {
     }
 }
 
+/// A namespace an earlier version wrote, with no workspace index: `serve` indexes it at start,
+/// in the background, so no listing waits for the scan.
+#[tokio::test]
+async fn serve_indexes_workspaces_of_an_earlier_version_at_start() {
+    let ns = TestNamespace::new();
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let old = json!({
+        "id": "ws_fromanearlierversion", "name": "old", "admin_emails": ["ops@example.com"],
+        "created_at": 1_700_000_000u64
+    });
+    let () = redis::cmd("SET")
+        .arg(format!("{{{}}}:ws:ws_fromanearlierversion", ns.name))
+        .arg(old.to_string())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .start()
+        .await;
+    let indexed = eventually(std::time::Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        let index = format!("{{{}}}:workspaces", ns.name);
+        async move {
+            let rank: Option<f64> = redis::cmd("ZSCORE")
+                .arg(index)
+                .arg("ws_fromanearlierversion")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            rank.is_some()
+        }
+    })
+    .await;
+    assert!(indexed.is_some(), "indexed with no listing");
+    let filled: bool = redis::cmd("EXISTS")
+        .arg(format!("{{{}}}:workspaces:filled", ns.name))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(filled);
+}
+
 #[tokio::test]
 async fn reading_an_unknown_workspace_is_not_found_on_both_stores() {
     let ns = TestNamespace::new();

@@ -217,6 +217,14 @@ pub trait Store: Send + Sync + 'static {
     /// writes. Nothing to do for a store without connections.
     fn reopen_connections(&self) {}
 
+    /// Brings up to date what an earlier version wrote and this one reads differently (the
+    /// Redis store indexes the workspaces created before its index existed). Run by `serve` at
+    /// start, in the background, until it succeeds; every read that needs it also works
+    /// without it, only slower. Idempotent. Nothing to do for a store with no such data.
+    async fn prepare(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Creates a workspace; fails with [`StoreError::Conflict`] if the id exists.
     async fn create_workspace(&self, workspace: &Workspace) -> Result<(), StoreError>;
 

@@ -641,8 +641,9 @@ impl RedisStore {
     /// Indexes the workspaces created before the index existed (by an earlier version), once
     /// per namespace: a scan of the namespace's workspace records (a scan cut short starts
     /// again: a `SCAN` cursor means nothing to another Redis process, after a failover or a
-    /// restart). Workspaces created since are indexed as they are created, and any read of a
-    /// workspace indexes it if it is not.
+    /// restart). `serve` runs it at start ([`Store::prepare`]); a listing before it is done
+    /// runs it too. Workspaces created since are indexed as they are created, and any read of
+    /// a workspace indexes it if it is not.
     async fn fill_workspace_index(&self) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let filled: bool = conn
@@ -1095,6 +1096,10 @@ impl Store for RedisStore {
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+
+    async fn prepare(&self) -> Result<(), StoreError> {
+        self.fill_workspace_index().await
     }
 
     async fn create_workspace(&self, workspace: &Workspace) -> Result<(), StoreError> {
