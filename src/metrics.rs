@@ -168,8 +168,27 @@ static PAUSE_NOTICES: LazyLock<IntGauge> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+static LISTEN_STREAMS: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "svcgate_listen_streams",
+        "`svcgate listen` streams open on this gateway (all read the event log through one connection)."
+    )
+    .expect("metric registers once")
+});
+
+static LISTEN_STREAMS_CUT: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "svcgate_listen_streams_cut_total",
+        "`svcgate listen` streams the gateway ended, by reason (fell_behind: more than 1,000 events queued for a client that did not take them; log_unreadable: the event log failed or hung).",
+        &["reason"]
+    )
+    .expect("metric registers once")
+});
+
 /// Registers every metric so `/metrics` lists them before the first request.
 pub fn init() {
+    LazyLock::force(&LISTEN_STREAMS);
+    LazyLock::force(&LISTEN_STREAMS_CUT);
     LazyLock::force(&REQUESTS);
     LazyLock::force(&REQUEST_DURATION);
     LazyLock::force(&AUTH_FAILURES);
@@ -194,6 +213,18 @@ pub fn init_webhooks() {
     LazyLock::force(&IN_FLIGHT);
     LazyLock::force(&PAUSE_MAILS);
     LazyLock::force(&PAUSE_NOTICES);
+}
+
+/// How many `svcgate listen` streams are open.
+pub fn record_listen_streams(open: usize) {
+    LISTEN_STREAMS.set(i64::try_from(open).unwrap_or(i64::MAX));
+}
+
+/// Counts `n` listen streams the gateway ended for `reason` (`fell_behind`, `log_unreadable`).
+pub fn record_listen_streams_cut(reason: &'static str, n: usize) {
+    LISTEN_STREAMS_CUT
+        .with_label_values(&[reason])
+        .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
 }
 
 /// Counts one delivery outcome; `attempt` is how long the attempt took, if one was made.

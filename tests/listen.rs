@@ -703,6 +703,10 @@ async fn a_gateways_streams_share_one_reader_of_the_log_and_all_end_when_it_fail
         "{} readers",
         clients_running(&redis, "xread").await
     );
+    assert!(gw
+        .metrics_text()
+        .await
+        .contains("\nsvcgate_listen_streams 4\n"));
 
     let id = trigger(&gw, &ws, "agent.run.completed", "live", payload("hub")).await;
     for stream in &mut mine {
@@ -727,6 +731,23 @@ async fn a_gateways_streams_share_one_reader_of_the_log_and_all_end_when_it_fail
         assert!(event.starts_with("event: error\n"), "{event}");
         assert!(event.contains("service_unavailable"), "{event}");
     }
+    let metrics = gw.metrics_text().await;
+    assert!(
+        metrics.contains("\nsvcgate_listen_streams 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("svcgate_listen_streams_cut_total{reason=\"log_unreadable\"} 4"),
+        "{metrics}"
+    );
+    // A bad filter is a 400 whatever the store's state (checked before the store is asked).
+    let bad = gw
+        .request(Method::GET, "/v1/webhooks/listen?events=agent.run.nope")
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_error(bad, 400, "invalid_request_error").await;
     // Back again, a new stream opens and gets what is logged from then on.
     redis.resume().await;
     let mut again = None;

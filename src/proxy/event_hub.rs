@@ -23,6 +23,7 @@ use tokio::sync::mpsc::{self, error::TryRecvError};
 use crate::error::ApiError;
 use crate::events::Event;
 use crate::keys::Environment;
+use crate::metrics;
 use crate::store::{EventFeed, Store, StoreError};
 use crate::webhooks::endpoint::matches_filter;
 
@@ -234,7 +235,8 @@ async fn read(mut running: Running, mut feed: Box<dyn EventFeed>) {
                 .push(event);
         }
         let limit = hub.queued_events;
-        hub.state().streams.retain(|id, stream| {
+        let mut state = hub.state();
+        state.streams.retain(|id, stream| {
             let selection = &stream.selection;
             let source = (&*selection.workspace, selection.environment);
             let Some(candidates) = by_source.get(&source) else {
@@ -253,10 +255,12 @@ async fn read(mut running: Running, mut feed: Box<dyn EventFeed>) {
                     stream = id,
                     "a listen stream fell behind the event log; ending it"
                 );
+                metrics::record_listen_streams_cut("fell_behind", 1);
                 return false;
             }
             stream.queue.send(Ok(mine)).is_ok()
         });
+        state.count();
     }
 }
 
@@ -283,6 +287,9 @@ impl State {
     /// No reader runs any more (in the same lock as its last look at the streams: a stream
     /// that joins after it starts a new one); the streams left, if any, are told `why`.
     fn end_reading(&mut self, why: Option<&StoreError>) {
+        if why.is_some() {
+            metrics::record_listen_streams_cut("log_unreadable", self.streams.len());
+        }
         for (_, stream) in self.streams.drain() {
             if let Some(e) = why {
                 // Unbounded: the error is queued after what the stream has not taken.
@@ -290,13 +297,20 @@ impl State {
             }
         }
         self.reading = false;
+        self.count();
     }
 
     fn add(&mut self, joined: Joined) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.streams.insert(id, joined);
+        self.count();
         id
+    }
+
+    /// Shows how many streams are open.
+    fn count(&self) {
+        metrics::record_listen_streams(self.streams.len());
     }
 }
 
@@ -357,7 +371,9 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.hub.state().streams.remove(&self.id);
+        let mut state = self.hub.state();
+        state.streams.remove(&self.id);
+        state.count();
     }
 }
 
