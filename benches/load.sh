@@ -156,14 +156,36 @@ if phase half && phase saturation; then
       for (i = 2; i <= 9; i++) { d = y[i] - x[i]; t += d; if (i == 5 || i == 6) idle += d }
       printf "%.0f", 100 * (t - idle) / t }'
   }
+  # svcgate's own count of its time before forwarding (svcgate_gateway_overhead_seconds): the
+  # histogram's buckets, and the bound of the first bucket holding the 99th percentile of what
+  # one run added to them.
+  overhead_buckets() {
+    curl -sf "http://$METRICS/metrics" | awk '/^svcgate_gateway_overhead_seconds_bucket/ {
+      match($0, /le="[^"]+"/); print substr($0, RSTART + 4, RLENGTH - 5), $2 }'
+  }
+  overhead_p99() { # before after
+    python3 - "$1" "$2" <<'PY'
+import sys
+read = lambda f: [(float(le), float(n)) for le, n in (l.split() for l in open(f))]
+delta = [(le, b - a) for (le, b), (_, a) in zip(read(sys.argv[2]), read(sys.argv[1]))]
+total = delta[-1][1]
+print(next(f"{le * 1000:g}" for le, n in delta if total and n >= 0.99 * total) if total else "-")
+PY
+  }
   for fraction in $FRACTIONS; do
     rate=$(awk -v r="$max" -v f="$fraction" 'BEGIN { printf "%d", r * f }')
     declare -A HP50=() HP99=() HP999=() HBUSY=() HCPU=()
+    HOWN=""
     for round in $(seq 1 "$ROUNDS"); do
       for t in direct passthrough svcgate; do
+        [ "$t" = svcgate ] && overhead_buckets > "$work/overhead.0"
         s0=$(head -1 /proc/stat); c0=$(cpu_ticks "${PID[$t]}")
         out=$("$rel"/examples/loadgen "${URL[$t]}" "$rate" "$DURATION" "$CONNS" "$key")
         s1=$(head -1 /proc/stat); c1=$(cpu_ticks "${PID[$t]}")
+        if [ "$t" = svcgate ]; then
+          overhead_buckets > "$work/overhead.1"
+          HOWN+="$(overhead_p99 "$work/overhead.0" "$work/overhead.1") "
+        fi
         HBUSY[$t]+="$(busy "$s0" "$s1") "
         HCPU[$t]+="$(awk -v t=$((c1 - c0)) -v hz="$tick" -v n="$(sed -E 's/sent=([0-9]+).*/\1/' <<<"$out")" \
           'BEGIN { printf "%.1f", t / hz * 1e6 / n }') "
@@ -184,6 +206,7 @@ if phase half && phase saturation; then
         "$(median "${HCPU[$t]}")"
     done
     echo "svcgate p99 per round: ${HP99[svcgate]}; bare Pingora: ${HP99[passthrough]}"
+    echo "svcgate's own time before forwarding (svcgate_gateway_overhead_seconds), p99 at most, per round (ms): $HOWN"
   done
 fi
 

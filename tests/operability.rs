@@ -127,6 +127,13 @@ async fn metrics_parse_and_move_with_a_scripted_set_of_requests() {
             >= 4.0
     );
     assert!(sample(&m, "svcgate_key_cache_entries", &[]).is_some());
+    // The gateway's own time: the three forwarded requests, not those it answered itself.
+    assert_eq!(
+        sample(&m, "svcgate_gateway_overhead_seconds_count", &[]),
+        Some(3.0)
+    );
+    let overhead = sample(&m, "svcgate_gateway_overhead_seconds_sum", &[]).unwrap();
+    assert!(overhead > 0.0 && overhead < 3.0, "{overhead}");
     // Label sets stay bounded: no key ids, no workspace ids, no raw paths.
     for s in &m.samples {
         for (_, v) in s.labels.iter() {

@@ -614,7 +614,9 @@ impl ProxyHttp for Gateway {
                 upstream_request.insert_header(&SERVICE_PROJECT, value)?;
             }
         }
-        ctx.upstream_sent = Some(Instant::now());
+        let sent = Instant::now();
+        metrics::record_overhead(sent.saturating_duration_since(ctx.started));
+        ctx.upstream_sent = Some(sent);
         Ok(())
     }
 
