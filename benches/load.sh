@@ -168,8 +168,8 @@ if phase half && phase saturation; then
 import sys
 read = lambda f: [(float(le), float(n)) for le, n in (l.split() for l in open(f))]
 delta = [(le, b - a) for (le, b), (_, a) in zip(read(sys.argv[2]), read(sys.argv[1]))]
-total = delta[-1][1]
-print(next(f"{le * 1000:g}" for le, n in delta if total and n >= 0.99 * total) if total else "-")
+total = delta[-1][1] if delta else 0
+print(next(f"{le * 1000:g}" for le, n in delta if n >= 0.99 * total) if total else "-")
 PY
   }
   for fraction in $FRACTIONS; do
@@ -178,12 +178,13 @@ PY
     HOWN=""
     for round in $(seq 1 "$ROUNDS"); do
       for t in direct passthrough svcgate; do
-        [ "$t" = svcgate ] && overhead_buckets > "$work/overhead.0"
+        # A scrape that fails leaves the round's figure "-", not the benchmark stopped.
+        [ "$t" = svcgate ] && { overhead_buckets > "$work/overhead.0" || : > "$work/overhead.0"; }
         s0=$(head -1 /proc/stat); c0=$(cpu_ticks "${PID[$t]}")
         out=$("$rel"/examples/loadgen "${URL[$t]}" "$rate" "$DURATION" "$CONNS" "$key")
         s1=$(head -1 /proc/stat); c1=$(cpu_ticks "${PID[$t]}")
         if [ "$t" = svcgate ]; then
-          overhead_buckets > "$work/overhead.1"
+          overhead_buckets > "$work/overhead.1" || : > "$work/overhead.1"
           HOWN+="$(overhead_p99 "$work/overhead.0" "$work/overhead.1") "
         fi
         HBUSY[$t]+="$(busy "$s0" "$s1") "

@@ -78,7 +78,7 @@ static UPSTREAM_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
 static OVERHEAD: LazyLock<Histogram> = LazyLock::new(|| {
     register_histogram!(
         "svcgate_gateway_overhead_seconds",
-        "Time from a request's header being read to its forwarding to the backend: what the gateway adds before the backend sees it (key, route, scope, limits, budget, the body's model, a pooled connection to the backend).",
+        "Time from a forwarded request's header being read to its header going to the backend (the last attempt's, if a pooled connection failed and it was sent again): what the gateway adds before the backend sees it (key, route, scope, limits, budget, and a connection to the backend, pooled or new). The body streams after it.",
         vec![
             0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
             0.025, 0.1, 1.0
@@ -191,7 +191,7 @@ static LISTEN_STREAMS: LazyLock<IntGauge> = LazyLock::new(|| {
 static LISTEN_STREAMS_CUT: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "svcgate_listen_streams_cut_total",
-        "`svcgate listen` streams the gateway ended, by reason (fell_behind: more than 1,000 events queued for a client that did not take them; log_unreadable: the event log failed or hung).",
+        "`svcgate listen` streams the gateway ended, by reason (fell_behind: more than 1,000 events queued for a client that did not take them; log_unreadable: the event log failed or hung; reader_stopped: the gateway's reader of the log ended unexpectedly).",
         &["reason"]
     )
     .expect("metric registers once")
@@ -200,7 +200,10 @@ static LISTEN_STREAMS_CUT: LazyLock<IntCounterVec> = LazyLock::new(|| {
 /// Registers every metric so `/metrics` lists them before the first request.
 pub fn init() {
     LazyLock::force(&LISTEN_STREAMS);
-    LazyLock::force(&LISTEN_STREAMS_CUT);
+    // Each reason's series from 0, so the first cut shows as an increase.
+    for reason in ["fell_behind", "log_unreadable", "reader_stopped"] {
+        LISTEN_STREAMS_CUT.with_label_values(&[reason]);
+    }
     LazyLock::force(&REQUESTS);
     LazyLock::force(&REQUEST_DURATION);
     LazyLock::force(&AUTH_FAILURES);
@@ -238,7 +241,8 @@ pub fn record_listen_streams(open: usize) {
     LISTEN_STREAMS.set(i64::try_from(open).unwrap_or(i64::MAX));
 }
 
-/// Counts `n` listen streams the gateway ended for `reason` (`fell_behind`, `log_unreadable`).
+/// Counts `n` listen streams the gateway ended for `reason` (`fell_behind`, `log_unreadable`,
+/// `reader_stopped`).
 pub fn record_listen_streams_cut(reason: &'static str, n: usize) {
     LISTEN_STREAMS_CUT
         .with_label_values(&[reason])

@@ -313,22 +313,27 @@ pub fn work(config: Config) -> Result<(), StartError> {
     })
 }
 
-/// Resolves on SIGTERM or SIGINT; SIGHUP is ignored (the configuration is not re-read).
 /// Brings what an earlier version wrote up to date ([`Store::prepare`]), off every request's
-/// path, trying again while the store does not answer.
+/// path, trying again while it fails: after 10 s, then twice as long each time, up to 5 min (a
+/// Redis that refuses it — full, read-only after a failover — is not scanned again and again).
 async fn prepare_store(store: Arc<dyn Store>) {
-    const RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+    const FIRST_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+    const LONGEST_RETRY: std::time::Duration = std::time::Duration::from_secs(300);
+    let mut retry = FIRST_RETRY;
     loop {
         match store.prepare().await {
             Ok(()) => return,
-            Err(e) => {
+            Err(e) if retry == FIRST_RETRY => {
                 tracing::warn!(error = %e, "store upkeep from an earlier version not done; trying again")
             }
+            Err(e) => tracing::debug!(error = %e, "store upkeep from an earlier version not done"),
         }
-        tokio::time::sleep(RETRY).await;
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(LONGEST_RETRY);
     }
 }
 
+/// Resolves on SIGTERM or SIGINT; SIGHUP is ignored (the configuration is not re-read).
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut hup)) = (

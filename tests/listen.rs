@@ -737,7 +737,7 @@ async fn a_gateways_streams_share_one_reader_of_the_log_and_all_end_when_it_fail
         "{metrics}"
     );
     assert!(
-        metrics.contains("svcgate_listen_streams_cut_total{reason=\"log_unreadable\"} 4"),
+        metrics.contains("svcgate_listen_streams_cut_total{reason=\"log_unreadable\"} 4\n"),
         "{metrics}"
     );
     // A bad filter is a 400 whatever the store's state (checked before the store is asked).

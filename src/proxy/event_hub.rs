@@ -218,7 +218,7 @@ async fn read(mut running: Running, mut feed: Box<dyn EventFeed>) {
                 let mut state = hub.state();
                 let streams = state.streams.len();
                 tracing::warn!(error = %e, streams, "event log unreadable; ending listen streams");
-                state.end_reading(Some(&e));
+                state.end_reading(Some(("log_unreadable", &e)));
                 running.armed = false;
                 return;
             }
@@ -277,8 +277,14 @@ struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         if self.armed {
+            let mut state = self.hub.state();
+            let streams = state.streams.len();
+            tracing::error!(
+                streams,
+                "the event log's reader stopped unexpectedly; ending listen streams"
+            );
             let stopped = StoreError::Unavailable("the event log's reader stopped".into());
-            self.hub.state().end_reading(Some(&stopped));
+            state.end_reading(Some(("reader_stopped", &stopped)));
         }
     }
 }
@@ -286,12 +292,14 @@ impl Drop for Running {
 impl State {
     /// No reader runs any more (in the same lock as its last look at the streams: a stream
     /// that joins after it starts a new one); the streams left, if any, are told `why`.
-    fn end_reading(&mut self, why: Option<&StoreError>) {
-        if why.is_some() {
-            metrics::record_listen_streams_cut("log_unreadable", self.streams.len());
+    /// `why`: the reason the streams are cut, as counted (`log_unreadable`, `reader_stopped`),
+    /// and the error they end with.
+    fn end_reading(&mut self, why: Option<(&'static str, &StoreError)>) {
+        if let Some((reason, _)) = why {
+            metrics::record_listen_streams_cut(reason, self.streams.len());
         }
         for (_, stream) in self.streams.drain() {
-            if let Some(e) = why {
+            if let Some((_, e)) = why {
                 // Unbounded: the error is queued after what the stream has not taken.
                 let _ = stream.queue.send(Err(e.clone()));
             }

@@ -614,9 +614,7 @@ impl ProxyHttp for Gateway {
                 upstream_request.insert_header(&SERVICE_PROJECT, value)?;
             }
         }
-        let sent = Instant::now();
-        metrics::record_overhead(sent.saturating_duration_since(ctx.started));
-        ctx.upstream_sent = Some(sent);
+        ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
 
@@ -782,6 +780,11 @@ impl ProxyHttp for Gateway {
         }
         let environment = ctx.caller.as_ref().map(|c| c.key.effective_environment());
         let elapsed = ctx.started.elapsed();
+        // Once per forwarded request, to its last attempt (an attempt on a pooled connection
+        // that failed is sent again).
+        if let Some(sent) = ctx.upstream_sent {
+            metrics::record_overhead(sent.saturating_duration_since(ctx.started));
+        }
         let route = match self.route(ctx) {
             Some(r) => {
                 r.metrics.record_request(status, environment, elapsed);

@@ -360,8 +360,16 @@ impl Gateway {
                 .send()
                 .await;
             let gw_up = self.http.get(format!("{}/healthz", self.base)).send().await;
-            if matches!((admin_up, gw_up), (Ok(a), Ok(g)) if a.status() == 200 && g.status() == 200)
-            {
+            // The metrics listener is Pingora's service too, and may come up last.
+            let metrics_up = self
+                .http
+                .get(format!("{}/metrics", self.metrics))
+                .send()
+                .await;
+            let up = |r: &reqwest::Result<reqwest::Response>| {
+                r.as_ref().is_ok_and(|r| r.status() == 200)
+            };
+            if up(&admin_up) && up(&gw_up) && up(&metrics_up) {
                 return true;
             }
             assert!(

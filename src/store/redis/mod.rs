@@ -601,6 +601,9 @@ pub struct RedisStore {
     audit_retention_secs: u64,
     /// Behind Sentinels: a master with replicas, any of which a failover may promote.
     replicated: bool,
+    /// Held while the workspace index is filled, so a listing during `serve`'s start-up fill
+    /// waits for it instead of scanning too ([`RedisStore::fill_workspace_index`]).
+    filling: tokio::sync::Mutex<()>,
 }
 
 impl RedisStore {
@@ -642,9 +645,10 @@ impl RedisStore {
     /// per namespace: a scan of the namespace's workspace records (a scan cut short starts
     /// again: a `SCAN` cursor means nothing to another Redis process, after a failover or a
     /// restart). `serve` runs it at start ([`Store::prepare`]); a listing before it is done
-    /// runs it too. Workspaces created since are indexed as they are created, and any read of
-    /// a workspace indexes it if it is not.
+    /// waits for it (or, if it failed, runs it). Workspaces created since are indexed as they
+    /// are created, and any read of a workspace indexes it if it is not.
     async fn fill_workspace_index(&self) -> Result<(), StoreError> {
+        let _filling = self.filling.lock().await;
         let mut conn = self.conn();
         let filled: bool = conn
             .exists(self.layout.workspace_index_filled())
@@ -800,6 +804,7 @@ impl RedisStore {
             changed,
             audit_retention_secs: 30 * 86_400,
             replicated: sentinels.is_some(),
+            filling: tokio::sync::Mutex::new(()),
         })
     }
 
