@@ -790,3 +790,34 @@ async fn streams_end_when_the_store_stops_answering() {
     let event = again.next(Duration::from_secs(5)).await.expect("the event");
     assert!(event.contains(&id), "{event}");
 }
+
+#[tokio::test]
+async fn streams_that_open_together_open_the_log_once() {
+    let redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .redis(&redis.url(), "listen-together")
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", READ).await;
+    let (_a, _b, _c, _d) = tokio::join!(
+        Sse::open(&gw, &key),
+        Sse::open(&gw, &key),
+        Sse::open(&gw, &key),
+        Sse::open(&gw, &key)
+    );
+    // Opening the log reads its newest entry once (`XREVRANGE`); only the first stream did.
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let opens = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_xrevrange:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or("0");
+    assert_eq!(opens, "1", "{stats}");
+}

@@ -570,4 +570,38 @@ mod tests {
             assert!(hub.state().reading);
         });
     }
+
+    #[tokio::test]
+    async fn a_queue_is_bounded_by_events_not_batches() {
+        // One read that returns two events, for a stream whose queue holds one event: cut,
+        // though it holds no batch yet.
+        let store = Arc::new(MemoryStore::new());
+        let hub = EventHub::with_queue(store.clone(), 1);
+        let feed = store.tail_events().await.unwrap();
+        for n in 0..2 {
+            store
+                .append_event(&event("ws_a", Environment::Live, n))
+                .await
+                .unwrap();
+        }
+        let (queue, mut events) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        {
+            let mut state = hub.state();
+            state.reading = true;
+            state.add(Joined {
+                selection: selection("ws_a", Environment::Live),
+                queue,
+                queued,
+            });
+        }
+        let running = Running {
+            hub: hub.clone(),
+            armed: true,
+        };
+        tokio::spawn(read(running, feed));
+        let closed = tokio::time::timeout(BLOCK, events.recv()).await.unwrap();
+        assert!(closed.is_none(), "cut without a batch: {closed:?}");
+        assert_eq!(hub.streams(), 0);
+    }
 }
