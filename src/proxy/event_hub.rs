@@ -11,8 +11,9 @@
 //! dropped from the hub and ends with an error, rather than hold the others back or the
 //! gateway's memory. When the log cannot be read, or a read takes far longer than it may block,
 //! every stream gets the error and ends; the next stream to open tries the store again. (A
-//! stream that opens while a reader runs is answered at once: if the store has just gone, it
-//! learns so from an `error` event, within seconds, rather than from a 503.)
+//! stream that opens while a reader runs does not open the log again, but the gateway has
+//! asked the store for the stream's place among its key's first, so a store that is down
+//! still refuses it with a 503 before its answer begins.)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
