@@ -663,6 +663,19 @@ impl Sse {
     }
 }
 
+/// A gateway on a redis-server of the test's own (to count its clients and commands, or stop
+/// it), with a workspace and a live key that may listen.
+async fn on_own_redis(namespace: &str) -> (RedisServer, Gateway, String, String) {
+    let redis = RedisServer::start().await;
+    let gw = Gateway::builder()
+        .redis(&redis.url(), namespace)
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", READ).await;
+    (redis, gw, ws, key)
+}
+
 /// Connections of `redis` whose last command was `command` (a blocked read shows its command).
 async fn clients_running(redis: &RedisServer, command: &str) -> usize {
     let client = redis::Client::open(redis.url()).unwrap();
@@ -679,13 +692,8 @@ async fn clients_running(redis: &RedisServer, command: &str) -> usize {
 
 #[tokio::test]
 async fn a_gateways_streams_share_one_reader_of_the_log_and_all_end_when_it_fails() {
-    let mut redis = RedisServer::start().await;
-    let gw = Gateway::builder()
-        .redis(&redis.url(), "listen-hub")
-        .start()
-        .await;
-    let (ws, other_ws) = (gw.create_workspace().await, gw.create_workspace().await);
-    let (_, key) = gw.create_key_in(&ws, "live", READ).await;
+    let (mut redis, gw, ws, key) = on_own_redis("listen-hub").await;
+    let other_ws = gw.create_workspace().await;
     let (_, other_key) = gw.create_key_in(&other_ws, "live", READ).await;
     let mut mine = Vec::new();
     for _ in 0..3 {
@@ -766,13 +774,7 @@ async fn a_gateways_streams_share_one_reader_of_the_log_and_all_end_when_it_fail
 
 #[tokio::test]
 async fn streams_end_when_the_store_stops_answering() {
-    let redis = RedisServer::start().await;
-    let gw = Gateway::builder()
-        .redis(&redis.url(), "listen-hang")
-        .start()
-        .await;
-    let ws = gw.create_workspace().await;
-    let (_, key) = gw.create_key_in(&ws, "live", READ).await;
+    let (redis, gw, ws, key) = on_own_redis("listen-hang").await;
     let mut streams = vec![Sse::open(&gw, &key).await, Sse::open(&gw, &key).await];
     // A Redis that holds the connection and never answers: the read waits 2 s for events,
     // then 5 s more at most.
@@ -793,13 +795,7 @@ async fn streams_end_when_the_store_stops_answering() {
 
 #[tokio::test]
 async fn streams_that_open_together_open_the_log_once() {
-    let redis = RedisServer::start().await;
-    let gw = Gateway::builder()
-        .redis(&redis.url(), "listen-together")
-        .start()
-        .await;
-    let ws = gw.create_workspace().await;
-    let (_, key) = gw.create_key_in(&ws, "live", READ).await;
+    let (redis, gw, _, key) = on_own_redis("listen-together").await;
     let (_a, _b, _c, _d) = tokio::join!(
         Sse::open(&gw, &key),
         Sse::open(&gw, &key),

@@ -188,7 +188,8 @@ impl EventHub {
     }
 
     /// Streams open.
-    pub fn streams(&self) -> usize {
+    #[cfg(test)]
+    fn streams(&self) -> usize {
         self.state().streams.len()
     }
 }
