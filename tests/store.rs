@@ -2376,3 +2376,111 @@ redis.call('SET', KEYS[2], ARGV[1])
         .unwrap();
     assert_eq!(again.changed, Some(vec![]));
 }
+
+/// Writes `count` workspace records as a version before the workspace index wrote them: not
+/// indexed.
+async fn seed_unindexed_workspaces(
+    conn: &mut ::redis::aio::MultiplexedConnection,
+    ns: &str,
+    count: usize,
+) {
+    let mut seed = ::redis::pipe();
+    for i in 0..count {
+        let id = format!("ws_earlier{i:05}");
+        let record = serde_json::json!({
+            "id": id, "name": "old", "admin_emails": ["ops@example.com"],
+            "created_at": 1_700_000_000 + i
+        });
+        seed.set(format!("{{{ns}}}:ws:{id}"), record.to_string())
+            .ignore();
+    }
+    seed.query_async::<()>(conn).await.unwrap();
+}
+
+/// Replicas that start together index an earlier version's workspaces once: one scans, under
+/// a lease in Redis, and the other waits for it to finish.
+#[tokio::test]
+async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
+    use ::redis::AsyncCommands;
+    const EARLIER: usize = 1_500;
+    // A server of the test's own: its command counts are this test's alone.
+    let redis = RedisServer::start().await;
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    seed_unindexed_workspaces(&mut conn, "together", EARLIER).await;
+    let a = RedisStore::connect(&redis.url(), "together").unwrap();
+    let b = RedisStore::connect(&redis.url(), "together").unwrap();
+    let (filled_a, filled_b) = tokio::join!(a.prepare(), b.prepare());
+    filled_a.unwrap();
+    filled_b.unwrap();
+    let indexed: usize = conn.zcard("{together}:workspaces").await.unwrap();
+    assert_eq!(indexed, EARLIER);
+    // A scan indexes each workspace it finds with a `ZADD` (a `SCAN` may return one twice):
+    // two scans would make twice as many.
+    let zadds = redis.command_calls("zadd").await;
+    assert!(
+        (EARLIER..EARLIER * 3 / 2).contains(&zadds),
+        "{zadds} ZADDs: one scan makes {EARLIER}"
+    );
+    let lease: bool = conn.exists("{together}:workspaces:filling").await.unwrap();
+    assert!(!lease, "the lease is let go");
+
+    // A replica that died mid-scan leaves its lease: another takes over when it runs out.
+    seed_unindexed_workspaces(&mut conn, "orphaned", 10).await;
+    let () = conn
+        .set_options(
+            "{orphaned}:workspaces:filling",
+            "fill_ofadeadreplica",
+            ::redis::SetOptions::default().with_expiration(::redis::SetExpiry::PX(1_500)),
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let c = RedisStore::connect(&redis.url(), "orphaned").unwrap();
+    tokio::time::timeout(Duration::from_secs(20), c.prepare())
+        .await
+        .expect("takes over once the lease runs out")
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_000),
+        "waited for the lease"
+    );
+    let indexed: usize = conn.zcard("{orphaned}:workspaces").await.unwrap();
+    assert_eq!(indexed, 10);
+
+    // A fill cut short (the listing that ran it was dropped) lets go of its lease at once. Keys
+    // of other kinds make the scan long enough to be cut.
+    seed_unindexed_workspaces(&mut conn, "cut", 10).await;
+    for thousands in 0..200 {
+        let others: Vec<(String, u8)> = (0..1_000)
+            .map(|i| (format!("{{cut}}:other:{thousands}:{i}"), 1))
+            .collect();
+        let () = conn.mset(&others).await.unwrap();
+    }
+    let d = Arc::new(RedisStore::connect(&redis.url(), "cut").unwrap());
+    let fill = tokio::spawn({
+        let d = d.clone();
+        async move { d.prepare().await }
+    });
+    let leased = eventually(Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { conn.exists("{cut}:workspaces:filling").await.unwrap() }
+    })
+    .await;
+    assert!(leased.is_some(), "the fill takes the lease");
+    fill.abort();
+    let _ = fill.await;
+    let filled: bool = conn.exists("{cut}:workspaces:filled").await.unwrap();
+    assert!(!filled, "cut short mid-scan");
+    let released = eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move {
+            !conn
+                .exists::<_, bool>("{cut}:workspaces:filling")
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+    assert!(released.is_some(), "let go, not held for its 30 s");
+}

@@ -86,20 +86,29 @@ struct HeldSlot {
     store: Arc<dyn Store>,
     key_id: String,
     stream: String,
+    /// Whether the store may hold the slot: from before it is asked to, until it says no.
+    held: bool,
 }
 
 impl HeldSlot {
     /// Holds a slot of key `key_id` for stream `stream`: a 429 if the key's other streams, on
     /// any replica, hold them all.
+    ///
+    /// The guard exists before the store is asked: a hold that fails or is dropped part way
+    /// (a timeout, a client gone) may still have reached the store, and its slot is let go
+    /// rather than held for its lease.
     async fn take(store: Arc<dyn Store>, key_id: &str, stream: &str) -> Result<Self, ApiError> {
-        if !hold(store.as_ref(), key_id, stream).await? {
-            return Err(too_many_for_key());
-        }
-        Ok(Self {
+        let mut slot = Self {
             store,
             key_id: key_id.to_string(),
             stream: stream.to_string(),
-        })
+            held: true,
+        };
+        if !hold(slot.store.as_ref(), key_id, stream).await? {
+            slot.held = false;
+            return Err(too_many_for_key());
+        }
+        Ok(slot)
     }
 
     /// Renews the slot's lease: `false` if it ran out and another stream took the place.
@@ -110,6 +119,9 @@ impl HeldSlot {
 
 impl Drop for HeldSlot {
     fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };

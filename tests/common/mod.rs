@@ -689,6 +689,23 @@ impl RedisServer {
         )
     }
 
+    /// How many times it has run `command` (lower case), from `INFO commandstats`: every
+    /// client's, the commands scripts run included.
+    pub async fn command_calls(&self, command: &str) -> usize {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
     /// Freezes it (`SIGSTOP`): connections stay open and nothing answers, as on a network that
     /// drops packets. [`RedisServer::thaw`] lets it go on.
     pub fn freeze(&self) {

@@ -7,6 +7,7 @@
 //! | `{ns}:ws:<id>` | string | workspace JSON |
 //! | `{ns}:workspaces` | sorted set | workspace ids, scored by creation time (unix seconds) |
 //! | `{ns}:workspaces:filled` | string | set once the index holds the workspaces of versions before it |
+//! | `{ns}:workspaces:filling` | string, with a TTL | the lease of the replica filling that index (a random token) |
 //! | `{ns}:listen:<key id>` | sorted set | the key's open `listen` streams (request ids), scored by when their lease ends (ms) |
 //! | `{ns}:idem:<digest>` | string | an `Idempotency-Key`'s salt (24 hours), under an HMAC of the key and what it is for |
 //! | `{ns}:events` | stream | the event log: fields `id`, `type`, `created`, `workspace`, `environment`, `data` (JSON) |
@@ -123,6 +124,10 @@ impl Layout {
     fn workspace_index_filled(&self) -> String {
         format!("{{{}}}:workspaces:filled", self.ns)
     }
+    /// Held by the one replica filling the index (its token), for a lease renewed as it goes.
+    fn workspace_index_filling(&self) -> String {
+        format!("{{{}}}:workspaces:filling", self.ns)
+    }
     fn key_by_hash(&self, hash: &KeyHash) -> String {
         format!("{}:h:{}", self.registry, hash.to_hex())
     }
@@ -229,6 +234,30 @@ end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
+",
+    )
+});
+
+/// Takes the lease on filling the workspace index, unless it is filled. KEYS: the index's
+/// filled mark, the lease. ARGV: token, lease (ms). Returns `filled`, `taken` (now the
+/// caller's) or `busy` (another replica's).
+static TAKE_FILL_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'filled' end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 'taken' end
+return 'busy'
+",
+    )
+});
+
+/// Lets go of a lease: deletes KEYS[1] if it still holds ARGV[1] (the holder's token), not a
+/// lease another replica took after this one's ran out.
+static RELEASE_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 ",
     )
 });
@@ -593,6 +622,49 @@ return out
 /// out of a `since` query or a page: the stream entries read go back this much further.
 const AUDIT_CLOCK_SKEW_MS: u64 = 2_000;
 
+/// The lease of the replica filling the workspace index, renewed as it scans
+/// ([`INDEX_FILL_RENEWAL`]): another replica takes over this long after one that died mid-scan.
+const INDEX_FILL_LEASE_MS: u64 = 30_000;
+/// How often a replica waiting for another's fill looks whether it is done or its lease over.
+const INDEX_FILL_POLL: Duration = Duration::from_millis(250);
+/// How often the replica filling the index renews its lease.
+const INDEX_FILL_RENEWAL: Duration = Duration::from_secs(5);
+
+/// The lease on the workspace index fill, let go when dropped: when the fill ends, well or
+/// not, or when the listing that ran it is dropped part way; the next try, here or on another
+/// replica, need not wait for it to run out. (A release that fails leaves it to run out.)
+struct FillLease {
+    conn: ConnectionManager,
+    key: String,
+    /// This replica's, in the lease while it holds it.
+    token: String,
+    /// Whether the lease may be this replica's.
+    held: bool,
+}
+
+impl Drop for FillLease {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (mut conn, key, token) = (
+            self.conn.clone(),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.token),
+        );
+        runtime.spawn(async move {
+            let _: Result<i64, _> = RELEASE_LEASE
+                .key(&key)
+                .arg(&token)
+                .invoke_async(&mut conn)
+                .await;
+        });
+    }
+}
+
 /// Workspaces and keys in Redis.
 pub struct RedisStore {
     connections: Arc<Connections>,
@@ -647,18 +719,53 @@ impl RedisStore {
     /// restart). `serve` runs it at start ([`Store::prepare`]); a listing before it is done
     /// waits for it (or, if it failed, runs it). Workspaces created since are indexed as they
     /// are created, and any read of a workspace indexes it if it is not.
+    ///
+    /// One replica scans at a time: it holds a lease in Redis (`{ns}:workspaces:filling`),
+    /// renewed as it scans, and the others wait until the index is marked filled, or
+    /// until the lease runs out (its holder died) and one of them takes it over.
     async fn fill_workspace_index(&self) -> Result<(), StoreError> {
         let _filling = self.filling.lock().await;
-        let mut conn = self.conn();
-        let filled: bool = conn
-            .exists(self.layout.workspace_index_filled())
-            .await
-            .map_err(unavailable)?;
-        if filled {
-            return Ok(());
+        let mut lease = FillLease {
+            conn: self.conn(),
+            key: self.layout.workspace_index_filling(),
+            token: crate::ids::new_id("fill"),
+            held: false,
+        };
+        loop {
+            // Held from the moment it is asked for: an answer that times out or is never
+            // read (the listing running this was dropped) may still have given it.
+            lease.conn = self.conn();
+            lease.held = true;
+            let state: String = TAKE_FILL_LEASE
+                .key(self.layout.workspace_index_filled())
+                .key(&lease.key)
+                .arg(&lease.token)
+                .arg(INDEX_FILL_LEASE_MS)
+                .invoke_async(&mut lease.conn)
+                .await
+                .map_err(unavailable)?;
+            if state == "taken" {
+                break;
+            }
+            lease.held = false;
+            if state == "filled" {
+                return Ok(());
+            }
+            tokio::time::sleep(INDEX_FILL_POLL).await;
         }
+        self.scan_into_workspace_index(&lease).await
+    }
+
+    /// The scan of [`RedisStore::fill_workspace_index`], under its lease: every workspace
+    /// record found goes into the index, then the index is marked filled. The lease is renewed
+    /// as the scan goes (a renewal of a lease that ran out renews nothing: the scan goes on,
+    /// and is only done twice).
+    async fn scan_into_workspace_index(&self, lease: &FillLease) -> Result<(), StoreError> {
+        // One connection throughout: a `SCAN` cursor belongs to the server that gave it.
+        let mut conn = lease.conn.clone();
         let pattern = format!("{}*", glob_escape(&self.layout.workspace("")));
         let mut cursor: u64 = 0;
+        let mut renewed = tokio::time::Instant::now();
         loop {
             let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
@@ -669,23 +776,29 @@ impl RedisStore {
                 .query_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
+            let mut batch = redis::pipe();
+            if renewed.elapsed() >= INDEX_FILL_RENEWAL {
+                batch
+                    .pexpire(&lease.key, INDEX_FILL_LEASE_MS as i64)
+                    .ignore();
+                renewed = tokio::time::Instant::now();
+            }
             if !found.is_empty() {
                 let raw: Vec<Option<String>> = conn.mget(&found).await.map_err(unavailable)?;
-                let mut index = redis::pipe();
                 for (key, raw) in found.iter().zip(raw) {
                     let Some(w) = raw.and_then(|r| decode::<Workspace>(key, &r).ok()) else {
                         continue;
                     };
-                    index
+                    batch
                         .zadd(self.layout.workspace_index(), &w.id, w.created_at)
                         .ignore();
                 }
-                if !index.is_empty() {
-                    index
-                        .query_async::<()>(&mut conn)
-                        .await
-                        .map_err(unavailable)?;
-                }
+            }
+            if !batch.is_empty() {
+                batch
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
             }
             if next == 0 {
                 break;
