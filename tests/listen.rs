@@ -806,6 +806,41 @@ async fn streams_that_open_together_open_the_log_once() {
     assert_eq!(redis.command_calls("xrevrange").await, 1);
 }
 
+/// A backend's entry with a field whose name is not UTF-8 (a field the event does not read)
+/// reaches the streams; until session 17 it failed the log's read, and every stream ended.
+#[tokio::test]
+async fn an_entry_with_a_field_name_that_is_not_utf8_does_not_stop_the_streams() {
+    let (redis, gw, ws, key) = on_own_redis("listen-names").await;
+    let mut stream = Sse::open(&gw, &key).await;
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("{listen-names}:events")
+        .arg("*")
+        .arg("type")
+        .arg("image.batch.completed")
+        .arg("workspace")
+        .arg(&ws)
+        .arg("data")
+        .arg(r#"{"batch_id":"batch_odd"}"#)
+        .arg(&b"\xff\xfe"[..])
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let after = trigger(&gw, &ws, "agent.run.completed", "live", payload("after")).await;
+    let odd = stream
+        .next(Duration::from_secs(5))
+        .await
+        .expect("the entry");
+    assert!(odd.contains("batch_odd"), "{odd}");
+    let next = stream
+        .next(Duration::from_secs(5))
+        .await
+        .expect("the next event");
+    assert!(next.contains(&after), "{next}");
+}
+
 /// A stream refused because the store did not answer in time may still be given its slot when
 /// the store gets to the command: the slot is let go, not held for its 90 s lease.
 #[tokio::test]

@@ -46,6 +46,7 @@
 //! of keys; high-volume counters go to other slots.
 
 mod connection;
+mod streams;
 mod webhooks;
 use webhooks::RESCORE;
 
@@ -1043,8 +1044,8 @@ impl RedisStore {
         from: &str,
         to: &str,
         count: usize,
-    ) -> Result<redis::streams::StreamRangeReply, StoreError> {
-        redis::cmd(command)
+    ) -> Result<Vec<redis::streams::StreamId>, StoreError> {
+        let reply: Value = redis::cmd(command)
             .arg(key)
             .arg(from)
             .arg(to)
@@ -1052,7 +1053,8 @@ impl RedisStore {
             .arg(count)
             .query_async(&mut self.conn())
             .await
-            .map_err(unavailable)
+            .map_err(unavailable)?;
+        streams::range(reply)
     }
 
     /// Behind Sentinels, waits until a replica has this connection's writes. A key change
@@ -1774,10 +1776,10 @@ impl Store for RedisStore {
         let mut cutoff_ms: Option<u64> = None;
         'pages: loop {
             let page = self.stream_range("XREVRANGE", &key, &end, "-", 100).await?;
-            if page.ids.is_empty() {
+            if page.is_empty() {
                 break;
             }
-            for entry in &page.ids {
+            for entry in &page {
                 let written_ms: u64 = entry
                     .id
                     .split('-')

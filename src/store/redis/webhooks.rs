@@ -27,7 +27,7 @@
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::streams::StreamId;
 use redis::{AsyncCommands, Script};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -467,7 +467,6 @@ impl RedisStore {
         let key = self.layout.events();
         let newest = self.stream_range("XREVRANGE", &key, "+", "-", 1).await?;
         let after = newest
-            .ids
             .first()
             .map_or_else(|| "0-0".to_string(), |e| e.id.clone());
         Ok(Box::new(Tail {
@@ -873,7 +872,7 @@ struct Tail {
 #[async_trait]
 impl EventFeed for Tail {
     async fn next(&mut self, max: usize, block: Duration) -> Result<Vec<LoggedEvent>, StoreError> {
-        let reply: Option<StreamReadReply> = redis::cmd("XREAD")
+        let reply: redis::Value = redis::cmd("XREAD")
             .arg("COUNT")
             .arg(max)
             .arg("BLOCK")
@@ -885,7 +884,7 @@ impl EventFeed for Tail {
             .await
             .map_err(unavailable)?;
         let mut out = Vec::new();
-        for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
+        for entry in super::streams::read(reply)? {
             self.after.clone_from(&entry.id);
             if let Ok(event) = parse(&entry) {
                 out.push(LoggedEvent {
@@ -995,7 +994,7 @@ impl Group {
         let mut start = "0-0".to_string();
         let mut out = Vec::new();
         loop {
-            let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+            let reply: redis::Value = redis::cmd("XAUTOCLAIM")
                 .arg(&self.key)
                 .arg(GROUP)
                 .arg(&self.consumer)
@@ -1006,16 +1005,18 @@ impl Group {
                 .query_async(&mut self.conn)
                 .await
                 .map_err(unavailable)?;
-            out.extend(reply.claimed);
-            if out.len() >= max || reply.next_stream_id == "0-0" {
+            let (next, claimed) = super::streams::autoclaim(reply)?;
+            out.extend(claimed);
+            if out.len() >= max || next == "0-0" {
                 return Ok(out);
             }
-            start = reply.next_stream_id;
+            start = next;
         }
     }
 
-    async fn read(&mut self, max: usize, block: Duration) -> redis::RedisResult<Vec<StreamId>> {
-        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+    /// New entries for this consumer, as Redis sent them (read with [`super::streams::read`]).
+    async fn read(&mut self, max: usize, block: Duration) -> redis::RedisResult<redis::Value> {
+        redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(GROUP)
             .arg(&self.consumer)
@@ -1027,12 +1028,7 @@ impl Group {
             .arg(&self.key)
             .arg(">")
             .query_async(&mut self.conn)
-            .await?;
-        Ok(reply
-            .into_iter()
-            .flat_map(|r| r.keys)
-            .flat_map(|k| k.ids)
-            .collect())
+            .await
     }
 }
 
@@ -1060,7 +1056,7 @@ impl EventFeed for Group {
             }
         }
         if entries.is_empty() {
-            entries = match self.read(max, block).await {
+            let reply = match self.read(max, block).await {
                 Err(e) if e.code() == Some("NOGROUP") => {
                     tracing::warn!("the webhook consumer group was lost; recreating it");
                     self.create().await?;
@@ -1068,6 +1064,7 @@ impl EventFeed for Group {
                 }
                 other => other.map_err(unavailable)?,
             };
+            entries = super::streams::read(reply)?;
         }
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {
