@@ -806,6 +806,34 @@ async fn streams_that_open_together_open_the_log_once() {
     assert_eq!(redis.command_calls("xrevrange").await, 1);
 }
 
+/// The streams an event wakes each bring the key cache up to date before they send it (a
+/// key may have been revoked in the step that logged it): together, in one read of the
+/// store's change log, not one each (until session 17, eight streams made eight).
+#[tokio::test]
+async fn streams_woken_together_catch_up_with_key_changes_in_one_read() {
+    let (redis, gw, ws, key) = on_own_redis("listen-catch-up").await;
+    let (_, other_key) = gw.create_key_in(&ws, "live", READ).await;
+    let mut streams = Vec::new();
+    for key in [&key, &other_key] {
+        for _ in 0..4 {
+            streams.push(Sse::open(&gw, key).await);
+        }
+    }
+    // A read of the change log runs `XRANGE` on it twice (where the cache is, where the
+    // store is) and once more if it changed; the cache also reads it every second.
+    let before = redis.command_calls("xrange").await;
+    let id = trigger(&gw, &ws, "agent.run.completed", "live", json!({})).await;
+    for stream in &mut streams {
+        let event = stream
+            .next(Duration::from_secs(5))
+            .await
+            .expect("the event");
+        assert!(event.contains(&id), "{event}");
+    }
+    let reads = redis.command_calls("xrange").await - before;
+    assert!(reads <= 8, "{reads} XRANGEs for 8 streams");
+}
+
 /// A backend's entry with a field whose name is not UTF-8 (a field the event does not read)
 /// reaches the streams; until session 17 it failed the log's read, and every stream ended.
 #[tokio::test]
