@@ -9,7 +9,8 @@
 # latency versus the backend alone, throughput ratios, Redis commands per request (from
 # INFO commandstats deltas) and svcgate's resident memory. Then it drives the backend, bare
 # Pingora and svcgate at constant rates (examples/loadgen.rs: half and a quarter of svcgate's
-# maximum) and prints the latency each adds.
+# maximum) and prints the latency each adds, and the time svcgate and bare Pingora each take
+# before a request goes to the backend, by their own clocks.
 #
 # Finally, it seeds KEYS keys (100,000) and drives svcgate with all of them, round robin, so
 # every one is in its key cache, and reports its resident memory then.
@@ -34,6 +35,7 @@ export THREADS
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
 NS="loadbench-$$"
 UPSTREAM=127.0.0.1:19000 PASS=127.0.0.1:18090 AUTH=127.0.0.1:18091
+PASS_TIMED=127.0.0.1:18092 PASS_METRICS=127.0.0.1:19092
 GW=127.0.0.1:18080 ADMIN=127.0.0.1:18081 METRICS=127.0.0.1:19091
 TOKEN=load-bench-admin
 
@@ -49,6 +51,9 @@ redis_cli ping >/dev/null
 
 "$rel"/examples/upstream "$UPSTREAM" & up_pid=$!; pids+=($up_pid)
 "$rel"/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pass_pid=$!; pids+=($pass_pid)
+# Bare Pingora timing its own time before forwarding, as svcgate does: the constant-rate runs'.
+"$rel"/examples/passthrough "$PASS_TIMED" "$UPSTREAM" "$PASS_METRICS" 2>/dev/null & pass_timed_pid=$!
+pids+=($pass_timed_pid)
 SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
 SVCGATE_SERVER_LISTEN="$GW" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
 SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
@@ -156,11 +161,17 @@ if phase half && phase saturation; then
       for (i = 2; i <= 9; i++) { d = y[i] - x[i]; t += d; if (i == 5 || i == 6) idle += d }
       printf "%.0f", 100 * (t - idle) / t }'
   }
-  # svcgate's own count of its time before forwarding (svcgate_gateway_overhead_seconds): the
-  # histogram's buckets, and the bound of the first bucket holding the 99th percentile of what
-  # one run added to them.
-  overhead_buckets() {
-    curl -sf "http://$METRICS/metrics" | awk '/^svcgate_gateway_overhead_seconds_bucket/ {
+  # The proxies' own count of their time before forwarding (svcgate_gateway_overhead_seconds,
+  # and bare Pingora's, timed the same way, passthrough_overhead_seconds, from an instance of
+  # its own that times requests, used in these runs): the histogram's buckets, and the bound
+  # of the first bucket holding the 99th percentile of what one run added to them.
+  PID[passthrough]=$pass_timed_pid
+  URL[passthrough]="http://$PASS_TIMED/v1/chat/completions"
+  declare -A OWN_AT=([svcgate]="$METRICS svcgate_gateway_overhead_seconds"
+                     [passthrough]="$PASS_METRICS passthrough_overhead_seconds")
+  overhead_buckets() { # target
+    local at metric; read -r at metric <<<"${OWN_AT[$1]}"
+    curl -sf "http://$at/metrics" | awk -v m="^${metric}_bucket" '$0 ~ m {
       match($0, /le="[^"]+"/); print substr($0, RSTART + 4, RLENGTH - 5), $2 }'
   }
   overhead_p99() { # before after
@@ -174,18 +185,17 @@ PY
   }
   for fraction in $FRACTIONS; do
     rate=$(awk -v r="$max" -v f="$fraction" 'BEGIN { printf "%d", r * f }')
-    declare -A HP50=() HP99=() HP999=() HBUSY=() HCPU=()
-    HOWN=""
+    declare -A HP50=() HP99=() HP999=() HBUSY=() HCPU=() HOWN=()
     for round in $(seq 1 "$ROUNDS"); do
       for t in direct passthrough svcgate; do
         # A scrape that fails leaves the round's figure "-", not the benchmark stopped.
-        [ "$t" = svcgate ] && { overhead_buckets > "$work/overhead.0" || : > "$work/overhead.0"; }
+        [ "$t" != direct ] && { overhead_buckets "$t" > "$work/overhead.0" || : > "$work/overhead.0"; }
         s0=$(head -1 /proc/stat); c0=$(cpu_ticks "${PID[$t]}")
         out=$("$rel"/examples/loadgen "${URL[$t]}" "$rate" "$DURATION" "$CONNS" "$key")
         s1=$(head -1 /proc/stat); c1=$(cpu_ticks "${PID[$t]}")
-        if [ "$t" = svcgate ]; then
-          overhead_buckets > "$work/overhead.1" || : > "$work/overhead.1"
-          HOWN+="$(overhead_p99 "$work/overhead.0" "$work/overhead.1") "
+        if [ "$t" != direct ]; then
+          overhead_buckets "$t" > "$work/overhead.1" || : > "$work/overhead.1"
+          HOWN[$t]+="$(overhead_p99 "$work/overhead.0" "$work/overhead.1") "
         fi
         HBUSY[$t]+="$(busy "$s0" "$s1") "
         HCPU[$t]+="$(awk -v t=$((c1 - c0)) -v hz="$tick" -v n="$(sed -E 's/sent=([0-9]+).*/\1/' <<<"$out")" \
@@ -207,7 +217,7 @@ PY
         "$(median "${HCPU[$t]}")"
     done
     echo "svcgate p99 per round: ${HP99[svcgate]}; bare Pingora: ${HP99[passthrough]}"
-    echo "svcgate's own time before forwarding (svcgate_gateway_overhead_seconds), p99 at most, per round (ms): $HOWN"
+    echo "own time before forwarding, p99 at most, per round (ms): svcgate ${HOWN[svcgate]}; bare Pingora ${HOWN[passthrough]}"
   done
 fi
 
