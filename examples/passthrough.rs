@@ -31,19 +31,27 @@ static OVERHEAD: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
     .expect("registers once")
 });
 
+/// A timed request: when its header was read, and when it last went to the backend.
+struct Timing {
+    started: Instant,
+    sent: Option<Instant>,
+}
+
 #[async_trait]
 impl ProxyHttp for Passthrough {
-    /// When the request's header was read, if requests are timed.
-    type CTX = Option<Instant>;
+    type CTX = Option<Timing>;
 
-    fn new_ctx(&self) -> Option<Instant> {
-        self.timed.then(Instant::now)
+    fn new_ctx(&self) -> Option<Timing> {
+        self.timed.then(|| Timing {
+            started: Instant::now(),
+            sent: None,
+        })
     }
 
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        _ctx: &mut Option<Instant>,
+        _ctx: &mut Option<Timing>,
     ) -> Result<Box<HttpPeer>> {
         Ok(Box::new(self.peer.clone()))
     }
@@ -52,12 +60,23 @@ impl ProxyHttp for Passthrough {
         &self,
         _session: &mut Session,
         _upstream_request: &mut RequestHeader,
-        ctx: &mut Option<Instant>,
+        ctx: &mut Option<Timing>,
     ) -> Result<()> {
-        if let Some(started) = ctx.take() {
-            OVERHEAD.observe(started.elapsed().as_secs_f64());
+        if let Some(timing) = ctx {
+            timing.sent = Some(Instant::now());
         }
         Ok(())
+    }
+
+    /// Observed once, to the last attempt, as svcgate does.
+    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut Option<Timing>) {
+        if let Some(Timing {
+            started,
+            sent: Some(sent),
+        }) = ctx
+        {
+            OVERHEAD.observe(sent.saturating_duration_since(*started).as_secs_f64());
+        }
     }
 }
 

@@ -2484,3 +2484,43 @@ async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
     .await;
     assert!(released.is_some(), "let go, not held for its 30 s");
 }
+
+/// Syncs of the key cache that callers ask for together are shared, and so is a failure: with
+/// a store that does not answer, eight callers wait out one timeout together, not eight in
+/// turn.
+#[tokio::test]
+async fn redis_key_cache_syncs_asked_for_together_are_one_read_failed_or_not() {
+    use svcgate::store::{CacheConfig, KeyCache};
+    let redis = RedisServer::start().await;
+    let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis.url(), "syncs").unwrap());
+    store.insert_key(&key("ws_1", 1)).await.unwrap();
+    let cache = KeyCache::new(store, CacheConfig::default());
+    cache.sync().await.unwrap();
+    // A read of the change log runs `XRANGE` on it (where the cache is, where the store is).
+    let before = redis.command_calls("xrange").await;
+    let synced = futures_util::future::join_all((0..8).map(|_| cache.sync())).await;
+    assert!(synced.iter().all(Result::is_ok));
+    let together = redis.command_calls("xrange").await - before;
+    assert!(
+        together <= 4,
+        "{together} XRANGEs for 8 syncs asked for together"
+    );
+
+    // Redis stops answering: the commands wait in its socket, and run once it is thawed.
+    redis.freeze();
+    let failed = futures_util::future::join_all((0..8).map(|_| cache.sync())).await;
+    redis.thaw();
+    assert!(failed.iter().all(Result::is_err));
+    let before = before + together;
+    let reads = eventually(Duration::from_secs(5), || async {
+        redis.command_calls("xrange").await > before
+    })
+    .await;
+    assert!(
+        reads.is_some(),
+        "the read sent while it was frozen runs once it is thawed"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = redis.command_calls("xrange").await - before;
+    assert!(sent <= 4, "{sent} XRANGEs for 8 syncs that failed together");
+}

@@ -91,12 +91,11 @@ pub struct KeyCache {
     /// Where in the store's change log the cache has caught up to: the epoch and the mark
     /// of the change at it.
     position: Mutex<(u64, String)>,
-    /// Held while a sync runs: one at a time, and callers that arrive meanwhile share the
-    /// next one ([`KeyCache::sync`]).
-    syncing: tokio::sync::Mutex<()>,
-    /// Syncs started, numbered from 1 as they start; and the number of the last that succeeded.
+    /// Held while a sync runs, one at a time, so that callers that arrive meanwhile share the
+    /// next one ([`KeyCache::sync`]): the number of the last sync that finished, and how.
+    syncing: tokio::sync::Mutex<(u64, Result<(), StoreError>)>,
+    /// Syncs started, numbered from 1 as they start.
     syncs_started: AtomicU64,
-    synced_through: AtomicU64,
     /// Bumped before entries are dropped, so a fetch that raced a change does not re-insert
     /// what it read before the change.
     generation: AtomicU64,
@@ -130,9 +129,8 @@ impl KeyCache {
             workspaces: DashSet::new(),
             scope_sets: DashSet::new(),
             position: Mutex::new((0, String::new())),
-            syncing: tokio::sync::Mutex::new(()),
+            syncing: tokio::sync::Mutex::new((0, Ok(()))),
             syncs_started: AtomicU64::new(0),
-            synced_through: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             synced_at_ms: AtomicU64::new(0),
             token_bytes: AtomicUsize::new(0),
@@ -349,14 +347,22 @@ impl KeyCache {
     /// Catches up with the store's change log: when it returns `Ok`, the cache has read every
     /// change the store held when it was called. Callers that arrive together (every listen
     /// stream of a workspace, woken by one event) share one read: a sync that started after a
-    /// call, and succeeded, answers it.
+    /// call answers it, failed or not (a store that does not answer costs them one timeout
+    /// together, not one each in turn).
     pub async fn sync(&self) -> Result<(), StoreError> {
         let started_before = self.syncs_started.load(Ordering::Acquire);
-        let _one = self.syncing.lock().await;
-        if self.synced_through.load(Ordering::Acquire) > started_before {
-            return Ok(());
+        let mut last = self.syncing.lock().await;
+        if last.0 > started_before {
+            return last.1.clone();
         }
         let number = self.syncs_started.fetch_add(1, Ordering::AcqRel) + 1;
+        let synced = self.read_changes().await;
+        *last = (number, synced.clone());
+        synced
+    }
+
+    /// One read of the store's changes since the cache's position, applied.
+    async fn read_changes(&self) -> Result<(), StoreError> {
         let (since, mark) = self.position().clone();
         let changes = self.store.key_changes_since(since, &mark).await?;
         match changes.changed {
@@ -380,7 +386,6 @@ impl KeyCache {
         *self.position() = (changes.epoch, changes.mark);
         self.synced_at_ms
             .store(self.now_ms().max(1), Ordering::Release);
-        self.synced_through.store(number, Ordering::Release);
         Ok(())
     }
 

@@ -252,6 +252,16 @@ return 'busy'
     )
 });
 
+/// Renews a lease for ARGV[2] ms if KEYS[1] still holds ARGV[1] (the holder's token).
+static RENEW_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+",
+    )
+});
+
 /// Lets go of a lease: deletes KEYS[1] if it still holds ARGV[1] (the holder's token), not a
 /// lease another replica took after this one's ran out.
 static RELEASE_LEASE: LazyLock<Script> = LazyLock::new(|| {
@@ -759,8 +769,8 @@ impl RedisStore {
 
     /// The scan of [`RedisStore::fill_workspace_index`], under its lease: every workspace
     /// record found goes into the index, then the index is marked filled. The lease is renewed
-    /// as the scan goes (a renewal of a lease that ran out renews nothing: the scan goes on,
-    /// and is only done twice).
+    /// as the scan goes, while it is this replica's (one that ran out and was taken over is
+    /// not renewed for the replica that took it: the scan goes on, and is only done twice).
     async fn scan_into_workspace_index(&self, lease: &FillLease) -> Result<(), StoreError> {
         // One connection throughout: a `SCAN` cursor belongs to the server that gave it.
         let mut conn = lease.conn.clone();
@@ -777,13 +787,17 @@ impl RedisStore {
                 .query_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
-            let mut batch = redis::pipe();
             if renewed.elapsed() >= INDEX_FILL_RENEWAL {
-                batch
-                    .pexpire(&lease.key, INDEX_FILL_LEASE_MS as i64)
-                    .ignore();
+                let _: i64 = RENEW_LEASE
+                    .key(&lease.key)
+                    .arg(&lease.token)
+                    .arg(INDEX_FILL_LEASE_MS)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
                 renewed = tokio::time::Instant::now();
             }
+            let mut batch = redis::pipe();
             if !found.is_empty() {
                 let raw: Vec<Option<String>> = conn.mget(&found).await.map_err(unavailable)?;
                 for (key, raw) in found.iter().zip(raw) {

@@ -14,10 +14,15 @@ use redis::Value;
 
 use crate::store::StoreError;
 
-/// The entries of an `XRANGE` or `XREVRANGE` reply, in its order.
+/// The entries of an `XRANGE` or `XREVRANGE` reply, in its order. (Redis 6.2's `XAUTOCLAIM`
+/// answers an entry deleted while pending with `nil`: there is nothing to read.)
 pub(super) fn range(reply: Value) -> Result<Vec<StreamId>, StoreError> {
     match reply {
-        Value::Array(entries) => entries.into_iter().map(entry).collect(),
+        Value::Array(entries) => entries
+            .into_iter()
+            .filter(|e| !matches!(e, Value::Nil))
+            .map(entry)
+            .collect(),
         Value::Nil => Ok(Vec::new()),
         other => Err(unexpected("a range", &other)),
     }
@@ -182,6 +187,8 @@ mod tests {
             Value::Array(vec![
                 raw_entry("7-0", &[(b"type", b"a.b")]),
                 Value::Array(vec![bulk(b"8-0"), Value::Nil]),
+                // Redis 6.2's form of an entry deleted while pending.
+                Value::Nil,
             ]),
             Value::Array(vec![]),
         ]);
