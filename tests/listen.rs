@@ -141,19 +141,7 @@ async fn trigger(
     environment: &str,
     data: Value,
 ) -> String {
-    let resp = gw
-        .admin_request(Method::POST, "/admin/v1/events")
-        .json(
-            &json!({"workspace": ws, "type": event_type, "data": data, "environment": environment}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 202);
-    resp.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    gw.publish_event(ws, event_type, environment, data).await
 }
 
 /// Asserts that `got` is the delivery of one event, signed with `secret`; returns the body.

@@ -162,6 +162,16 @@ impl Replicated {
         }
     }
 
+    /// Waits until the replica has every write the master has (`WAIT`).
+    async fn replicated(&self) {
+        let replicas: i64 = self
+            .master
+            .query(redis::cmd("WAIT").arg(1).arg(5000))
+            .await
+            .unwrap();
+        assert_eq!(replicas, 1, "the replica has the master's writes");
+    }
+
     /// A gateway whose `store.url` names the replica: it must find the master through the
     /// Sentinel to write at all. Answers it and a workspace written through it.
     async fn gateway(&self, ns: &TestNamespace) -> (Gateway, String) {
@@ -211,12 +221,7 @@ async fn the_store_follows_the_master_sentinel_names_through_a_failover() {
     // asynchronous: what the replica lacks at a failover is lost, as with any Redis failover).
     let written: i64 = nodes.master.query(&redis::cmd("DBSIZE")).await.unwrap();
     assert!(written > 0);
-    let replicated: i64 = nodes
-        .master
-        .query(redis::cmd("WAIT").arg(1).arg(5000))
-        .await
-        .unwrap();
-    assert_eq!(replicated, 1);
+    nodes.replicated().await;
 
     // The master dies; the Sentinel promotes the replica; writes go there.
     nodes.master.kill();
@@ -272,4 +277,77 @@ async fn a_revocation_is_confirmed_only_once_a_replica_has_it() {
         .await
         .unwrap();
     assert_error(resp, 503, "service_unavailable").await;
+}
+
+/// A listen stream goes on reading the event log where the store's connections go when the
+/// Sentinel names another master, even while the old one still answers (cut off from the
+/// Sentinels, say): until session 17 its read stayed blocked on the old master, and the
+/// stream saw nothing logged on the new one.
+#[tokio::test]
+async fn listen_streams_follow_the_master_the_sentinel_names() {
+    let nodes = Replicated::start().await;
+    let ns = TestNamespace::new();
+    let (gw, ws) = nodes.gateway(&ns).await;
+    let (_, key) = gw.create_key_in(&ws, "live", &["webhooks:read"]).await;
+    let mut stream = gw
+        .request(Method::GET, "/v1/webhooks/listen")
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut seen = String::new();
+    let mut read_until = async |text: &str, limit: Duration| -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !seen.contains(text) {
+            match tokio::time::timeout_at(deadline, stream.chunk()).await {
+                Ok(Ok(Some(chunk))) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => return false,
+            }
+        }
+        true
+    };
+    assert!(read_until("event: session", Duration::from_secs(5)).await);
+
+    // The replica, with everything the master had, becomes a master of its own, and the
+    // Sentinel names it; the old master goes on, unaware.
+    nodes.replicated().await;
+    let () = nodes
+        .replica
+        .query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
+        .await
+        .unwrap();
+    let () = nodes
+        .sentinel
+        .query(redis::cmd("SENTINEL").arg("REMOVE").arg(MASTER_NAME))
+        .await
+        .unwrap();
+    let () = nodes
+        .sentinel
+        .query(
+            redis::cmd("SENTINEL")
+                .arg("MONITOR")
+                .arg(MASTER_NAME)
+                .arg("127.0.0.1")
+                .arg(nodes.replica_at)
+                .arg(1),
+        )
+        .await
+        .unwrap();
+    // The gateway found the first master through the Sentinel at start (its URL names the
+    // replica): this is its second move.
+    let moved = eventually(Duration::from_secs(10), || async {
+        gw.logs().matches("Redis master moved").count() >= 2
+    })
+    .await;
+    assert!(moved.is_some(), "{}", gw.logs());
+
+    let id = gw
+        .publish_event(&ws, "agent.run.completed", "live", json!({"run": "after"}))
+        .await;
+    assert!(
+        read_until(&id, Duration::from_secs(10)).await,
+        "the event logged on the new master: {seen}\n{}",
+        gw.logs()
+    );
 }

@@ -487,6 +487,30 @@ impl Gateway {
         self.create_key_in(DEMO_WS, environment, scopes).await
     }
 
+    /// Publishes an event through the admin API (`POST /admin/v1/events`); returns its id.
+    pub async fn publish_event(
+        &self,
+        workspace: &str,
+        event_type: &str,
+        environment: &str,
+        data: Value,
+    ) -> String {
+        let resp = self
+            .admin_request(Method::POST, "/admin/v1/events")
+            .json(
+                &json!({"workspace": workspace, "type": event_type, "data": data,
+                          "environment": environment}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 202);
+        resp.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
     /// Creates a workspace through the admin API and returns its id.
     pub async fn create_workspace(&self) -> String {
         let resp = self

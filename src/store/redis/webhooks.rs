@@ -32,6 +32,7 @@ use redis::{AsyncCommands, Script};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
+use super::connection::Connections;
 use super::{decode, encode, unavailable, RedisStore};
 use crate::events::{Event, LoggedEvent, RETENTION_SECS};
 use crate::keys::Environment;
@@ -453,14 +454,7 @@ impl RedisStore {
 
     /// A connection of its own, without a response timeout: for blocking reads.
     async fn blocking_connection(&self) -> Result<MultiplexedConnection, StoreError> {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(500)))
-            .set_response_timeout(None);
-        self.connections
-            .client()
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(unavailable)
+        blocking_connection(&self.connections).await
     }
 
     pub(super) async fn tail(&self) -> Result<Box<dyn EventFeed>, StoreError> {
@@ -473,6 +467,8 @@ impl RedisStore {
             conn: self.blocking_connection().await?,
             key,
             after,
+            connections: std::sync::Arc::downgrade(&self.connections),
+            moved: self.connections.moved(),
         }))
     }
 
@@ -862,27 +858,68 @@ fn parse(entry: &StreamId) -> Result<Event, String> {
     }
 }
 
+/// A connection of its own to where the store's connections go now, without a response
+/// timeout: for blocking reads.
+async fn blocking_connection(
+    connections: &Connections,
+) -> Result<MultiplexedConnection, StoreError> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_millis(500)))
+        .set_response_timeout(None);
+    connections
+        .client()
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(unavailable)
+}
+
 /// Follows the log from a position, without a group.
 struct Tail {
     conn: MultiplexedConnection,
     key: String,
     after: String,
+    /// Where the store's connections go, and news of the master moving (Sentinel): the read
+    /// goes on from the new master, at the same position. (A failover ends a blocked read on
+    /// the old master, but an old master cut off from the Sentinels and still reachable
+    /// would otherwise keep it waiting for events that are logged elsewhere.)
+    connections: std::sync::Weak<Connections>,
+    moved: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Tail {
+    /// Reads on from where the store's connections go now.
+    async fn reconnect(&mut self) -> Result<(), StoreError> {
+        let connections = self
+            .connections
+            .upgrade()
+            .ok_or_else(|| StoreError::Unavailable("the store is closed".into()))?;
+        self.moved.borrow_and_update();
+        self.conn = blocking_connection(&connections).await?;
+        Ok(())
+    }
 }
 
 #[async_trait]
 impl EventFeed for Tail {
     async fn next(&mut self, max: usize, block: Duration) -> Result<Vec<LoggedEvent>, StoreError> {
-        let reply: redis::Value = redis::cmd("XREAD")
-            .arg("COUNT")
+        if self.moved.has_changed().unwrap_or(false) {
+            self.reconnect().await?;
+        }
+        let mut read = redis::cmd("XREAD");
+        read.arg("COUNT")
             .arg(max)
             .arg("BLOCK")
             .arg(block.as_millis() as u64)
             .arg("STREAMS")
             .arg(&self.key)
-            .arg(&self.after)
-            .query_async(&mut self.conn)
-            .await
-            .map_err(unavailable)?;
+            .arg(&self.after);
+        let reply: redis::Value = tokio::select! {
+            reply = read.query_async(&mut self.conn) => reply.map_err(unavailable)?,
+            Ok(()) = self.moved.changed() => {
+                self.reconnect().await?;
+                return Ok(Vec::new());
+            }
+        };
         let mut out = Vec::new();
         for entry in super::streams::read(reply)? {
             self.after.clone_from(&entry.id);
