@@ -181,6 +181,8 @@ impl Replicated {
                 &ns.name,
             )
             .log_filter("info,svcgate::store=debug")
+            // Webhook endpoints on loopback (a test receiver).
+            .toml("[webhooks]\nallow_insecure_targets = true\n")
             .store_settings(&format!(
                 "sentinels = [\"127.0.0.1:{}\"]\nsentinel_master = \"{MASTER_NAME}\"",
                 self.sentinel_at
@@ -279,16 +281,27 @@ async fn a_revocation_is_confirmed_only_once_a_replica_has_it() {
     assert_error(resp, 503, "service_unavailable").await;
 }
 
-/// A listen stream goes on reading the event log where the store's connections go when the
-/// Sentinel names another master, even while the old one still answers (cut off from the
-/// Sentinels, say): until session 17 its read stayed blocked on the old master, and the
-/// stream saw nothing logged on the new one.
+/// Listen streams and webhook workers go on reading the event log where the store's
+/// connections go when the Sentinel names another master, even while the old one still
+/// answers (cut off from the Sentinels, say): until session 17 their reads stayed on the old
+/// master, and saw nothing logged on the new one.
 #[tokio::test]
-async fn listen_streams_follow_the_master_the_sentinel_names() {
+async fn event_log_readers_follow_the_master_the_sentinel_names() {
     let nodes = Replicated::start().await;
     let ns = TestNamespace::new();
     let (gw, ws) = nodes.gateway(&ns).await;
-    let (_, key) = gw.create_key_in(&ws, "live", &["webhooks:read"]).await;
+    let (_, key) = gw
+        .create_key_in(&ws, "live", &["webhooks:read", "webhooks:write"])
+        .await;
+    let receiver = Receiver::start().await;
+    let resp = gw
+        .request(Method::POST, "/v1/webhooks")
+        .bearer_auth(&key)
+        .json(&json!({"url": receiver.url("/hook"), "events": ["agent.run.*"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
     let mut stream = gw
         .request(Method::GET, "/v1/webhooks/listen")
         .bearer_auth(&key)
@@ -350,4 +363,12 @@ async fn listen_streams_follow_the_master_the_sentinel_names() {
         "the event logged on the new master: {seen}\n{}",
         gw.logs()
     );
+    let delivered = eventually(Duration::from_secs(10), || async {
+        receiver
+            .received("/hook")
+            .iter()
+            .any(|r| String::from_utf8_lossy(&r.body).contains(&id))
+    })
+    .await;
+    assert!(delivered.is_some(), "delivered\n{}", gw.logs());
 }

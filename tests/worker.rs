@@ -67,18 +67,8 @@ async fn endpoint(gw: &Gateway, key: &str, url: &str, events: &[&str]) -> (Strin
 
 /// Publishes an event through the admin API; returns its id.
 async fn publish(gw: &Gateway, ws: &str, event_type: &str, environment: &str) -> String {
-    let resp = gw
-        .admin_request(Method::POST, "/admin/v1/events")
-        .json(&json!({
-            "workspace": ws, "type": event_type, "environment": environment,
-            "data": {"run_id": "run_42", "note": "ünïcode ✓"}
-        }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 202);
-    let body: Value = resp.json().await.unwrap();
-    body["id"].as_str().unwrap().to_string()
+    let data = json!({"run_id": "run_42", "note": "ünïcode ✓"});
+    gw.publish_event(ws, event_type, environment, data).await
 }
 
 /// `POST /v1/webhooks/{id}/replay` with the setup's key.

@@ -485,6 +485,7 @@ impl RedisStore {
             reclaim_after,
             next_reclaim: Instant::now(),
             next_trim: Instant::now(),
+            moved: self.connections.moved(),
         };
         group.create().await?;
         Ok(Box::new(group))
@@ -943,6 +944,16 @@ struct Group {
     reclaim_after: Duration,
     next_reclaim: Instant,
     next_trim: Instant,
+    /// News of the master moving (Sentinel): the group is read on the new master, through a
+    /// feed the worker opens again ([`master_moved`]).
+    moved: tokio::sync::watch::Receiver<u64>,
+}
+
+/// The error that ends a feed whose connection is to a master the Sentinels no longer name:
+/// a failover ends a blocked read on the old master, but one cut off from the Sentinels and
+/// still reachable would otherwise be read for events that are logged elsewhere.
+fn master_moved() -> StoreError {
+    StoreError::Unavailable("the Redis master moved".into())
 }
 
 /// How often a consumer trims the log to its retention. Every writer that goes through the
@@ -1051,6 +1062,23 @@ impl Group {
         }
     }
 
+    /// New entries for this consumer, as Redis sent them; the group created again if Redis
+    /// lost it.
+    async fn read_or_recreate(
+        &mut self,
+        max: usize,
+        block: Duration,
+    ) -> Result<redis::Value, StoreError> {
+        match self.read(max, block).await {
+            Err(e) if e.code() == Some("NOGROUP") => {
+                tracing::warn!("the webhook consumer group was lost; recreating it");
+                self.create().await?;
+                self.read(max, block).await.map_err(unavailable)
+            }
+            other => other.map_err(unavailable),
+        }
+    }
+
     /// New entries for this consumer, as Redis sent them (read with [`super::streams::read`]).
     async fn read(&mut self, max: usize, block: Duration) -> redis::RedisResult<redis::Value> {
         redis::cmd("XREADGROUP")
@@ -1072,6 +1100,9 @@ impl Group {
 #[async_trait]
 impl EventFeed for Group {
     async fn next(&mut self, max: usize, block: Duration) -> Result<Vec<LoggedEvent>, StoreError> {
+        if self.moved.has_changed().unwrap_or(false) {
+            return Err(master_moved());
+        }
         if Instant::now() >= self.next_trim {
             self.next_trim = Instant::now() + TRIM_EVERY;
             self.trim().await?;
@@ -1093,13 +1124,10 @@ impl EventFeed for Group {
             }
         }
         if entries.is_empty() {
-            let reply = match self.read(max, block).await {
-                Err(e) if e.code() == Some("NOGROUP") => {
-                    tracing::warn!("the webhook consumer group was lost; recreating it");
-                    self.create().await?;
-                    self.read(max, block).await.map_err(unavailable)?
-                }
-                other => other.map_err(unavailable)?,
+            let mut moved = self.moved.clone();
+            let reply = tokio::select! {
+                reply = self.read_or_recreate(max, block) => reply?,
+                Ok(()) = moved.changed() => return Err(master_moved()),
             };
             entries = super::streams::read(reply)?;
         }
