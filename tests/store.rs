@@ -2483,6 +2483,32 @@ async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
     })
     .await;
     assert!(released.is_some(), "let go, not held for its 30 s");
+
+    // A listing waits for another replica's fill only briefly (it is an admin's request), also
+    // when this replica's own start-up fill is the one waiting.
+    seed_unindexed_workspaces(&mut conn, "busy", 10).await;
+    let () = conn
+        .set_options(
+            "{busy}:workspaces:filling",
+            "fill_ofanotherreplica",
+            ::redis::SetOptions::default().with_expiration(::redis::SetExpiry::PX(60_000)),
+        )
+        .await
+        .unwrap();
+    let e = Arc::new(RedisStore::connect(&redis.url(), "busy").unwrap());
+    let waiting = tokio::spawn({
+        let e = e.clone();
+        async move { e.prepare().await }
+    });
+    let listed = tokio::time::timeout(Duration::from_secs(20), e.workspaces(None, 10))
+        .await
+        .expect("a listing does not wait for the other replica's whole fill");
+    assert!(
+        matches!(listed, Err(StoreError::Unavailable(_))),
+        "{listed:?}"
+    );
+    assert!(!waiting.is_finished(), "the start-up fill waits on");
+    waiting.abort();
 }
 
 /// Syncs of the key cache that callers ask for together are shared, and so is a failure: with

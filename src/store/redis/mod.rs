@@ -638,6 +638,8 @@ const AUDIT_CLOCK_SKEW_MS: u64 = 2_000;
 const INDEX_FILL_LEASE_MS: u64 = 30_000;
 /// How often a replica waiting for another's fill looks whether it is done or its lease over.
 const INDEX_FILL_POLL: Duration = Duration::from_millis(250);
+/// How long a workspace listing waits for another replica's fill.
+const INDEX_FILL_LISTING_WAIT: Duration = Duration::from_secs(5);
 /// How often the replica filling the index renews its lease.
 const INDEX_FILL_RENEWAL: Duration = Duration::from_secs(5);
 
@@ -733,9 +735,22 @@ impl RedisStore {
     ///
     /// One replica scans at a time: it holds a lease in Redis (`{ns}:workspaces:filling`),
     /// renewed as it scans, and the others wait until the index is marked filled, or
-    /// until the lease runs out (its holder died) and one of them takes it over.
-    async fn fill_workspace_index(&self) -> Result<(), StoreError> {
-        let _filling = self.filling.lock().await;
+    /// until the lease runs out (its holder died) and one of them takes it over; or, given a
+    /// `wait`, for that long, and then give up (503).
+    async fn fill_workspace_index(&self, wait: Option<Duration>) -> Result<(), StoreError> {
+        let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+        let indexing = || {
+            StoreError::Unavailable(
+                "the workspaces an earlier version wrote are being indexed; try again shortly"
+                    .into(),
+            )
+        };
+        let _filling = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, self.filling.lock())
+                .await
+                .map_err(|_| indexing())?,
+            None => self.filling.lock().await,
+        };
         let mut lease = FillLease {
             conn: self.conn(),
             key: self.layout.workspace_index_filling(),
@@ -761,6 +776,9 @@ impl RedisStore {
             lease.held = false;
             if state == "filled" {
                 return Ok(());
+            }
+            if deadline.is_some_and(|d| tokio::time::Instant::now() + INDEX_FILL_POLL > d) {
+                return Err(indexing());
             }
             tokio::time::sleep(INDEX_FILL_POLL).await;
         }
@@ -1233,7 +1251,7 @@ impl Store for RedisStore {
     }
 
     async fn prepare(&self) -> Result<(), StoreError> {
-        self.fill_workspace_index().await
+        self.fill_workspace_index(None).await
     }
 
     async fn create_workspace(&self, workspace: &Workspace) -> Result<(), StoreError> {
@@ -1257,7 +1275,9 @@ impl Store for RedisStore {
         if limit == 0 {
             return Ok((Vec::new(), false));
         }
-        self.fill_workspace_index().await?;
+        // A listing does not wait long for another replica's fill: it is an admin's request.
+        self.fill_workspace_index(Some(INDEX_FILL_LISTING_WAIT))
+            .await?;
         let start = match after {
             Some(id) => self.workspace_rank_after(id).await?,
             None => 0,
