@@ -350,7 +350,7 @@ async fn event_log_readers_follow_the_master_the_sentinel_names() {
     // The gateway found the first master through the Sentinel at start (its URL names the
     // replica): this is its second move.
     let moved = eventually(Duration::from_secs(10), || async {
-        gw.logs().matches("Redis master moved").count() >= 2
+        gw.logs().matches("Redis master moved (Sentinel)").count() >= 2
     })
     .await;
     assert!(moved.is_some(), "{}", gw.logs());

@@ -2500,6 +2500,9 @@ async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
         let e = e.clone();
         async move { e.prepare().await }
     });
+    // The start-up fill runs first (the test's runtime has one thread): it holds the store's
+    // own fill lock while it waits for the other replica's lease.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let listed = tokio::time::timeout(Duration::from_secs(20), e.workspaces(None, 10))
         .await
         .expect("a listing does not wait for the other replica's whole fill");

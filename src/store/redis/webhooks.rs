@@ -463,12 +463,16 @@ impl RedisStore {
         let after = newest
             .first()
             .map_or_else(|| "0-0".to_string(), |e| e.id.clone());
+        // News of a move is subscribed to before the connection is made: a move while it is
+        // made is then seen, and the read goes to the new master.
+        let moved = self.connections.moved();
         Ok(Box::new(Tail {
             conn: self.blocking_connection().await?,
             key,
             after,
             connections: std::sync::Arc::downgrade(&self.connections),
-            moved: self.connections.moved(),
+            moved,
+            resume: Resume::default(),
         }))
     }
 
@@ -477,6 +481,8 @@ impl RedisStore {
         consumer: &str,
         reclaim_after: Duration,
     ) -> Result<Box<dyn EventFeed>, StoreError> {
+        // As for a tail: subscribed to before the connection is made.
+        let moved = self.connections.moved();
         let mut group = Group {
             conn: self.blocking_connection().await?,
             key: self.layout.events(),
@@ -485,7 +491,7 @@ impl RedisStore {
             reclaim_after,
             next_reclaim: Instant::now(),
             next_trim: Instant::now(),
-            moved: self.connections.moved(),
+            moved,
         };
         group.create().await?;
         Ok(Box::new(group))
@@ -885,10 +891,74 @@ struct Tail {
     /// would otherwise keep it waiting for events that are logged elsewhere.)
     connections: std::sync::Weak<Connections>,
     moved: tokio::sync::watch::Receiver<u64>,
+    resume: Resume,
+}
+
+/// What a tail needs to read on from a new master without skipping or repeating events.
+#[derive(Default)]
+struct Resume {
+    /// The entries read in the last [`RESUME_MARGIN_MS`] of the log (id, its ms).
+    recent: std::collections::VecDeque<(String, u64)>,
+    /// After a move, those of them read again: not handed out again (until the read is past
+    /// where it was before the move).
+    again: std::collections::HashSet<String>,
+    again_until: (u64, u64),
+}
+
+impl Resume {
+    /// Keeps `id`, just read, among the entries read in the last [`RESUME_MARGIN_MS`].
+    fn read(&mut self, id: &str) {
+        let (ms, _) = entry_position(id);
+        self.recent.push_back((id.to_string(), ms));
+        while self.recent.front().is_some_and(|(_, old)| {
+            old.saturating_add(RESUME_MARGIN_MS) < ms || self.recent.len() > RESUME_REMEMBERED
+        }) {
+            self.recent.pop_front();
+        }
+    }
+
+    /// On a new master, where a read that was at `after` goes on from: [`RESUME_MARGIN_MS`]
+    /// back.
+    fn restart(&mut self, after: &str) -> String {
+        self.again_until = entry_position(after);
+        self.again = self.recent.iter().map(|(id, _)| id.clone()).collect();
+        match self.again_until.0.saturating_sub(RESUME_MARGIN_MS) {
+            0 => after.to_string(),
+            from => format!("{from}-0"),
+        }
+    }
+
+    /// Whether entry `id` was read before a move, and is read again after it.
+    fn read_before(&mut self, id: &str) -> bool {
+        if self.again.is_empty() {
+            return false;
+        }
+        if entry_position(id) > self.again_until {
+            self.again.clear();
+            return false;
+        }
+        self.again.remove(id)
+    }
+}
+
+/// Most entries a tail remembers for reading again after a move: in a log busier than this in
+/// [`RESUME_MARGIN_MS`], a few may be handed out twice after one.
+const RESUME_REMEMBERED: usize = 10_000;
+
+/// How far back a tail reads again on a new master. Replicas notice a move each on its own
+/// poll of the Sentinels (every second), so in the meantime some log on the new master while
+/// this one's position moves on with what is logged on the old: events the new master took
+/// in that window would be skipped.
+const RESUME_MARGIN_MS: u64 = 5_000;
+
+/// A stream entry id (`<ms>-<seq>`) as numbers, in the log's order.
+fn entry_position(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
 }
 
 impl Tail {
-    /// Reads on from where the store's connections go now.
+    /// Reads on from where the store's connections go now, [`RESUME_MARGIN_MS`] back.
     async fn reconnect(&mut self) -> Result<(), StoreError> {
         let connections = self
             .connections
@@ -896,6 +966,7 @@ impl Tail {
             .ok_or_else(|| StoreError::Unavailable("the store is closed".into()))?;
         self.moved.borrow_and_update();
         self.conn = blocking_connection(&connections).await?;
+        self.after = self.resume.restart(&self.after);
         Ok(())
     }
 }
@@ -924,6 +995,10 @@ impl EventFeed for Tail {
         let mut out = Vec::new();
         for entry in super::streams::read(reply)? {
             self.after.clone_from(&entry.id);
+            if self.resume.read_before(&entry.id) {
+                continue;
+            }
+            self.resume.read(&entry.id);
             if let Ok(event) = parse(&entry) {
                 out.push(LoggedEvent {
                     position: entry.id,
@@ -945,7 +1020,7 @@ struct Group {
     next_reclaim: Instant,
     next_trim: Instant,
     /// News of the master moving (Sentinel): the group is read on the new master, through a
-    /// feed the worker opens again ([`master_moved`]).
+    /// feed the worker opens again ([`master_moved`]), from the next call on.
     moved: tokio::sync::watch::Receiver<u64>,
 }
 
@@ -1124,11 +1199,9 @@ impl EventFeed for Group {
             }
         }
         if entries.is_empty() {
-            let mut moved = self.moved.clone();
-            let reply = tokio::select! {
-                reply = self.read_or_recreate(max, block) => reply?,
-                Ok(()) = moved.changed() => return Err(master_moved()),
-            };
+            // Not cut short by a move (the entries of a read answered meanwhile would wait out
+            // a lease, pending under this consumer): the next call sees it, within a `block`.
+            let reply = self.read_or_recreate(max, block).await?;
             entries = super::streams::read(reply)?;
         }
         let mut out = Vec::with_capacity(entries.len());
@@ -1157,6 +1230,28 @@ impl EventFeed for Group {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tail_on_a_new_master_reads_the_margin_again_and_hands_out_only_what_it_missed() {
+        let mut resume = Resume::default();
+        for id in ["1000-0", "7000-0", "9000-0", "9000-1"] {
+            assert!(!resume.read_before(id));
+            resume.read(id);
+        }
+        // Older than the margin before the newest: forgotten.
+        assert_eq!(resume.recent.len(), 3);
+        assert_eq!(resume.restart("9000-1"), "4000-0");
+        // The new master holds what the old one had, and what other replicas logged on it
+        // before this one moved (8000-0), which is handed out.
+        let handed: Vec<&str> = ["7000-0", "8000-0", "9000-0", "9000-1", "9500-0"]
+            .into_iter()
+            .filter(|id| !resume.read_before(id))
+            .collect();
+        assert_eq!(handed, ["8000-0", "9500-0"]);
+        assert!(resume.again.is_empty());
+        // Early in the log, the read goes on from where it was.
+        assert_eq!(Resume::default().restart("3000-5"), "3000-5");
+    }
 
     fn entry(fields: &[(&str, &[u8])]) -> StreamId {
         StreamId {
