@@ -469,10 +469,13 @@ impl RedisStore {
         Ok(Box::new(Tail {
             conn: self.blocking_connection().await?,
             key,
-            after,
+            after: after.clone(),
             connections: std::sync::Arc::downgrade(&self.connections),
             moved,
-            resume: Resume::default(),
+            resume: Resume {
+                start: after.clone(),
+                ..Resume::default()
+            },
         }))
     }
 
@@ -886,7 +889,7 @@ struct Tail {
     key: String,
     after: String,
     /// Where the store's connections go, and news of the master moving (Sentinel): the read
-    /// goes on from the new master, at the same position. (A failover ends a blocked read on
+    /// goes on from the new master ([`Resume`]). (A failover ends a blocked read on
     /// the old master, but an old master cut off from the Sentinels and still reachable
     /// would otherwise keep it waiting for events that are logged elsewhere.)
     connections: std::sync::Weak<Connections>,
@@ -897,6 +900,9 @@ struct Tail {
 /// What a tail needs to read on from a new master without skipping or repeating events.
 #[derive(Default)]
 struct Resume {
+    /// Where the tail started: it never reads back past it (its streams see only what is
+    /// logged after they opened).
+    start: String,
     /// The entries read in the last [`RESUME_MARGIN_MS`] of the log (id, its ms).
     recent: std::collections::VecDeque<(String, u64)>,
     /// After a move, those of them read again: not handed out again (until the read is past
@@ -922,10 +928,11 @@ impl Resume {
     fn restart(&mut self, after: &str) -> String {
         self.again_until = entry_position(after);
         self.again = self.recent.iter().map(|(id, _)| id.clone()).collect();
-        match self.again_until.0.saturating_sub(RESUME_MARGIN_MS) {
-            0 => after.to_string(),
-            from => format!("{from}-0"),
+        let from = (self.again_until.0.saturating_sub(RESUME_MARGIN_MS), 0);
+        if from <= entry_position(&self.start) {
+            return self.start.clone();
         }
+        format!("{}-0", from.0)
     }
 
     /// Whether entry `id` was read before a move, and is read again after it.
@@ -1233,7 +1240,10 @@ mod tests {
 
     #[test]
     fn a_tail_on_a_new_master_reads_the_margin_again_and_hands_out_only_what_it_missed() {
-        let mut resume = Resume::default();
+        let mut resume = Resume {
+            start: "500-0".into(),
+            ..Resume::default()
+        };
         for id in ["1000-0", "7000-0", "9000-0", "9000-1"] {
             assert!(!resume.read_before(id));
             resume.read(id);
@@ -1249,8 +1259,12 @@ mod tests {
             .collect();
         assert_eq!(handed, ["8000-0", "9500-0"]);
         assert!(resume.again.is_empty());
-        // Early in the log, the read goes on from where it was.
-        assert_eq!(Resume::default().restart("3000-5"), "3000-5");
+        // Never back past where the tail started: its streams see only what came after.
+        let mut young = Resume {
+            start: "2000-3".into(),
+            ..Resume::default()
+        };
+        assert_eq!(young.restart("3000-5"), "2000-3");
     }
 
     fn entry(fields: &[(&str, &[u8])]) -> StreamId {
