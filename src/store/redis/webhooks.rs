@@ -469,13 +469,10 @@ impl RedisStore {
         Ok(Box::new(Tail {
             conn: self.blocking_connection().await?,
             key,
-            after: after.clone(),
+            resume: Resume::new(&after),
+            after,
             connections: std::sync::Arc::downgrade(&self.connections),
             moved,
-            resume: Resume {
-                start: after.clone(),
-                ..Resume::default()
-            },
         }))
     }
 
@@ -898,39 +895,62 @@ struct Tail {
 }
 
 /// What a tail needs to read on from a new master without skipping or repeating events.
-#[derive(Default)]
 struct Resume {
     /// Where the tail started: it never reads back past it (its streams see only what is
     /// logged after they opened).
     start: String,
-    /// The entries read in the last [`RESUME_MARGIN_MS`] of the log (id, its ms).
+    /// The entries read in the last [`RESUME_MARGIN_MS`] of the log (id, its ms), at most
+    /// [`RESUME_REMEMBERED`].
     recent: std::collections::VecDeque<(String, u64)>,
-    /// After a move, those of them read again: not handed out again (until the read is past
-    /// where it was before the move).
+    /// The newest entry let go of for room (in a busy log) rather than age: a read again
+    /// after a move starts past it, so nothing is handed out twice.
+    forgotten: Option<String>,
+    /// After a move, the entries read before it: not handed out again (until the read is
+    /// past the furthest it had been).
     again: std::collections::HashSet<String>,
     again_until: (u64, u64),
 }
 
 impl Resume {
+    fn new(start: &str) -> Self {
+        Self {
+            start: start.to_string(),
+            recent: std::collections::VecDeque::new(),
+            forgotten: None,
+            again: std::collections::HashSet::new(),
+            again_until: (0, 0),
+        }
+    }
+
     /// Keeps `id`, just read, among the entries read in the last [`RESUME_MARGIN_MS`].
     fn read(&mut self, id: &str) {
         let (ms, _) = entry_position(id);
         self.recent.push_back((id.to_string(), ms));
-        while self.recent.front().is_some_and(|(_, old)| {
-            old.saturating_add(RESUME_MARGIN_MS) < ms || self.recent.len() > RESUME_REMEMBERED
-        }) {
+        while self
+            .recent
+            .front()
+            .is_some_and(|(_, old)| old.saturating_add(RESUME_MARGIN_MS) < ms)
+        {
             self.recent.pop_front();
+        }
+        while self.recent.len() > RESUME_REMEMBERED {
+            self.forgotten = self.recent.pop_front().map(|(id, _)| id);
         }
     }
 
     /// On a new master, where a read that was at `after` goes on from: [`RESUME_MARGIN_MS`]
-    /// back.
+    /// back from the furthest it had been (a second move may come before the read is back
+    /// there), but not past where the tail started or the entries it no longer remembers.
     fn restart(&mut self, after: &str) -> String {
-        self.again_until = entry_position(after);
+        self.again_until = self.again_until.max(entry_position(after));
         self.again = self.recent.iter().map(|(id, _)| id.clone()).collect();
         let from = (self.again_until.0.saturating_sub(RESUME_MARGIN_MS), 0);
-        if from <= entry_position(&self.start) {
-            return self.start.clone();
+        let floor = match &self.forgotten {
+            Some(forgotten) if entry_position(forgotten) > entry_position(&self.start) => forgotten,
+            _ => &self.start,
+        };
+        if from <= entry_position(floor) {
+            return floor.clone();
         }
         format!("{}-0", from.0)
     }
@@ -949,7 +969,7 @@ impl Resume {
 }
 
 /// Most entries a tail remembers for reading again after a move: in a log busier than this in
-/// [`RESUME_MARGIN_MS`], a few may be handed out twice after one.
+/// [`RESUME_MARGIN_MS`], the read again covers less of the margin.
 const RESUME_REMEMBERED: usize = 10_000;
 
 /// How far back a tail reads again on a new master. Replicas notice a move each on its own
@@ -972,7 +992,14 @@ impl Tail {
             .upgrade()
             .ok_or_else(|| StoreError::Unavailable("the store is closed".into()))?;
         self.moved.borrow_and_update();
-        self.conn = blocking_connection(&connections).await?;
+        match blocking_connection(&connections).await {
+            Ok(conn) => self.conn = conn,
+            Err(e) => {
+                // Still to do, if the read goes on.
+                self.moved.mark_changed();
+                return Err(e);
+            }
+        }
         self.after = self.resume.restart(&self.after);
         Ok(())
     }
@@ -1240,10 +1267,7 @@ mod tests {
 
     #[test]
     fn a_tail_on_a_new_master_reads_the_margin_again_and_hands_out_only_what_it_missed() {
-        let mut resume = Resume {
-            start: "500-0".into(),
-            ..Resume::default()
-        };
+        let mut resume = Resume::new("500-0");
         for id in ["1000-0", "7000-0", "9000-0", "9000-1"] {
             assert!(!resume.read_before(id));
             resume.read(id);
@@ -1260,11 +1284,55 @@ mod tests {
         assert_eq!(handed, ["8000-0", "9500-0"]);
         assert!(resume.again.is_empty());
         // Never back past where the tail started: its streams see only what came after.
-        let mut young = Resume {
-            start: "2000-3".into(),
-            ..Resume::default()
+        assert_eq!(Resume::new("2000-3").restart("3000-5"), "2000-3");
+    }
+
+    #[test]
+    fn a_second_move_before_the_tail_caught_up_hands_out_nothing_twice() {
+        let read = |resume: &mut Resume, ids: &[&'static str]| -> Vec<&'static str> {
+            let handed: Vec<&str> = ids
+                .iter()
+                .copied()
+                .filter(|id| !resume.read_before(id))
+                .collect();
+            for id in &handed {
+                resume.read(id);
+            }
+            handed
         };
-        assert_eq!(young.restart("3000-5"), "2000-3");
+        for partial in [&[][..], &["7000-0"][..]] {
+            let mut resume = Resume::new("500-0");
+            read(&mut resume, &["1000-0", "7000-0", "9000-0", "9000-1"]);
+            let after = resume.restart("9000-1");
+            assert_eq!(after, "4000-0");
+            let mut handed = read(&mut resume, partial);
+            let at = partial.last().copied().unwrap_or(&after);
+            assert_eq!(
+                resume.restart(at),
+                "4000-0",
+                "from the furthest it had been"
+            );
+            handed.extend(read(
+                &mut resume,
+                &["7000-0", "8000-0", "9000-0", "9000-1", "9500-0"],
+            ));
+            assert_eq!(handed, ["8000-0", "9500-0"]);
+        }
+    }
+
+    #[test]
+    fn in_a_busy_log_a_tail_reads_again_only_what_it_remembers() {
+        let mut resume = Resume::new("0-0");
+        let ids: Vec<String> = (0..RESUME_REMEMBERED + 5)
+            .map(|seq| format!("9000-{seq}"))
+            .collect();
+        for id in &ids {
+            resume.read(id);
+        }
+        let last = ids.last().unwrap();
+        // From past the newest entry let go of, all of the rest remembered and not handed out.
+        assert_eq!(resume.restart(last), "9000-4");
+        assert!(ids[5..].iter().all(|id| resume.read_before(id)));
     }
 
     fn entry(fields: &[(&str, &[u8])]) -> StreamId {
