@@ -2397,6 +2397,20 @@ async fn seed_unindexed_workspaces(
     seed.query_async::<()>(conn).await.unwrap();
 }
 
+/// Namespace `ns`'s workspace index fill leased to another replica for `ms` milliseconds.
+async fn lease_held_elsewhere(conn: &mut ::redis::aio::MultiplexedConnection, ns: &str, ms: u64) {
+    use ::redis::AsyncCommands;
+    let expiry = ::redis::SetOptions::default().with_expiration(::redis::SetExpiry::PX(ms));
+    let () = conn
+        .set_options(
+            format!("{{{ns}}}:workspaces:filling"),
+            "fill_ofanotherreplica",
+            expiry,
+        )
+        .await
+        .unwrap();
+}
+
 /// Replicas that start together index an earlier version's workspaces once: one scans, under
 /// a lease in Redis, and the other waits for it to finish.
 #[tokio::test]
@@ -2427,14 +2441,7 @@ async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
 
     // A replica that died mid-scan leaves its lease: another takes over when it runs out.
     seed_unindexed_workspaces(&mut conn, "orphaned", 10).await;
-    let () = conn
-        .set_options(
-            "{orphaned}:workspaces:filling",
-            "fill_ofadeadreplica",
-            ::redis::SetOptions::default().with_expiration(::redis::SetExpiry::PX(1_500)),
-        )
-        .await
-        .unwrap();
+    lease_held_elsewhere(&mut conn, "orphaned", 1_500).await;
     let started = std::time::Instant::now();
     let c = RedisStore::connect(&redis.url(), "orphaned").unwrap();
     tokio::time::timeout(Duration::from_secs(20), c.prepare())
@@ -2487,14 +2494,7 @@ async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
     // A listing waits for another replica's fill only briefly (it is an admin's request), also
     // when this replica's own start-up fill is the one waiting.
     seed_unindexed_workspaces(&mut conn, "busy", 10).await;
-    let () = conn
-        .set_options(
-            "{busy}:workspaces:filling",
-            "fill_ofanotherreplica",
-            ::redis::SetOptions::default().with_expiration(::redis::SetExpiry::PX(60_000)),
-        )
-        .await
-        .unwrap();
+    lease_held_elsewhere(&mut conn, "busy", 60_000).await;
     let e = Arc::new(RedisStore::connect(&redis.url(), "busy").unwrap());
     let waiting = tokio::spawn({
         let e = e.clone();
