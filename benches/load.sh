@@ -10,14 +10,17 @@
 # INFO commandstats deltas) and svcgate's resident memory. Then it drives the backend, bare
 # Pingora and svcgate at constant rates (examples/loadgen.rs: half and a quarter of svcgate's
 # maximum) and prints the latency each adds, and the time svcgate and bare Pingora each take
-# before a request goes to the backend, by their own clocks.
+# before a request goes to the backend, by their own clocks. Between the two, it measures the
+# throughput ratio again in paired blocks (bare Pingora and svcgate back to back, ABBA), which
+# the machine's drift moves far less than the rounds.
 #
 # Finally, it seeds KEYS keys (100,000) and drives svcgate with all of them, round robin, so
 # every one is in its key cache, and reports its resident memory then.
 #
 # Knobs (environment): DURATION (s per run, 10), CONNS (32), ROUNDS (3), KEYS (100000), REDIS_URL
 # (by default a redis-server of the run's own, so the command counts are svcgate's alone),
-# PHASES (which parts to run: "saturation half many", all by default; "half" needs "saturation"),
+# PHASES (which parts to run: "saturation paired half many", all by default; "half" needs
+# "saturation"), PAIRS and SLICE (the paired throughput blocks: 8, of 4 runs of 3 s),
 # FRACTIONS (of svcgate's maximum throughput, for the constant-rate runs: "0.5 0.25"), THREADS
 # (worker threads of every proxy: 0, one per CPU, by default).
 set -euo pipefail
@@ -28,7 +31,7 @@ DURATION=${DURATION:-10}
 CONNS=${CONNS:-32}
 ROUNDS=${ROUNDS:-3}
 KEYS=${KEYS:-100000}
-PHASES=${PHASES:-saturation half many}
+PHASES=${PHASES:-saturation paired half many}
 FRACTIONS=${FRACTIONS:-0.5 0.25}
 THREADS=${THREADS:-0}  # worker threads of each proxy; 0: one per CPU
 export THREADS
@@ -145,6 +148,39 @@ if phase saturation; then
     'BEGIN { printf "CPU time per request, svcgate / bare Pingora: %.0f%%\n", 100 * s / p }'
   awk -v c="$total_cmds" -v r="$total_reqs" 'BEGIN { printf "Redis commands per request (svcgate): %.4f\n", c / r }'
   echo "svcgate resident memory: ${rss_mb} MB"
+fi
+
+if phase paired; then
+  # The throughput ratio measured in pairs, to cancel the machine's drift: PAIRS blocks, each
+  # bare Pingora, svcgate, svcgate, bare Pingora (or the other way round, every other block) for
+  # SLICE seconds each, back to back. A block's ratio is svcgate's requests over bare Pingora's
+  # in it: a speed that changes steadily over the block weighs on both alike. The rounds above
+  # run each target once in a round of four, 10 to 30 s apart, and this machine's speed moves
+  # by a quarter in that time.
+  PAIRS=${PAIRS:-8}
+  SLICE=${SLICE:-3}
+  for t in passthrough svcgate; do wrk -t2 -c"$CONNS" -d2s -s "$work/post.lua" "${URL[$t]}" >/dev/null; done
+  rate() { wrk -t2 -c"$CONNS" -d"${SLICE}s" -s "$work/post.lua" "$1" | awk '/Requests\/sec/ { print $2 }'; }
+  blocks=""; all_s=0; all_p=0
+  for block in $(seq 1 "$PAIRS"); do
+    order="passthrough svcgate svcgate passthrough"
+    (( block % 2 )) || order="svcgate passthrough passthrough svcgate"
+    s=0; p=0
+    for t in $order; do
+      r=$(rate "${URL[$t]}")
+      if [ "$t" = svcgate ]; then s=$(awk -v a="$s" -v b="${r:-0}" 'BEGIN { print a + b }')
+      else p=$(awk -v a="$p" -v b="${r:-0}" 'BEGIN { print a + b }'); fi
+    done
+    blocks+="$(awk -v s="$s" -v p="$p" 'BEGIN { printf "%.1f", p > 0 ? 100 * s / p : 0 }') "
+    all_s=$(awk -v a="$all_s" -v b="$s" 'BEGIN { print a + b }')
+    all_p=$(awk -v a="$all_p" -v b="$p" 'BEGIN { print a + b }')
+  done
+  printf '\nsvcgate / bare Pingora in %s paired blocks of 4 x %ss, per block (%%): %s\n' "$PAIRS" "$SLICE" "$blocks"
+  printf 'svcgate / bare Pingora, paired: median %s%%, all blocks together %s%%, blocks at 85%% or more: %s of %s\n' \
+    "$(tr ' ' '\n' <<<"$blocks" | grep -v '^$' | sort -g |
+       awk '{ a[NR] = $1 } END { printf "%.1f", (a[int((NR + 1) / 2)] + a[int(NR / 2) + 1]) / 2 }')" \
+    "$(awk -v s="$all_s" -v p="$all_p" 'BEGIN { printf "%.1f", p > 0 ? 100 * s / p : 0 }')" \
+    "$(tr ' ' '\n' <<<"$blocks" | awk '$1 >= 85' | wc -l)" "$PAIRS"
 fi
 
 if phase half && phase saturation; then

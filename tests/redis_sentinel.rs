@@ -302,6 +302,31 @@ async fn event_log_readers_follow_the_master_the_sentinel_names() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 201);
+
+    // The replica, with everything the master had, becomes a master of its own; the old
+    // master goes on, unaware, and so does the gateway until the Sentinel names the new one.
+    nodes.replicated().await;
+    let () = nodes
+        .replica
+        .query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
+        .await
+        .unwrap();
+    // Another replica of the gateway, already on the new master, logs an event there before
+    // the stream opens: the stream must not get it when its gateway moves there.
+    let other = Gateway::builder()
+        .redis(
+            &format!("redis://127.0.0.1:{}/0", nodes.replica_at),
+            &ns.name,
+        )
+        // Its worker would take a share of the deliveries, to a receiver it may not reach.
+        .no_worker()
+        .start()
+        .await;
+    let before = other
+        .publish_event(&ws, "agent.run.completed", "live", json!({"run": "before"}))
+        .await;
+    // Longer ago than the allowance for the two masters' clocks.
+    tokio::time::sleep(Duration::from_millis(700)).await;
     let mut stream = gw
         .request(Method::GET, "/v1/webhooks/listen")
         .bearer_auth(&key)
@@ -322,14 +347,7 @@ async fn event_log_readers_follow_the_master_the_sentinel_names() {
     };
     assert!(read_until("event: session", Duration::from_secs(5)).await);
 
-    // The replica, with everything the master had, becomes a master of its own, and the
-    // Sentinel names it; the old master goes on, unaware.
-    nodes.replicated().await;
-    let () = nodes
-        .replica
-        .query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
-        .await
-        .unwrap();
+    // The Sentinel names the new master.
     let () = nodes
         .sentinel
         .query(redis::cmd("SENTINEL").arg("REMOVE").arg(MASTER_NAME))
@@ -362,6 +380,10 @@ async fn event_log_readers_follow_the_master_the_sentinel_names() {
         read_until(&id, Duration::from_secs(10)).await,
         "the event logged on the new master: {seen}\n{}",
         gw.logs()
+    );
+    assert!(
+        !seen.contains(&before),
+        "an event logged before the stream opened: {seen}"
     );
     let delivered = eventually(Duration::from_secs(10), || async {
         receiver

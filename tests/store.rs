@@ -2411,8 +2411,24 @@ async fn lease_held_elsewhere(conn: &mut ::redis::aio::MultiplexedConnection, ns
         .unwrap();
 }
 
+/// Whether Redis key `key` exists within `limit`.
+async fn key_appears(
+    conn: &::redis::aio::MultiplexedConnection,
+    key: &'static str,
+    limit: Duration,
+) -> bool {
+    use ::redis::AsyncCommands;
+    let found = eventually(limit, || {
+        let mut conn = conn.clone();
+        async move { conn.exists(key).await.unwrap() }
+    })
+    .await;
+    found.is_some()
+}
+
 /// Replicas that start together index an earlier version's workspaces once: one scans, under
-/// a lease in Redis, and the other waits for it to finish.
+/// a lease in Redis, and the other waits for it to finish. A listing waits for a fill only
+/// briefly, and one it starts itself goes on without it.
 #[tokio::test]
 async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
     use ::redis::AsyncCommands;
@@ -2455,7 +2471,7 @@ async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
     let indexed: usize = conn.zcard("{orphaned}:workspaces").await.unwrap();
     assert_eq!(indexed, 10);
 
-    // A fill cut short (the listing that ran it was dropped) lets go of its lease at once. Keys
+    // A fill cut short (the start-up fill running it was dropped) lets go of its lease at once. Keys
     // of other kinds make the scan long enough to be cut.
     seed_unindexed_workspaces(&mut conn, "cut", 10).await;
     for thousands in 0..200 {
@@ -2469,12 +2485,8 @@ async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
         let d = d.clone();
         async move { d.prepare().await }
     });
-    let leased = eventually(Duration::from_secs(10), || {
-        let mut conn = conn.clone();
-        async move { conn.exists("{cut}:workspaces:filling").await.unwrap() }
-    })
-    .await;
-    assert!(leased.is_some(), "the fill takes the lease");
+    let leased = key_appears(&conn, "{cut}:workspaces:filling", Duration::from_secs(10)).await;
+    assert!(leased, "the fill takes the lease");
     fill.abort();
     let _ = fill.await;
     let filled: bool = conn.exists("{cut}:workspaces:filled").await.unwrap();
@@ -2490,6 +2502,23 @@ async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
     })
     .await;
     assert!(released.is_some(), "let go, not held for its 30 s");
+
+    // A listing that finds no fill under way (the start-up fill above was cut short) starts
+    // one, which goes on when the listing is dropped: it does not run the scan itself.
+    let listing = tokio::spawn({
+        let d = d.clone();
+        async move { d.workspaces(None, 10).await.map(|(page, _)| page.len()) }
+    });
+    let leased = key_appears(&conn, "{cut}:workspaces:filling", Duration::from_secs(10)).await;
+    assert!(leased, "the listing starts the fill");
+    listing.abort();
+    let _ = listing.await;
+    let filled: bool = conn.exists("{cut}:workspaces:filled").await.unwrap();
+    assert!(!filled, "the listing was dropped mid-scan");
+    let filled = key_appears(&conn, "{cut}:workspaces:filled", Duration::from_secs(20)).await;
+    assert!(filled, "the fill goes on without the listing");
+    let indexed: usize = conn.zcard("{cut}:workspaces").await.unwrap();
+    assert_eq!(indexed, 10);
 
     // A listing waits for another replica's fill only briefly (it is an admin's request), also
     // when this replica's own start-up fill is the one waiting.

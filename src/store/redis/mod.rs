@@ -644,7 +644,7 @@ const INDEX_FILL_LISTING_WAIT: Duration = Duration::from_secs(5);
 const INDEX_FILL_RENEWAL: Duration = Duration::from_secs(5);
 
 /// The lease on the workspace index fill, let go when dropped: when the fill ends, well or
-/// not, or when the listing that ran it is dropped part way; the next try, here or on another
+/// not, or when the start-up fill running it is dropped part way; the next try, here or on another
 /// replica, need not wait for it to run out. (A release that fails leaves it to run out.)
 struct FillLease {
     conn: ConnectionManager,
@@ -678,6 +678,65 @@ impl Drop for FillLease {
     }
 }
 
+/// The scan of [`RedisStore::fill_workspace_index`], under its lease: every workspace record
+/// found goes into the index, then the index is marked filled. The lease is renewed as the scan
+/// goes, while it is this replica's (one that ran out and was taken over is not renewed for
+/// the replica that took it: the scan goes on, and is only done twice); it is let go when the
+/// scan ends, or is dropped part way.
+async fn scan_into_workspace_index(layout: Layout, lease: FillLease) -> Result<(), StoreError> {
+    // One connection throughout: a `SCAN` cursor belongs to the server that gave it.
+    let mut conn = lease.conn.clone();
+    let pattern = format!("{}*", glob_escape(&layout.workspace("")));
+    let mut cursor: u64 = 0;
+    let mut renewed = tokio::time::Instant::now();
+    loop {
+        let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1_000)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        if renewed.elapsed() >= INDEX_FILL_RENEWAL {
+            let _: i64 = RENEW_LEASE
+                .key(&lease.key)
+                .arg(&lease.token)
+                .arg(INDEX_FILL_LEASE_MS)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            renewed = tokio::time::Instant::now();
+        }
+        let mut batch = redis::pipe();
+        if !found.is_empty() {
+            let raw: Vec<Option<String>> = conn.mget(&found).await.map_err(unavailable)?;
+            for (key, raw) in found.iter().zip(raw) {
+                let Some(w) = raw.and_then(|r| decode::<Workspace>(key, &r).ok()) else {
+                    continue;
+                };
+                batch
+                    .zadd(layout.workspace_index(), &w.id, w.created_at)
+                    .ignore();
+            }
+        }
+        if !batch.is_empty() {
+            batch
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(unavailable)?;
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    conn.set::<_, _, ()>(layout.workspace_index_filled(), 1)
+        .await
+        .map_err(unavailable)
+}
+
 /// Workspaces and keys in Redis.
 pub struct RedisStore {
     connections: Arc<Connections>,
@@ -686,9 +745,14 @@ pub struct RedisStore {
     audit_retention_secs: u64,
     /// Behind Sentinels: a master with replicas, any of which a failover may promote.
     replicated: bool,
-    /// Held while the workspace index is filled, so a listing during `serve`'s start-up fill
-    /// waits for it instead of scanning too ([`RedisStore::fill_workspace_index`]).
+    /// Held while this replica fills the workspace index or waits for a fill, so a listing
+    /// during `serve`'s start-up fill waits for it instead of scanning too
+    /// ([`RedisStore::fill_workspace_index`]). A scan a listing started goes on without it,
+    /// under its lease, which keeps the others waiting.
     filling: tokio::sync::Mutex<()>,
+    /// The runtime that drives the store's connections: a scan a listing starts runs there,
+    /// not on the listing's (the admin service's, stopped first at shutdown).
+    runtime: tokio::runtime::Handle,
 }
 
 impl RedisStore {
@@ -730,7 +794,7 @@ impl RedisStore {
     /// per namespace: a scan of the namespace's workspace records (a scan cut short starts
     /// again: a `SCAN` cursor means nothing to another Redis process, after a failover or a
     /// restart). `serve` runs it at start ([`Store::prepare`]); a listing before it is done
-    /// waits for it (or, if it failed, runs it). Workspaces created since are indexed as they
+    /// waits for it (or, if it failed, starts it), for a while. Workspaces created since are indexed as they
     /// are created, and any read of a workspace indexes it if it is not.
     ///
     /// One replica scans at a time: it holds a lease in Redis (`{ns}:workspaces:filling`),
@@ -759,7 +823,7 @@ impl RedisStore {
         };
         loop {
             // Held from the moment it is asked for: an answer that times out or is never
-            // read (the listing running this was dropped) may still have given it.
+            // read (what runs this was dropped) may still have given it.
             lease.conn = self.conn();
             lease.held = true;
             let state: String = TAKE_FILL_LEASE
@@ -782,65 +846,27 @@ impl RedisStore {
             }
             tokio::time::sleep(INDEX_FILL_POLL).await;
         }
-        self.scan_into_workspace_index(&lease).await
-    }
-
-    /// The scan of [`RedisStore::fill_workspace_index`], under its lease: every workspace
-    /// record found goes into the index, then the index is marked filled. The lease is renewed
-    /// as the scan goes, while it is this replica's (one that ran out and was taken over is
-    /// not renewed for the replica that took it: the scan goes on, and is only done twice).
-    async fn scan_into_workspace_index(&self, lease: &FillLease) -> Result<(), StoreError> {
-        // One connection throughout: a `SCAN` cursor belongs to the server that gave it.
-        let mut conn = lease.conn.clone();
-        let pattern = format!("{}*", glob_escape(&self.layout.workspace("")));
-        let mut cursor: u64 = 0;
-        let mut renewed = tokio::time::Instant::now();
-        loop {
-            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1_000)
-                .query_async(&mut conn)
-                .await
-                .map_err(unavailable)?;
-            if renewed.elapsed() >= INDEX_FILL_RENEWAL {
-                let _: i64 = RENEW_LEASE
-                    .key(&lease.key)
-                    .arg(&lease.token)
-                    .arg(INDEX_FILL_LEASE_MS)
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
-                renewed = tokio::time::Instant::now();
+        let scan = scan_into_workspace_index(self.layout.clone(), lease);
+        let Some(deadline) = deadline else {
+            return scan.await;
+        };
+        // A listing that found no fill under way (the start-up fill failed and waits to try
+        // again) starts it, but waits no longer for it than for another's: the scan goes on
+        // without it, under its lease, and the listings after it wait for that.
+        let scan = self.runtime.spawn(async move {
+            let scanned = scan.await;
+            if let Err(e) = &scanned {
+                tracing::warn!(error = %e, "indexing the workspaces an earlier version wrote failed; the next listing or start-up retry tries again");
             }
-            let mut batch = redis::pipe();
-            if !found.is_empty() {
-                let raw: Vec<Option<String>> = conn.mget(&found).await.map_err(unavailable)?;
-                for (key, raw) in found.iter().zip(raw) {
-                    let Some(w) = raw.and_then(|r| decode::<Workspace>(key, &r).ok()) else {
-                        continue;
-                    };
-                    batch
-                        .zadd(self.layout.workspace_index(), &w.id, w.created_at)
-                        .ignore();
-                }
-            }
-            if !batch.is_empty() {
-                batch
-                    .query_async::<()>(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
+            scanned
+        });
+        match tokio::time::timeout_at(deadline, scan).await {
+            Ok(Ok(scanned)) => scanned,
+            Ok(Err(_)) => Err(StoreError::Unavailable(
+                "the index fill stopped part way".into(),
+            )),
+            Err(_) => Err(indexing()),
         }
-        conn.set::<_, _, ()>(self.layout.workspace_index_filled(), 1)
-            .await
-            .map_err(unavailable)
     }
 
     /// Where a page of the workspace index after workspace `id` starts: past its rank, or, for
@@ -951,6 +977,7 @@ impl RedisStore {
             audit_retention_secs: 30 * 86_400,
             replicated: sentinels.is_some(),
             filling: tokio::sync::Mutex::new(()),
+            runtime: tokio::runtime::Handle::current(),
         })
     }
 

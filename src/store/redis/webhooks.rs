@@ -459,17 +459,24 @@ impl RedisStore {
 
     pub(super) async fn tail(&self) -> Result<Box<dyn EventFeed>, StoreError> {
         let key = self.layout.events();
+        // The log's clock, read before its newest entry: what is logged after that has an id
+        // at or past it (Redis gives ids from its clock and never lower than the last).
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
         let newest = self.stream_range("XREVRANGE", &key, "+", "-", 1).await?;
         let after = newest
             .first()
             .map_or_else(|| "0-0".to_string(), |e| e.id.clone());
+        let opened_ms = secs.saturating_mul(1000) + micros / 1000;
         // News of a move is subscribed to before the connection is made: a move while it is
         // made is then seen, and the read goes to the new master.
         let moved = self.connections.moved();
         Ok(Box::new(Tail {
             conn: self.blocking_connection().await?,
             key,
-            resume: Resume::new(&after),
+            resume: Resume::new(&after, opened_ms),
             after,
             connections: std::sync::Arc::downgrade(&self.connections),
             moved,
@@ -897,7 +904,9 @@ struct Tail {
 /// What a tail needs to read on from a new master without skipping or repeating events.
 struct Resume {
     /// Where the tail started: it never reads back past it (its streams see only what is
-    /// logged after they opened).
+    /// logged after they opened). The later of the newest entry then and the log's clock
+    /// then, less [`RESUME_CLOCK_ALLOWANCE_MS`]: in a quiet log the newest entry may be long
+    /// before.
     start: String,
     /// The entries read in the last [`RESUME_MARGIN_MS`] of the log (id, its ms), at most
     /// [`RESUME_REMEMBERED`].
@@ -912,9 +921,19 @@ struct Resume {
 }
 
 impl Resume {
-    fn new(start: &str) -> Self {
+    /// For a tail that opened after entry `newest`, when the log's clock read `opened_ms`.
+    fn new(newest: &str, opened_ms: u64) -> Self {
+        // Just before the millisecond [`RESUME_CLOCK_ALLOWANCE_MS`] before the opening: what
+        // is logged from then on is after it.
+        let floor_ms = opened_ms.saturating_sub(RESUME_CLOCK_ALLOWANCE_MS);
+        let before = (floor_ms.saturating_sub(1), u64::MAX);
+        let start = if floor_ms > 0 && entry_position(newest) < before {
+            format!("{}-{}", before.0, before.1)
+        } else {
+            newest.to_string()
+        };
         Self {
-            start: start.to_string(),
+            start,
             recent: std::collections::VecDeque::new(),
             forgotten: None,
             again: std::collections::HashSet::new(),
@@ -977,6 +996,10 @@ const RESUME_REMEMBERED: usize = 10_000;
 /// this one's position moves on with what is logged on the old: events the new master took
 /// in that window would be skipped.
 const RESUME_MARGIN_MS: u64 = 5_000;
+
+/// How far a new master's clock may run behind the old one's without a tail skipping what was
+/// logged there after it opened: it reads again no further back than this before its opening.
+const RESUME_CLOCK_ALLOWANCE_MS: u64 = 500;
 
 /// A stream entry id (`<ms>-<seq>`) as numbers, in the log's order.
 fn entry_position(id: &str) -> (u64, u64) {
@@ -1267,7 +1290,7 @@ mod tests {
 
     #[test]
     fn a_tail_on_a_new_master_reads_the_margin_again_and_hands_out_only_what_it_missed() {
-        let mut resume = Resume::new("500-0");
+        let mut resume = Resume::new("500-0", 0);
         for id in ["1000-0", "7000-0", "9000-0", "9000-1"] {
             assert!(!resume.read_before(id));
             resume.read(id);
@@ -1284,7 +1307,21 @@ mod tests {
         assert_eq!(handed, ["8000-0", "9500-0"]);
         assert!(resume.again.is_empty());
         // Never back past where the tail started: its streams see only what came after.
-        assert_eq!(Resume::new("2000-3").restart("3000-5"), "2000-3");
+        assert_eq!(Resume::new("2000-3", 0).restart("3000-5"), "2000-3");
+    }
+
+    #[test]
+    fn a_tail_that_opened_on_a_quiet_log_reads_again_no_further_back_than_its_opening() {
+        // The newest entry was long before the tail opened, at 8000 by the log's clock.
+        let mut resume = Resume::new("500-0", 8_000);
+        resume.read("9000-0");
+        let after = resume.restart("9000-0");
+        assert_eq!(after, format!("7499-{}", u64::MAX));
+        // What a new master's clock, up to the allowance behind, gives an entry logged after
+        // the tail opened is still read.
+        assert!(entry_position("7500-0") > entry_position(&after));
+        // A newest entry later than that is the start itself.
+        assert_eq!(Resume::new("7800-2", 8_000).restart("9000-0"), "7800-2");
     }
 
     #[test]
@@ -1301,7 +1338,7 @@ mod tests {
             handed
         };
         for partial in [&[][..], &["7000-0"][..]] {
-            let mut resume = Resume::new("500-0");
+            let mut resume = Resume::new("500-0", 0);
             read(&mut resume, &["1000-0", "7000-0", "9000-0", "9000-1"]);
             let after = resume.restart("9000-1");
             assert_eq!(after, "4000-0");
@@ -1322,7 +1359,7 @@ mod tests {
 
     #[test]
     fn in_a_busy_log_a_tail_reads_again_only_what_it_remembers() {
-        let mut resume = Resume::new("0-0");
+        let mut resume = Resume::new("0-0", 0);
         let ids: Vec<String> = (0..RESUME_REMEMBERED + 5)
             .map(|seq| format!("9000-{seq}"))
             .collect();
