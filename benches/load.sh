@@ -171,7 +171,7 @@ if phase paired; then
       if [ "$t" = svcgate ]; then s=$(awk -v a="$s" -v b="${r:-0}" 'BEGIN { print a + b }')
       else p=$(awk -v a="$p" -v b="${r:-0}" 'BEGIN { print a + b }'); fi
     done
-    blocks+="$(awk -v s="$s" -v p="$p" 'BEGIN { printf "%.1f", p > 0 ? 100 * s / p : 0 }') "
+    blocks+="$(awk -v s="$s" -v p="$p" 'BEGIN { printf "%.1f", (p > 0 ? 100 * s / p : 0) }') "
     all_s=$(awk -v a="$all_s" -v b="$s" 'BEGIN { print a + b }')
     all_p=$(awk -v a="$all_p" -v b="$p" 'BEGIN { print a + b }')
   done
@@ -179,7 +179,7 @@ if phase paired; then
   printf 'svcgate / bare Pingora, paired: median %s%%, all blocks together %s%%, blocks at 85%% or more: %s of %s\n' \
     "$(tr ' ' '\n' <<<"$blocks" | grep -v '^$' | sort -g |
        awk '{ a[NR] = $1 } END { printf "%.1f", (a[int((NR + 1) / 2)] + a[int(NR / 2) + 1]) / 2 }')" \
-    "$(awk -v s="$all_s" -v p="$all_p" 'BEGIN { printf "%.1f", p > 0 ? 100 * s / p : 0 }')" \
+    "$(awk -v s="$all_s" -v p="$all_p" 'BEGIN { printf "%.1f", (p > 0 ? 100 * s / p : 0) }')" \
     "$(tr ' ' '\n' <<<"$blocks" | awk '$1 >= 85' | wc -l)" "$PAIRS"
 fi
 
