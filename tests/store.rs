@@ -2471,8 +2471,8 @@ async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
     let indexed: usize = conn.zcard("{orphaned}:workspaces").await.unwrap();
     assert_eq!(indexed, 10);
 
-    // A fill cut short (the start-up fill running it was dropped) lets go of its lease at once. Keys
-    // of other kinds make the scan long enough to be cut.
+    // A fill cut short (the start-up fill running it was dropped) lets go of its lease at
+    // once. Keys of other kinds make the scan long enough to be cut.
     seed_unindexed_workspaces(&mut conn, "cut", 10).await;
     for thousands in 0..200 {
         let others: Vec<(String, u8)> = (0..1_000)

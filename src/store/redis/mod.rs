@@ -644,8 +644,9 @@ const INDEX_FILL_LISTING_WAIT: Duration = Duration::from_secs(5);
 const INDEX_FILL_RENEWAL: Duration = Duration::from_secs(5);
 
 /// The lease on the workspace index fill, let go when dropped: when the fill ends, well or
-/// not, or when the start-up fill running it is dropped part way; the next try, here or on another
-/// replica, need not wait for it to run out. (A release that fails leaves it to run out.)
+/// not, or when the start-up fill running it is dropped part way; the next try, here or on
+/// another replica, need not wait for it to run out. (A release that fails leaves it to run
+/// out.)
 struct FillLease {
     conn: ConnectionManager,
     key: String,
@@ -794,8 +795,8 @@ impl RedisStore {
     /// per namespace: a scan of the namespace's workspace records (a scan cut short starts
     /// again: a `SCAN` cursor means nothing to another Redis process, after a failover or a
     /// restart). `serve` runs it at start ([`Store::prepare`]); a listing before it is done
-    /// waits for it (or, if it failed, starts it), for a while. Workspaces created since are indexed as they
-    /// are created, and any read of a workspace indexes it if it is not.
+    /// waits for it (or, if it failed, starts it), for a while. Workspaces created since are
+    /// indexed as they are created, and any read of a workspace indexes it if it is not.
     ///
     /// One replica scans at a time: it holds a lease in Redis (`{ns}:workspaces:filling`),
     /// renewed as it scans, and the others wait until the index is marked filled, or
