@@ -15,7 +15,9 @@
 # valgrind SHA-256 runs without the CPU's SHA extensions, so the key digest counts ~3,500
 # instructions that take ~50 ns natively.
 #
-# Knobs (environment): REQUESTS (2500), WARMUP (750), RATE (250), REDIS_URL.
+# Knobs (environment): REQUESTS (2500), WARMUP (750), RATE (250), REDIS_URL, SVCGATE (a
+# `svcgate` binary to count instead of this checkout's build, e.g. a variant built for an
+# experiment and copied aside).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/install  # cmake for the build, redis-server for the store
@@ -32,6 +34,7 @@ command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq
 redis-cli -u "$REDIS_URL" ping >/dev/null
 cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example loadgen
 rel=${CARGO_TARGET_DIR:-target}/release  # where cargo put the binaries
+SVCGATE=$(realpath "${SVCGATE:-$rel/svcgate}")
 
 . benches/common.sh
 
@@ -62,7 +65,7 @@ SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
 SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
 SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn \
   valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$work/cg.%p" \
-  "$rel"/svcgate serve >/dev/null 2>"$work/svcgate.log" & vg_pid=$!; pids+=($vg_pid)
+  "$SVCGATE" serve >/dev/null 2>"$work/svcgate.log" & vg_pid=$!; pids+=($vg_pid)
 wait_http "http://$ADMIN/healthz"
 ws=$(bench_workspace "$ADMIN" "$TOKEN")
 key=$(bench_key "$ADMIN" "$TOKEN" "$ws")
