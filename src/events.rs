@@ -129,6 +129,13 @@ pub struct LoggedEvent {
     pub event: Event,
 }
 
+/// A log position as numbers, to compare: a Redis stream entry id `<ms>-<seq>` as `(ms, seq)`,
+/// the in-memory log's sequence number `n` as `(n, 0)`. Unreadable parts count as 0.
+pub fn log_position(position: &str) -> (u64, u64) {
+    let (first, second) = position.split_once('-').unwrap_or((position, "0"));
+    (first.parse().unwrap_or(0), second.parse().unwrap_or(0))
+}
+
 impl Event {
     /// Reads an event from the fields of an event-log entry at `position`.
     ///

@@ -208,6 +208,103 @@ impl Replicated {
         });
         (gw, ws)
     }
+
+    /// Makes the replica, with everything the master had, a master of its own; the old master
+    /// goes on, unaware, and so do the gateways until the Sentinel names the new one
+    /// ([`Self::name_the_new_master`]). Then another replica of the gateway, already on the new
+    /// master, logs an event there, 0.7 s (longer than the allowance for two masters' clocks)
+    /// before this returns its id.
+    async fn promote_the_replica_and_log_there(&self, ns: &TestNamespace, ws: &str) -> String {
+        self.replicated().await;
+        let () = self
+            .replica
+            .query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
+            .await
+            .unwrap();
+        let other = Gateway::builder()
+            .redis(
+                &format!("redis://127.0.0.1:{}/0", self.replica_at),
+                &ns.name,
+            )
+            // Its worker would take a share of the deliveries, to a receiver it may not reach.
+            .no_worker()
+            .start()
+            .await;
+        let before = other
+            .publish_event(ws, "agent.run.completed", "live", json!({"run": "before"}))
+            .await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        before
+    }
+
+    /// Points the Sentinel at the promoted replica, and waits until `gw`, which found the first
+    /// master through the Sentinel at start (its URL names the replica), has moved a second
+    /// time.
+    async fn name_the_new_master(&self, gw: &Gateway) {
+        let () = self
+            .sentinel
+            .query(redis::cmd("SENTINEL").arg("REMOVE").arg(MASTER_NAME))
+            .await
+            .unwrap();
+        let () = self
+            .sentinel
+            .query(
+                redis::cmd("SENTINEL")
+                    .arg("MONITOR")
+                    .arg(MASTER_NAME)
+                    .arg("127.0.0.1")
+                    .arg(self.replica_at)
+                    .arg(1),
+            )
+            .await
+            .unwrap();
+        let moved = eventually(Duration::from_secs(10), || async {
+            gw.logs().matches("Redis master moved (Sentinel)").count() >= 2
+        })
+        .await;
+        assert!(moved.is_some(), "{}", gw.logs());
+    }
+}
+
+/// A `svcgate listen` stream, and what it has sent so far.
+struct Listen {
+    stream: reqwest::Response,
+    seen: String,
+}
+
+impl Listen {
+    /// Opens a stream for `key` and waits for its `session` event.
+    async fn open(gw: &Gateway, key: &str) -> Self {
+        let stream = gw
+            .request(Method::GET, "/v1/webhooks/listen")
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stream.status(), 200);
+        let mut listen = Self {
+            stream,
+            seen: String::new(),
+        };
+        assert!(
+            listen
+                .read_until("event: session", Duration::from_secs(5))
+                .await
+        );
+        listen
+    }
+
+    /// Reads until the stream has sent `text`, for at most `limit`; whether it did.
+    async fn read_until(&mut self, text: &str, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.seen.contains(text) {
+            match tokio::time::timeout_at(deadline, self.stream.chunk()).await {
+                Ok(Ok(Some(chunk))) => self.seen.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => return false,
+            }
+        }
+        true
+    }
 }
 
 #[tokio::test]
@@ -303,87 +400,25 @@ async fn event_log_readers_follow_the_master_the_sentinel_names() {
         .unwrap();
     assert_eq!(resp.status(), 201);
 
-    // The replica, with everything the master had, becomes a master of its own; the old
-    // master goes on, unaware, and so does the gateway until the Sentinel names the new one.
-    nodes.replicated().await;
-    let () = nodes
-        .replica
-        .query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
-        .await
-        .unwrap();
-    // Another replica of the gateway, already on the new master, logs an event there before
-    // the stream opens: the stream must not get it when its gateway moves there.
-    let other = Gateway::builder()
-        .redis(
-            &format!("redis://127.0.0.1:{}/0", nodes.replica_at),
-            &ns.name,
-        )
-        // Its worker would take a share of the deliveries, to a receiver it may not reach.
-        .no_worker()
-        .start()
-        .await;
-    let before = other
-        .publish_event(&ws, "agent.run.completed", "live", json!({"run": "before"}))
-        .await;
-    // Longer ago than the allowance for the two masters' clocks.
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let mut stream = gw
-        .request(Method::GET, "/v1/webhooks/listen")
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), 200);
-    let mut seen = String::new();
-    let mut read_until = async |text: &str, limit: Duration| -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
-        while !seen.contains(text) {
-            match tokio::time::timeout_at(deadline, stream.chunk()).await {
-                Ok(Ok(Some(chunk))) => seen.push_str(&String::from_utf8_lossy(&chunk)),
-                _ => return false,
-            }
-        }
-        true
-    };
-    assert!(read_until("event: session", Duration::from_secs(5)).await);
-
-    // The Sentinel names the new master.
-    let () = nodes
-        .sentinel
-        .query(redis::cmd("SENTINEL").arg("REMOVE").arg(MASTER_NAME))
-        .await
-        .unwrap();
-    let () = nodes
-        .sentinel
-        .query(
-            redis::cmd("SENTINEL")
-                .arg("MONITOR")
-                .arg(MASTER_NAME)
-                .arg("127.0.0.1")
-                .arg(nodes.replica_at)
-                .arg(1),
-        )
-        .await
-        .unwrap();
-    // The gateway found the first master through the Sentinel at start (its URL names the
-    // replica): this is its second move.
-    let moved = eventually(Duration::from_secs(10), || async {
-        gw.logs().matches("Redis master moved (Sentinel)").count() >= 2
-    })
-    .await;
-    assert!(moved.is_some(), "{}", gw.logs());
+    // The stream opens the gateway's reader of the log after another replica of the gateway
+    // logged an event on the new master: it must not get it when its gateway moves there.
+    let before = nodes.promote_the_replica_and_log_there(&ns, &ws).await;
+    let mut stream = Listen::open(&gw, &key).await;
+    nodes.name_the_new_master(&gw).await;
 
     let id = gw
         .publish_event(&ws, "agent.run.completed", "live", json!({"run": "after"}))
         .await;
     assert!(
-        read_until(&id, Duration::from_secs(10)).await,
-        "the event logged on the new master: {seen}\n{}",
+        stream.read_until(&id, Duration::from_secs(10)).await,
+        "the event logged on the new master: {}\n{}",
+        stream.seen,
         gw.logs()
     );
     assert!(
-        !seen.contains(&before),
-        "an event logged before the stream opened: {seen}"
+        !stream.seen.contains(&before),
+        "an event logged before the stream opened: {}",
+        stream.seen
     );
     let delivered = eventually(Duration::from_secs(10), || async {
         receiver
@@ -393,4 +428,41 @@ async fn event_log_readers_follow_the_master_the_sentinel_names() {
     })
     .await;
     assert!(delivered.is_some(), "delivered\n{}", gw.logs());
+}
+
+/// A stream that joins the gateway's reader of the log while it runs, after the master moved
+/// and before the gateway noticed, gets nothing the new master took before it joined; the
+/// stream that had opened the reader before the move gets it.
+#[tokio::test]
+async fn a_stream_joining_the_reader_gets_nothing_the_new_master_took_before_it_joined() {
+    let nodes = Replicated::start().await;
+    let ns = TestNamespace::new();
+    let (gw, ws) = nodes.gateway(&ns).await;
+    let (_, key) = gw.create_key_in(&ws, "live", &["webhooks:read"]).await;
+    let mut opened = Listen::open(&gw, &key).await;
+    let before = nodes.promote_the_replica_and_log_there(&ns, &ws).await;
+    let mut joined = Listen::open(&gw, &key).await;
+    nodes.name_the_new_master(&gw).await;
+
+    let after = gw
+        .publish_event(&ws, "agent.run.completed", "live", json!({"run": "after"}))
+        .await;
+    for stream in [&mut opened, &mut joined] {
+        assert!(
+            stream.read_until(&after, Duration::from_secs(10)).await,
+            "the event logged on the new master: {}\n{}",
+            stream.seen,
+            gw.logs()
+        );
+    }
+    assert!(
+        opened.seen.contains(&before),
+        "the reader read again what the new master took before it noticed: {}",
+        opened.seen
+    );
+    assert!(
+        !joined.seen.contains(&before),
+        "an event logged before the stream joined: {}",
+        joined.seen
+    );
 }

@@ -6,14 +6,19 @@
 //! the events it selects (its workspace, environment and filters), shared, through a queue of
 //! its own.
 //!
-//! A stream starts with the events the hub reads after it joins: those logged from about the
-//! moment it opened. A stream whose client lets more than [`QUEUED_EVENTS`] events pile up is
-//! dropped from the hub and ends with an error, rather than hold the others back or the
-//! gateway's memory. When the log cannot be read, or a read takes far longer than it may block,
-//! every stream gets the error and ends; the next stream to open tries the store again. (A
-//! stream that opens while a reader runs does not open the log again, but the gateway has
-//! asked the store for the stream's place among its key's first, so a store that is down
-//! still refuses it with a 503 before its answer begins.)
+//! A stream gets the events the hub reads after it joins, but only those logged after the
+//! position the store gave it when it joined ([`Store::event_log_floor`]): with Redis, half a
+//! second before it joined, by the log's clock. That holds even when the hub, on a new master
+//! after a failover, reads again what was logged there before it noticed the move: a stream
+//! that joined meanwhile does not get what the new master took before it joined.
+//!
+//! A stream whose client lets more than [`QUEUED_EVENTS`] events pile up is dropped from the
+//! hub and ends with an error, rather than hold the others back or the gateway's memory. When
+//! the log cannot be read, or a read takes far longer than it may block, every stream gets the
+//! error and ends; the next stream to open tries the store again. (A stream that opens while a
+//! reader runs does not open the log again, but it asks the store for its position, and the
+//! gateway has asked the store for the stream's place among its key's first, so a store that
+//! is down still refuses it with a 503 before its answer begins.)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,7 +27,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{self, error::TryRecvError};
 
 use crate::error::ApiError;
-use crate::events::Event;
+use crate::events::{log_position, Event};
 use crate::keys::Environment;
 use crate::metrics;
 use crate::store::{EventFeed, Store, StoreError};
@@ -88,6 +93,9 @@ struct State {
 /// A stream, as the hub knows it.
 struct Joined {
     selection: Selection,
+    /// Events at or before this position ([`log_position`]) were logged before the stream
+    /// joined, and are not its.
+    floor: Option<(u64, u64)>,
     queue: mpsc::UnboundedSender<Batch>,
     /// Events handed over and not yet taken.
     queued: Arc<AtomicUsize>,
@@ -117,10 +125,14 @@ impl EventHub {
     /// log is opened first, so a store that is down refuses the stream here, before its answer
     /// begins.
     pub async fn join(self: &Arc<Self>, selection: Selection) -> Result<Subscription, StoreError> {
+        let floor = tokio::time::timeout(OPEN_TIMEOUT, self.store.event_log_floor())
+            .await
+            .unwrap_or_else(|_| Err(not_in_time()))?;
         let (queue, events) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let joined = Joined {
             selection,
+            floor: floor.as_deref().map(log_position),
             queue,
             queued: queued.clone(),
         };
@@ -199,6 +211,9 @@ fn not_in_time() -> StoreError {
     StoreError::Unavailable("the event log did not answer in time".into())
 }
 
+/// An event read from the log, with its position ([`log_position`]).
+type Positioned = ((u64, u64), Arc<Event>);
+
 /// Reads the log while any stream is open, handing each stream its events.
 async fn read(mut running: Running, mut feed: Box<dyn EventFeed>) {
     let hub = running.hub.clone();
@@ -228,13 +243,17 @@ async fn read(mut running: Running, mut feed: Box<dyn EventFeed>) {
         if logged.is_empty() {
             continue;
         }
-        let events: Vec<Arc<Event>> = logged.into_iter().map(|l| Arc::new(l.event)).collect();
-        let mut by_source: HashMap<(&str, Environment), Vec<&Arc<Event>>> = HashMap::new();
-        for event in &events {
+        let events: Vec<Positioned> = logged
+            .into_iter()
+            .map(|l| (log_position(&l.position), Arc::new(l.event)))
+            .collect();
+        let mut by_source: HashMap<(&str, Environment), Vec<&Positioned>> = HashMap::new();
+        for logged in &events {
+            let event = &logged.1;
             by_source
                 .entry((event.workspace.as_str(), event.environment))
                 .or_default()
-                .push(event);
+                .push(logged);
         }
         let limit = hub.queued_events;
         let mut state = hub.state();
@@ -246,8 +265,11 @@ async fn read(mut running: Running, mut feed: Box<dyn EventFeed>) {
             };
             let mine: Vec<Arc<Event>> = candidates
                 .iter()
-                .filter(|e| selection.takes_type(&e.event_type))
-                .map(|e| Arc::clone(e))
+                .filter(|(at, e)| {
+                    stream.floor.is_none_or(|floor| *at > floor)
+                        && selection.takes_type(&e.event_type)
+                })
+                .map(|(_, e)| Arc::clone(e))
                 .collect();
             if mine.is_empty() {
                 return true;
@@ -472,6 +494,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_stream_joining_a_running_reader_gets_nothing_logged_before_it_joined() {
+        let store = Arc::new(MemoryStore::new());
+        let hub = EventHub::new(store.clone());
+        let mut first = hub
+            .join(selection("ws_a", Environment::Live))
+            .await
+            .unwrap();
+        // Logged while the reader has not run since (this test's runtime has one thread, and
+        // nothing here yields to it): it reads the event after the second stream joins, as a
+        // reader on a new master reads again what was logged there before it noticed.
+        store
+            .append_event(&event("ws_a", Environment::Live, 0))
+            .await
+            .unwrap();
+        let mut second = hub
+            .join(selection("ws_a", Environment::Live))
+            .await
+            .unwrap();
+        store
+            .append_event(&event("ws_a", Environment::Live, 1))
+            .await
+            .unwrap();
+        let wait = Duration::from_millis(300);
+        assert_eq!(numbers(&mut first, wait).await, [0, 1]);
+        assert_eq!(numbers(&mut second, wait).await, [1]);
+    }
+
+    #[tokio::test]
     async fn the_reader_stops_with_the_last_stream_and_starts_with_the_next() {
         let store = Arc::new(MemoryStore::new());
         let hub = EventHub::new(store.clone());
@@ -593,6 +643,7 @@ mod tests {
             state.reading = true;
             state.add(Joined {
                 selection: selection("ws_a", Environment::Live),
+                floor: None,
                 queue,
                 queued,
             });

@@ -402,6 +402,13 @@ pub trait Store: Send + Sync + 'static {
     /// Follows the event log from now on (`svcgate listen`).
     async fn tail_events(&self) -> Result<Box<dyn EventFeed>, StoreError>;
 
+    /// A position in the event log that everything logged from now on comes after
+    /// ([`crate::events::log_position`] compares them), or `None` if nothing was ever logged:
+    /// where a `svcgate listen` stream that joins a reader already running starts. With Redis
+    /// it is read from the log's clock, less the allowance for two masters' clocks, so it also
+    /// holds for a new master the gateway has not noticed yet.
+    async fn event_log_floor(&self) -> Result<Option<String>, StoreError>;
+
     /// Consumes the event log as `consumer` of the webhook workers' group, which it creates if
     /// it is missing: entries no worker has taken, and entries a worker took but did not hand
     /// to [`Store::enqueue_deliveries`] within `reclaim_after` (it died).

@@ -727,6 +727,10 @@ impl Store for MemoryStore {
         Ok(self.tail())
     }
 
+    async fn event_log_floor(&self) -> Result<Option<String>, StoreError> {
+        Ok(self.log_floor())
+    }
+
     async fn consume_events(
         &self,
         _consumer: &str,

@@ -374,6 +374,12 @@ impl MemoryStore {
         })
     }
 
+    /// The newest event's position, if any: what is logged from now on comes after it.
+    pub(super) fn log_floor(&self) -> Option<String> {
+        let next = self.read().webhooks.next_seq;
+        next.checked_sub(1).map(|last| last.to_string())
+    }
+
     pub(super) fn consume(&self, reclaim_after: Duration) -> Box<dyn EventFeed> {
         Box::new(Feed {
             inner: self.inner.clone(),

@@ -1977,6 +1977,10 @@ impl Store for RedisStore {
         self.tail().await
     }
 
+    async fn event_log_floor(&self) -> Result<Option<String>, StoreError> {
+        self.log_floor().await
+    }
+
     async fn consume_events(
         &self,
         consumer: &str,

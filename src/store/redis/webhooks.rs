@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 
 use super::connection::Connections;
 use super::{decode, encode, unavailable, RedisStore};
+// A stream entry id (`<ms>-<seq>`) as numbers, in the log's order.
+use crate::events::log_position as entry_position;
 use crate::events::{Event, LoggedEvent, RETENTION_SECS};
 use crate::keys::Environment;
 use crate::store::{
@@ -457,19 +459,24 @@ impl RedisStore {
         blocking_connection(&self.connections).await
     }
 
-    pub(super) async fn tail(&self) -> Result<Box<dyn EventFeed>, StoreError> {
-        let key = self.layout.events();
-        // The log's clock, read before its newest entry: what is logged after that has an id
-        // at or past it (Redis gives ids from its clock and never lower than the last).
+    /// The log's clock (Redis `TIME`), in unix milliseconds: Redis gives the entries logged from
+    /// then on ids at or past it, and never lower than the last.
+    async fn log_clock_ms(&self) -> Result<u64, StoreError> {
         let (secs, micros): (u64, u64) = redis::cmd("TIME")
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
+        Ok(secs.saturating_mul(1000) + micros / 1000)
+    }
+
+    pub(super) async fn tail(&self) -> Result<Box<dyn EventFeed>, StoreError> {
+        let key = self.layout.events();
+        // The log's clock, read before its newest entry.
+        let opened_ms = self.log_clock_ms().await?;
         let newest = self.stream_range("XREVRANGE", &key, "+", "-", 1).await?;
         let after = newest
             .first()
             .map_or_else(|| "0-0".to_string(), |e| e.id.clone());
-        let opened_ms = secs.saturating_mul(1000) + micros / 1000;
         // News of a move is subscribed to before the connection is made: a move while it is
         // made is then seen, and the read goes to the new master.
         let moved = self.connections.moved();
@@ -481,6 +488,14 @@ impl RedisStore {
             connections: std::sync::Arc::downgrade(&self.connections),
             moved,
         }))
+    }
+
+    /// [`crate::store::Store::event_log_floor`]: from the log's clock, as a tail's own floor
+    /// ([`Resume`]), not from its newest entry (which the master a gateway still reads may not
+    /// have, after a move).
+    pub(super) async fn log_floor(&self) -> Result<Option<String>, StoreError> {
+        let (ms, seq) = clock_floor(self.log_clock_ms().await?);
+        Ok(Some(format!("{ms}-{seq}")))
     }
 
     pub(super) async fn consume(
@@ -923,11 +938,8 @@ struct Resume {
 impl Resume {
     /// For a tail that opened after entry `newest`, when the log's clock read `opened_ms`.
     fn new(newest: &str, opened_ms: u64) -> Self {
-        // Just before the millisecond [`RESUME_CLOCK_ALLOWANCE_MS`] before the opening: what
-        // is logged from then on is after it.
-        let floor_ms = opened_ms.saturating_sub(RESUME_CLOCK_ALLOWANCE_MS);
-        let before = (floor_ms.saturating_sub(1), u64::MAX);
-        let start = if floor_ms > 0 && entry_position(newest) < before {
+        let before = clock_floor(opened_ms);
+        let start = if opened_ms > RESUME_CLOCK_ALLOWANCE_MS && entry_position(newest) < before {
             format!("{}-{}", before.0, before.1)
         } else {
             newest.to_string()
@@ -1001,10 +1013,12 @@ const RESUME_MARGIN_MS: u64 = 5_000;
 /// logged there after it opened: it reads again no further back than this before its opening.
 const RESUME_CLOCK_ALLOWANCE_MS: u64 = 500;
 
-/// A stream entry id (`<ms>-<seq>`) as numbers, in the log's order.
-fn entry_position(id: &str) -> (u64, u64) {
-    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+/// The last position [`RESUME_CLOCK_ALLOWANCE_MS`] before the log's clock read `now_ms`:
+/// what is logged from then on comes after it, on this master or a new one whose clock runs
+/// up to that much behind.
+fn clock_floor(now_ms: u64) -> (u64, u64) {
+    let floor_ms = now_ms.saturating_sub(RESUME_CLOCK_ALLOWANCE_MS);
+    (floor_ms.saturating_sub(1), u64::MAX)
 }
 
 impl Tail {
