@@ -428,6 +428,13 @@ async fn event_log_readers_follow_the_master_the_sentinel_names() {
     })
     .await;
     assert!(delivered.is_some(), "delivered\n{}", gw.logs());
+    // The worker's read of the group ended with the move, as a move, not a failure.
+    let logs = gw.logs();
+    assert!(
+        logs.contains("the Redis master moved; reading the event log there"),
+        "{logs}"
+    );
+    assert!(!logs.contains("reading the event log failed"), "{logs}");
 }
 
 /// A stream that joins the gateway's reader of the log while it runs, after the master moved

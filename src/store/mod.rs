@@ -36,6 +36,10 @@ pub enum StoreError {
     /// The write conflicts with existing data (for example a duplicate id).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The Redis master an event feed read from is no longer the master (the Sentinels name
+    /// another): nothing failed, and the feed is to be opened again, on the new master.
+    #[error("the Redis master moved")]
+    MasterMoved,
 }
 
 /// The error for a workspace that has `most` webhook endpoints in `endpoint`'s environment

@@ -176,6 +176,11 @@ impl Worker {
             loop {
                 let batch = match feed.next(INTAKE_BATCH, INTAKE_BLOCK).await {
                     Ok(batch) => batch,
+                    // Not a failure: the group is read again at once, on the new master.
+                    Err(StoreError::MasterMoved) => {
+                        tracing::info!("the Redis master moved; reading the event log there");
+                        break;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "reading the event log failed; reconnecting");
                         backoff.wait().await;

@@ -1099,7 +1099,7 @@ struct Group {
 /// a failover ends a blocked read on the old master, but one cut off from the Sentinels and
 /// still reachable would otherwise be read for events that are logged elsewhere.
 fn master_moved() -> StoreError {
-    StoreError::Unavailable("the Redis master moved".into())
+    StoreError::MasterMoved
 }
 
 /// How often a consumer trims the log to its retention. Every writer that goes through the
