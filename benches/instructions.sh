@@ -17,8 +17,9 @@
 #
 # Knobs (environment): REQUESTS (2500), WARMUP (750), RATE (250), REDIS_URL, SVCGATE (a
 # `svcgate` binary to count instead of this checkout's build, e.g. a variant built for an
-# experiment and copied aside).
+# experiment and copied aside; the examples are built from this checkout either way).
 set -euo pipefail
+[ -z "${SVCGATE:-}" ] || SVCGATE=$(realpath "$SVCGATE")  # before the cd: relative to the caller
 cd "$(dirname "$0")/.."
 bash .ci/install  # cmake for the build, redis-server for the store
 
@@ -34,7 +35,7 @@ command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq
 redis-cli -u "$REDIS_URL" ping >/dev/null
 cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example loadgen
 rel=${CARGO_TARGET_DIR:-target}/release  # where cargo put the binaries
-SVCGATE=$(realpath "${SVCGATE:-$rel/svcgate}")
+SVCGATE=${SVCGATE:-$rel/svcgate}
 
 . benches/common.sh
 

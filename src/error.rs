@@ -145,7 +145,7 @@ fn without_secrets(text: &str) -> Cow<'_, str> {
 impl From<crate::store::StoreError> for ApiError {
     fn from(e: crate::store::StoreError) -> Self {
         match e {
-            crate::store::StoreError::Unavailable(_) | crate::store::StoreError::MasterMoved => {
+            crate::store::StoreError::Unavailable(_) | crate::store::StoreError::Reconnected => {
                 ApiError::ServiceUnavailable("the store is unreachable; retry shortly".into())
             }
             crate::store::StoreError::Conflict(what) => ApiError::invalid(what),

@@ -130,10 +130,10 @@ pub struct LoggedEvent {
 }
 
 /// A log position as numbers, to compare: a Redis stream entry id `<ms>-<seq>` as `(ms, seq)`,
-/// the in-memory log's sequence number `n` as `(n, 0)`. Unreadable parts count as 0.
-pub fn log_position(position: &str) -> (u64, u64) {
+/// the in-memory log's sequence number `n` as `(n, 0)`; `None` if it is neither.
+pub fn log_position(position: &str) -> Option<(u64, u64)> {
     let (first, second) = position.split_once('-').unwrap_or((position, "0"));
-    (first.parse().unwrap_or(0), second.parse().unwrap_or(0))
+    Some((first.parse().ok()?, second.parse().ok()?))
 }
 
 impl Event {

@@ -431,7 +431,7 @@ async fn event_log_readers_follow_the_master_the_sentinel_names() {
     // The worker's read of the group ended with the move, as a move, not a failure.
     let logs = gw.logs();
     assert!(
-        logs.contains("the Redis master moved; reading the event log there"),
+        logs.contains("the store's connections were replaced; reading the event log again"),
         "{logs}"
     );
     assert!(!logs.contains("reading the event log failed"), "{logs}");

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use std::sync::Arc;
 use std::time::Duration;
-use svcgate::events::Event;
+use svcgate::events::{log_position, Event};
 use svcgate::ids::{new_id, unix_now};
 use svcgate::keys::KeyHash;
 use svcgate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes, Workspace};
@@ -687,6 +687,35 @@ async fn a_tail_sees_only_events_logged_after_it_started(store: Arc<dyn Store>) 
         .await
         .unwrap()
         .is_empty());
+}
+
+/// A stream of `svcgate listen` starts past the floor the store gives it: past what was logged
+/// before (with Redis, more than its half second of allowance before), and before what is
+/// logged after.
+async fn an_event_log_floor_is_past_what_was_logged_and_before_what_follows(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let earlier = event(&ws, "agent.run.completed");
+    store.append_event(&earlier).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let floor = store
+        .event_log_floor()
+        .await
+        .unwrap()
+        .expect("a floor once something is logged");
+    let later = event(&ws, "key.auto_revoked");
+    store.append_event(&later).await.unwrap();
+    let mut feed = store
+        .consume_events(&new_id("reader"), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let read = feed.next(1_000, Duration::from_millis(200)).await.unwrap();
+    let position = |e: &Event| {
+        let logged = read.iter().find(|l| l.event.id == e.id).expect("logged");
+        log_position(&logged.position).expect("a position")
+    };
+    let floor = log_position(&floor).expect("a position");
+    assert!(position(&earlier) <= floor, "{floor:?}");
+    assert!(position(&later) > floor, "{floor:?}");
 }
 
 /// Every event of `workspace` in the log, as a worker reads it.
@@ -1771,6 +1800,7 @@ store_suite!(
     a_flush_reads_back_every_project_budget_and_the_watched_projects_spend,
     the_event_log_is_consumed_once_and_reclaimed_from_dead_consumers,
     a_tail_sees_only_events_logged_after_it_started,
+    an_event_log_floor_is_past_what_was_logged_and_before_what_follows,
     events_since_filter_by_workspace_environment_and_time,
     claims_respect_due_times_leases_and_per_endpoint_caps,
     an_audit_batch_with_an_id_is_appended_once,

@@ -10,7 +10,11 @@
 //! position the store gave it when it joined ([`Store::event_log_floor`]): with Redis, half a
 //! second before it joined, by the log's clock. That holds even when the hub, on a new master
 //! after a failover, reads again what was logged there before it noticed the move: a stream
-//! that joined meanwhile does not get what the new master took before it joined.
+//! that joined meanwhile gets at most the last half second before it joined, if the two
+//! masters' clocks agree. (If the new master's clock runs more than that half second behind
+//! the old one's, the events it takes in the first moments after a stream joined, until its
+//! clock passes the stream's floor, fall below that floor: the stream misses them. Keep the
+//! Redis hosts' clocks in sync.)
 //!
 //! A stream whose client lets more than [`QUEUED_EVENTS`] events pile up is dropped from the
 //! hub and ends with an error, rather than hold the others back or the gateway's memory. When
@@ -42,6 +46,8 @@ const BLOCK: Duration = Duration::from_secs(2);
 const READ_GRACE: Duration = Duration::from_secs(5);
 /// Longest a stream waits for the log to open.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest a stream waits for its floor ([`Store::event_log_floor`]: one Redis `TIME`).
+const FLOOR_TIMEOUT: Duration = Duration::from_secs(1);
 /// Events a stream's queue holds before the stream is dropped for falling behind.
 pub const QUEUED_EVENTS: usize = 1_000;
 
@@ -121,18 +127,18 @@ impl EventHub {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Joins a stream for the events `selection` selects. When nothing reads the log yet, the
-    /// log is opened first, so a store that is down refuses the stream here, before its answer
-    /// begins.
+    /// Joins a stream for the events `selection` selects, logged after the floor the store
+    /// gives it now. When nothing reads the log yet, the log is opened first. A store that is
+    /// down refuses the stream here, before its answer begins.
     pub async fn join(self: &Arc<Self>, selection: Selection) -> Result<Subscription, StoreError> {
-        let floor = tokio::time::timeout(OPEN_TIMEOUT, self.store.event_log_floor())
+        let floor = tokio::time::timeout(FLOOR_TIMEOUT, self.store.event_log_floor())
             .await
             .unwrap_or_else(|_| Err(not_in_time()))?;
         let (queue, events) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let joined = Joined {
             selection,
-            floor: floor.as_deref().map(log_position),
+            floor: floor.as_deref().and_then(log_position),
             queue,
             queued: queued.clone(),
         };
@@ -245,7 +251,11 @@ async fn read(mut running: Running, mut feed: Box<dyn EventFeed>) {
         }
         let events: Vec<Positioned> = logged
             .into_iter()
-            .map(|l| (log_position(&l.position), Arc::new(l.event)))
+            // A position that cannot be read cannot be put before a floor: it is handed out.
+            .map(|l| {
+                let at = log_position(&l.position).unwrap_or((u64::MAX, u64::MAX));
+                (at, Arc::new(l.event))
+            })
             .collect();
         let mut by_source: HashMap<(&str, Environment), Vec<&Positioned>> = HashMap::new();
         for logged in &events {
@@ -493,7 +503,9 @@ mod tests {
         assert_eq!(numbers(&mut b_live, wait).await, [1]);
     }
 
-    #[tokio::test]
+    // One thread: the reader does not run until the test waits, which it does not do between
+    // logging the first event and the second stream's joining.
+    #[tokio::test(flavor = "current_thread")]
     async fn a_stream_joining_a_running_reader_gets_nothing_logged_before_it_joined() {
         let store = Arc::new(MemoryStore::new());
         let hub = EventHub::new(store.clone());

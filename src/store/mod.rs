@@ -36,10 +36,11 @@ pub enum StoreError {
     /// The write conflicts with existing data (for example a duplicate id).
     #[error("conflict: {0}")]
     Conflict(String),
-    /// The Redis master an event feed read from is no longer the master (the Sentinels name
-    /// another): nothing failed, and the feed is to be opened again, on the new master.
-    #[error("the Redis master moved")]
-    MasterMoved,
+    /// The store replaced its connections while an event feed read through one of its own: the
+    /// master moved (the Sentinels name another), or the connections were reopened after
+    /// Redis stopped answering. Nothing was lost: the feed is to be opened again.
+    #[error("the store's connections were replaced")]
+    Reconnected,
 }
 
 /// The error for a workspace that has `most` webhook endpoints in `endpoint`'s environment
@@ -408,9 +409,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// A position in the event log that everything logged from now on comes after
     /// ([`crate::events::log_position`] compares them), or `None` if nothing was ever logged:
-    /// where a `svcgate listen` stream that joins a reader already running starts. With Redis
-    /// it is read from the log's clock, less the allowance for two masters' clocks, so it also
-    /// holds for a new master the gateway has not noticed yet.
+    /// what a `svcgate listen` stream gets starts after it. With Redis it is read from the
+    /// log's clock, less half a second for two masters' clocks differing, so it also holds for
+    /// a new master the gateway has not noticed yet.
     async fn event_log_floor(&self) -> Result<Option<String>, StoreError>;
 
     /// Consumes the event log as `consumer` of the webhook workers' group, which it creates if

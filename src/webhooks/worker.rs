@@ -176,9 +176,13 @@ impl Worker {
             loop {
                 let batch = match feed.next(INTAKE_BATCH, INTAKE_BLOCK).await {
                     Ok(batch) => batch,
-                    // Not a failure: the group is read again at once, on the new master.
-                    Err(StoreError::MasterMoved) => {
-                        tracing::info!("the Redis master moved; reading the event log there");
+                    // Not a failure of the read: the group is read again at once, through the new
+                    // connections (a store that does not answer there is backed off from when
+                    // the feed opens).
+                    Err(StoreError::Reconnected) => {
+                        tracing::info!(
+                            "the store's connections were replaced; reading the event log again"
+                        );
                         break;
                     }
                     Err(e) => {

@@ -34,9 +34,7 @@ use std::time::{Duration, Instant};
 
 use super::connection::Connections;
 use super::{decode, encode, unavailable, RedisStore};
-// A stream entry id (`<ms>-<seq>`) as numbers, in the log's order.
-use crate::events::log_position as entry_position;
-use crate::events::{Event, LoggedEvent, RETENTION_SECS};
+use crate::events::{log_position, Event, LoggedEvent, RETENTION_SECS};
 use crate::keys::Environment;
 use crate::store::{
     AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointRetry, EventFeed, EventPage, QueueStats,
@@ -1013,6 +1011,11 @@ const RESUME_MARGIN_MS: u64 = 5_000;
 /// logged there after it opened: it reads again no further back than this before its opening.
 const RESUME_CLOCK_ALLOWANCE_MS: u64 = 500;
 
+/// A stream entry id (`<ms>-<seq>`) as numbers, in the log's order (Redis gives no other).
+fn entry_position(id: &str) -> (u64, u64) {
+    log_position(id).unwrap_or((0, 0))
+}
+
 /// The last position [`RESUME_CLOCK_ALLOWANCE_MS`] before the log's clock read `now_ms`:
 /// what is logged from then on comes after it, on this master or a new one whose clock runs
 /// up to that much behind.
@@ -1090,16 +1093,18 @@ struct Group {
     reclaim_after: Duration,
     next_reclaim: Instant,
     next_trim: Instant,
-    /// News of the master moving (Sentinel): the group is read on the new master, through a
-    /// feed the worker opens again ([`master_moved`]), from the next call on.
+    /// News of the store's connections being replaced (the master moved, or they were
+    /// reopened): the group is read through a feed the worker opens again ([`reconnected`]),
+    /// from the next call on.
     moved: tokio::sync::watch::Receiver<u64>,
 }
 
-/// The error that ends a feed whose connection is to a master the Sentinels no longer name:
-/// a failover ends a blocked read on the old master, but one cut off from the Sentinels and
-/// still reachable would otherwise be read for events that are logged elsewhere.
-fn master_moved() -> StoreError {
-    StoreError::MasterMoved
+/// The error that ends a feed whose connection the store replaced: one to a master the
+/// Sentinels no longer name (a failover ends a blocked read on the old master, but one cut off
+/// from the Sentinels and still reachable would otherwise be read for events that are logged
+/// elsewhere), or one reopened after Redis stopped answering.
+fn reconnected() -> StoreError {
+    StoreError::Reconnected
 }
 
 /// How often a consumer trims the log to its retention. Every writer that goes through the
@@ -1247,7 +1252,7 @@ impl Group {
 impl EventFeed for Group {
     async fn next(&mut self, max: usize, block: Duration) -> Result<Vec<LoggedEvent>, StoreError> {
         if self.moved.has_changed().unwrap_or(false) {
-            return Err(master_moved());
+            return Err(reconnected());
         }
         if Instant::now() >= self.next_trim {
             self.next_trim = Instant::now() + TRIM_EVERY;
