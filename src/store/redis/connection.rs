@@ -233,10 +233,17 @@ async fn follow_master(connections: std::sync::Weak<Connections>, mut sentinel: 
                 unreachable_logged = false;
                 let address = master.get_connection_info().addr().to_string();
                 tracing::debug!(master = %address, "Sentinel names the Redis master");
-                if address != this.address() {
-                    tracing::warn!(master = %address, was = %this.address(), "Redis master moved (Sentinel); reconnecting");
-                    if let Err(e) = this.switch_to(master) {
-                        tracing::error!(error = %e, "cannot connect to the new Redis master");
+                let was = this.address();
+                if address != was {
+                    // Logged once the connections go there: whoever reads the log then knows
+                    // that what the store does next goes to the new master.
+                    match this.switch_to(master) {
+                        Ok(()) => {
+                            tracing::warn!(master = %address, %was, "Redis master moved (Sentinel); the store's connections go there now")
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, master = %address, "the Sentinels name a new Redis master that cannot be connected to; trying again")
+                        }
                     }
                 }
             }
