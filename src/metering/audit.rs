@@ -826,8 +826,16 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
+        // Each character at each place of a string a few words long.
+        for c in [
+            '\0', '\u{1}', '\u{1f}', ' ', '"', '\\', '\u{7f}', 'é', '!', '#', '[', ']',
+        ] {
+            for at in 0..26 {
+                texts.push((0..26).map(|i| if i == at { c } else { 'a' }).collect());
+            }
+        }
         for _ in 0..500 {
-            let len = rng.random_range(0..12);
+            let len = rng.random_range(0..40);
             texts.push(
                 (0..len)
                     .map(|_| alphabet[rng.random_range(0..alphabet.len())])

@@ -32,36 +32,37 @@ impl Credits {
     /// charged (at most) as much as it says. `None` for anything else (a sign, an exponent,
     /// `NaN`): the caller charges its own price.
     pub fn parse_decimal(s: &str) -> Option<Self> {
-        let s = s.trim();
-        let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+        // One pass over the digits: every answer a backend sends has one.
+        let s = s.trim().as_bytes();
+        let (int, frac) = match s.iter().position(|&b| b == b'.') {
+            Some(dot) => (&s[..dot], &s[dot + 1..]),
+            None => (s, &[][..]),
+        };
         if int.is_empty() && frac.is_empty() {
             return None;
         }
-        if !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
-            return None;
+        let digit = |b: u8| b.is_ascii_digit().then(|| i64::from(b - b'0'));
+        // Held at most one past the largest amount, so it cannot overflow.
+        let mut whole: i64 = 0;
+        for &b in int {
+            whole = (whole * 10 + digit(b)?).min(MAX_CREDITS + 1);
         }
-        let int = int.trim_start_matches('0');
-        // More digits than a trillion has, or more than it: the most an amount can be.
-        if int.len() > 13 {
-            return Some(Self(MAX_CREDITS * MICROS));
+        // Six decimal places kept; the seventh rounds them.
+        let (mut fraction, mut scale, mut round_up) = (0, MICROS, false);
+        for (i, &b) in frac.iter().enumerate() {
+            let d = digit(b)?;
+            if i < 6 {
+                scale /= 10;
+                fraction += d * scale;
+            } else if i == 6 {
+                round_up = d >= 5;
+            }
         }
-        let whole: i64 = if int.is_empty() { 0 } else { int.parse().ok()? };
         if whole > MAX_CREDITS {
             return Some(Self(MAX_CREDITS * MICROS));
         }
-        let (kept, dropped) = frac.split_at(frac.len().min(6));
-        let mut fraction: i64 = if kept.is_empty() {
-            0
-        } else {
-            kept.parse().ok()?
-        };
-        for _ in kept.len()..6 {
-            fraction *= 10;
-        }
-        if dropped.as_bytes().first().is_some_and(|d| *d >= b'5') {
-            fraction += 1;
-        }
-        Some(Self((whole * MICROS + fraction).min(MAX_CREDITS * MICROS)))
+        let micros = whole * MICROS + fraction + i64::from(round_up);
+        Some(Self(micros.min(MAX_CREDITS * MICROS)))
     }
 
     /// From a JSON number; `None` for negative, non-finite or absurdly large values.
@@ -126,7 +127,19 @@ mod tests {
             Some(Credits(3_000_125))
         );
         for bad in [
-            "", ".", "-1", "-0", "1e3", "abc", "1.2.3", "+1", "NaN", "inf",
+            "",
+            ".",
+            "-1",
+            "-0",
+            "1e3",
+            "abc",
+            "1.2.3",
+            "+1",
+            "NaN",
+            "inf",
+            "1 2",
+            "1._",
+            "12345678901234567890.5x",
         ] {
             assert_eq!(Credits::parse_decimal(bad), None, "{bad}");
         }

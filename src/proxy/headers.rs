@@ -130,6 +130,30 @@ mod tests {
     }
 
     #[test]
+    fn every_removed_name_a_request_has_goes_with_all_its_values() {
+        let names: Vec<HeaderName> = (0..8)
+            .map(|i| HeaderName::from_bytes(format!("x-drop-{i}").as_bytes()).unwrap())
+            .collect();
+        let mut removed: Vec<&HeaderName> = names.iter().collect();
+        removed.insert(3, &http::header::AUTHORIZATION);
+        for target in [&b"/v1/chat"[..], b"http://backend/v1/chat"] {
+            let mut req = RequestHeader::build("POST", target, None).unwrap();
+            req.append_header("Authorization", "Bearer secret").unwrap();
+            // The first, one with two values, and the last.
+            for name in ["x-drop-0", "x-drop-5", "x-drop-5", "x-drop-7"] {
+                req.append_header(name, "v").unwrap();
+            }
+            req.append_header("X-Custom", "kept").unwrap();
+            edit_request_headers(&mut req, &removed, &mut [].into_iter()).unwrap();
+            assert_eq!(
+                wire(&req).to_lowercase(),
+                "x-custom: kept\r\n",
+                "{target:?}"
+            );
+        }
+    }
+
+    #[test]
     fn an_absolute_form_target_keeps_the_name_map() {
         let mut req = RequestHeader::build("GET", b"http://backend/v1/models", None).unwrap();
         req.append_header("X-Custom", "a").unwrap();
