@@ -32,7 +32,7 @@ impl Credits {
     /// charged (at most) as much as it says. `None` for anything else (a sign, an exponent,
     /// `NaN`): the caller charges its own price.
     pub fn parse_decimal(s: &str) -> Option<Self> {
-        // One pass over the digits: every answer a backend sends has one.
+        // One pass over the digits: every answer that reports a cost is parsed here.
         let s = s.trim().as_bytes();
         let (int, frac) = match s.iter().position(|&b| b == b'.') {
             Some(dot) => (&s[..dot], &s[dot + 1..]),
