@@ -29,6 +29,9 @@ struct AuthOnly {
 impl ProxyHttp for AuthOnly {
     type CTX = Option<(Authenticated, svcgate::ids::RequestId)>;
 
+    /// No downstream modules, as svcgate and the passthrough run none.
+    fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {}
+
     fn new_ctx(&self) -> Self::CTX {
         None
     }
