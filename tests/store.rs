@@ -11,7 +11,8 @@ use svcgate::keys::KeyHash;
 use svcgate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes, Workspace};
 use svcgate::metering::audit::{AuditCursor, AuditQuery, AuditRecord};
 use svcgate::store::{
-    AfterAttempt, ClaimRequest, ClaimedDelivery, MemoryStore, RedisStore, Saved, Store, StoreError,
+    AfterAttempt, ClaimRequest, ClaimedDelivery, IndexFillTiming, MemoryStore, RedisStore, Saved,
+    Store, StoreError,
 };
 use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus};
 use svcgate::webhooks::endpoint::{Endpoint, EndpointStatus};
@@ -2571,6 +2572,71 @@ async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
     );
     assert!(!waiting.is_finished(), "the start-up fill waits on");
     waiting.abort();
+}
+
+/// The replica filling the workspace index renews its lease as it scans: a scan that lasts
+/// many leases keeps it, and a replica waiting for the fill never takes it over (it would scan
+/// again). The lease is cut to 300 ms, renewed every 30 ms (a stall of a quarter second does
+/// not lose it), and the scan looks at 10 keys a call over 200,000 keys of other kinds: it
+/// takes ~2.6 s here, and must outlast three leases.
+#[tokio::test]
+async fn redis_index_fill_renews_its_lease_while_it_scans() {
+    use ::redis::AsyncCommands;
+    const EARLIER: usize = 10;
+    let redis = RedisServer::start().await;
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    seed_unindexed_workspaces(&mut conn, "renewed", EARLIER).await;
+    for thousands in 0..200 {
+        let others: Vec<(String, u8)> = (0..1_000)
+            .map(|i| (format!("{{renewed}}:other:{thousands}:{i}"), 1))
+            .collect();
+        let () = conn.mset(&others).await.unwrap();
+    }
+    let timing = IndexFillTiming {
+        lease: Duration::from_millis(300),
+        renewal: Duration::from_millis(30),
+        poll: Duration::from_millis(10),
+        scan_count: 10,
+    };
+    let store = || {
+        RedisStore::connect(&redis.url(), "renewed")
+            .unwrap()
+            .with_index_fill_timing(timing)
+    };
+    let (a, b) = (store(), store());
+    let first = tokio::spawn(async move { a.prepare().await });
+    let leased = key_appears(
+        &conn,
+        "{renewed}:workspaces:filling",
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(leased, "the first replica takes the lease");
+    let started = std::time::Instant::now();
+    // The second replica asks for the lease every 10 ms while the first scans.
+    let second = tokio::spawn(async move { b.prepare().await });
+    first.await.unwrap().unwrap();
+    let scanned_for = started.elapsed();
+    second.await.unwrap().unwrap();
+    assert!(
+        scanned_for >= timing.lease * 3,
+        "the scan took {scanned_for:?}, too short to outlast its lease: seed more keys"
+    );
+    let indexed: usize = conn.zcard("{renewed}:workspaces").await.unwrap();
+    assert_eq!(indexed, EARLIER);
+    // One scan indexes each workspace once (a `SCAN` may return one twice); a second replica
+    // that took over a lapsed lease would have scanned and indexed them all again.
+    let zadds = redis.command_calls("zadd").await;
+    assert!(
+        (EARLIER..EARLIER * 3 / 2).contains(&zadds),
+        "{zadds} ZADDs: one scan makes {EARLIER}"
+    );
+    let renewals = redis.command_calls("pexpire").await;
+    assert!(
+        renewals >= 3,
+        "{renewals} renewals over a scan of {scanned_for:?}"
+    );
 }
 
 /// Syncs of the key cache that callers ask for together are shared, and so is a failure: with

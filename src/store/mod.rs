@@ -25,7 +25,7 @@ use crate::webhooks::notice::PauseNotice;
 
 pub use cache::{CacheConfig, CacheOutcome, KeyCache};
 pub use memory::MemoryStore;
-pub use redis::{sentinel_address, RedisStore, Sentinels};
+pub use redis::{sentinel_address, IndexFillTiming, RedisStore, Sentinels};
 
 /// Why a store call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

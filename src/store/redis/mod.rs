@@ -633,15 +633,45 @@ return out
 /// out of a `since` query or a page: the stream entries read go back this much further.
 const AUDIT_CLOCK_SKEW_MS: u64 = 2_000;
 
-/// The lease of the replica filling the workspace index, renewed as it scans
-/// ([`INDEX_FILL_RENEWAL`]): another replica takes over this long after one that died mid-scan.
-const INDEX_FILL_LEASE_MS: u64 = 30_000;
-/// How often a replica waiting for another's fill looks whether it is done or its lease over.
-const INDEX_FILL_POLL: Duration = Duration::from_millis(250);
 /// How long a workspace listing waits for another replica's fill.
 const INDEX_FILL_LISTING_WAIT: Duration = Duration::from_secs(5);
-/// How often the replica filling the index renews its lease.
-const INDEX_FILL_RENEWAL: Duration = Duration::from_secs(5);
+
+/// The pace of the workspace index fill ([`RedisStore::fill_workspace_index`]) and of its lease.
+/// The defaults serve; a test sets a lease short enough for a scan to outlast it (a scan of
+/// 30 s takes millions of keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexFillTiming {
+    /// The lease of the replica filling the index, renewed as it scans: another replica takes
+    /// over this long after one that died mid-scan (30 s).
+    pub lease: Duration,
+    /// How often the replica filling the index renews its lease (5 s).
+    pub renewal: Duration,
+    /// How often a replica waiting for another's fill looks whether it is done or its lease
+    /// over (250 ms).
+    pub poll: Duration,
+    /// The keys each `SCAN` call looks at (1,000; at least 1).
+    pub scan_count: usize,
+}
+
+impl Default for IndexFillTiming {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(30),
+            renewal: Duration::from_secs(5),
+            poll: Duration::from_millis(250),
+            scan_count: 1_000,
+        }
+    }
+}
+
+impl IndexFillTiming {
+    /// The lease in milliseconds, as Redis takes it (at least 1).
+    fn lease_ms(&self) -> u64 {
+        u64::try_from(self.lease.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+}
 
 /// The lease on the workspace index fill, let go when dropped: when the fill ends, well or
 /// not, or when the start-up fill running it is dropped part way; the next try, here or on
@@ -684,7 +714,11 @@ impl Drop for FillLease {
 /// goes, while it is this replica's (one that ran out and was taken over is not renewed for
 /// the replica that took it: the scan goes on, and is only done twice); it is let go when the
 /// scan ends, or is dropped part way.
-async fn scan_into_workspace_index(layout: Layout, lease: FillLease) -> Result<(), StoreError> {
+async fn scan_into_workspace_index(
+    layout: Layout,
+    lease: FillLease,
+    timing: IndexFillTiming,
+) -> Result<(), StoreError> {
     // One connection throughout: a `SCAN` cursor belongs to the server that gave it.
     let mut conn = lease.conn.clone();
     let pattern = format!("{}*", glob_escape(&layout.workspace("")));
@@ -696,15 +730,15 @@ async fn scan_into_workspace_index(layout: Layout, lease: FillLease) -> Result<(
             .arg("MATCH")
             .arg(&pattern)
             .arg("COUNT")
-            .arg(1_000)
+            .arg(timing.scan_count.max(1))
             .query_async(&mut conn)
             .await
             .map_err(unavailable)?;
-        if renewed.elapsed() >= INDEX_FILL_RENEWAL {
+        if renewed.elapsed() >= timing.renewal {
             let _: i64 = RENEW_LEASE
                 .key(&lease.key)
                 .arg(&lease.token)
-                .arg(INDEX_FILL_LEASE_MS)
+                .arg(timing.lease_ms())
                 .invoke_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
@@ -754,6 +788,8 @@ pub struct RedisStore {
     /// The runtime that drives the store's connections: a scan a listing starts runs there,
     /// not on the listing's (the admin service's, stopped first at shutdown).
     runtime: tokio::runtime::Handle,
+    /// The pace of the workspace index fill and of its lease.
+    index_fill: IndexFillTiming,
 }
 
 impl RedisStore {
@@ -831,7 +867,7 @@ impl RedisStore {
                 .key(self.layout.workspace_index_filled())
                 .key(&lease.key)
                 .arg(&lease.token)
-                .arg(INDEX_FILL_LEASE_MS)
+                .arg(self.index_fill.lease_ms())
                 .invoke_async(&mut lease.conn)
                 .await
                 .map_err(unavailable)?;
@@ -842,12 +878,13 @@ impl RedisStore {
             if state == "filled" {
                 return Ok(());
             }
-            if deadline.is_some_and(|d| tokio::time::Instant::now() + INDEX_FILL_POLL > d) {
+            let poll = self.index_fill.poll;
+            if deadline.is_some_and(|d| tokio::time::Instant::now() + poll > d) {
                 return Err(indexing());
             }
-            tokio::time::sleep(INDEX_FILL_POLL).await;
+            tokio::time::sleep(poll).await;
         }
-        let scan = scan_into_workspace_index(self.layout.clone(), lease);
+        let scan = scan_into_workspace_index(self.layout.clone(), lease, self.index_fill);
         let Some(deadline) = deadline else {
             return scan.await;
         };
@@ -979,6 +1016,7 @@ impl RedisStore {
             replicated: sentinels.is_some(),
             filling: tokio::sync::Mutex::new(()),
             runtime: tokio::runtime::Handle::current(),
+            index_fill: IndexFillTiming::default(),
         })
     }
 
@@ -990,6 +1028,12 @@ impl RedisStore {
     /// Keeps audit records for `days` (default 30).
     pub fn with_audit_retention_days(mut self, days: u64) -> Self {
         self.audit_retention_secs = days.saturating_mul(86_400);
+        self
+    }
+
+    /// Paces the workspace index fill and its lease by `timing` instead of the defaults.
+    pub fn with_index_fill_timing(mut self, timing: IndexFillTiming) -> Self {
+        self.index_fill = timing;
         self
     }
 
