@@ -2428,6 +2428,18 @@ async fn seed_unindexed_workspaces(
     seed.query_async::<()>(conn).await.unwrap();
 }
 
+/// Writes `count` keys of another kind than workspaces in namespace `ns`, for a scan of it to
+/// pass over.
+async fn seed_other_keys(conn: &mut ::redis::aio::MultiplexedConnection, ns: &str, count: usize) {
+    use ::redis::AsyncCommands;
+    for start in (0..count).step_by(1_000) {
+        let others: Vec<(String, u8)> = (start..count.min(start + 1_000))
+            .map(|i| (format!("{{{ns}}}:other:{i}"), 1))
+            .collect();
+        let () = conn.mset(&others).await.unwrap();
+    }
+}
+
 /// Namespace `ns`'s workspace index fill leased to another replica for `ms` milliseconds.
 async fn lease_held_elsewhere(conn: &mut ::redis::aio::MultiplexedConnection, ns: &str, ms: u64) {
     use ::redis::AsyncCommands;
@@ -2505,12 +2517,7 @@ async fn redis_replicas_starting_together_fill_the_workspace_index_once() {
     // A fill cut short (the start-up fill running it was dropped) lets go of its lease at
     // once. Keys of other kinds make the scan long enough to be cut.
     seed_unindexed_workspaces(&mut conn, "cut", 10).await;
-    for thousands in 0..200 {
-        let others: Vec<(String, u8)> = (0..1_000)
-            .map(|i| (format!("{{cut}}:other:{thousands}:{i}"), 1))
-            .collect();
-        let () = conn.mset(&others).await.unwrap();
-    }
+    seed_other_keys(&mut conn, "cut", 200_000).await;
     let d = Arc::new(RedisStore::connect(&redis.url(), "cut").unwrap());
     let fill = tokio::spawn({
         let d = d.clone();
@@ -2587,12 +2594,7 @@ async fn redis_index_fill_renews_its_lease_while_it_scans() {
     let client = ::redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     seed_unindexed_workspaces(&mut conn, "renewed", EARLIER).await;
-    for thousands in 0..200 {
-        let others: Vec<(String, u8)> = (0..1_000)
-            .map(|i| (format!("{{renewed}}:other:{thousands}:{i}"), 1))
-            .collect();
-        let () = conn.mset(&others).await.unwrap();
-    }
+    seed_other_keys(&mut conn, "renewed", 200_000).await;
     let timing = IndexFillTiming {
         lease: Duration::from_millis(300),
         renewal: Duration::from_millis(30),
