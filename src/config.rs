@@ -454,6 +454,10 @@ pub struct LimitsConfig {
     /// Keys that do not exist one client address may present per minute (per replica); past
     /// it, its requests with keys that are not cached are refused without a store read.
     pub unknown_keys_per_minute: u32,
+    /// Keys that do not exist all clients together may present per minute (per replica,
+    /// clients without an address of their own included); past it, every request with a key
+    /// that is not cached is refused without a store read.
+    pub unknown_keys_per_minute_total: u32,
     /// Requests per minute of a test key.
     pub test_requests_per_minute: u32,
     /// Requests a test key may send at once.
@@ -466,6 +470,7 @@ impl Default for LimitsConfig {
             live_requests_per_minute: 6_000,
             live_burst: 200,
             unknown_keys_per_minute: 60,
+            unknown_keys_per_minute_total: 6_000,
             test_requests_per_minute: 600,
             test_burst: 50,
         }
@@ -870,6 +875,10 @@ impl Config {
             (
                 "limits.unknown_keys_per_minute",
                 self.limits.unknown_keys_per_minute,
+            ),
+            (
+                "limits.unknown_keys_per_minute_total",
+                self.limits.unknown_keys_per_minute_total,
             ),
         ] {
             if v == 0 {

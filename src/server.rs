@@ -139,7 +139,10 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     )
     .with_cors(Cors::new(&config.cors.allowed_origins))
     .with_trusted_proxies(TrustedProxies::new(&server_cfg.trusted_proxies))
-    .with_unknown_key_limit(config.limits.unknown_keys_per_minute);
+    .with_unknown_key_limit(
+        config.limits.unknown_keys_per_minute,
+        config.limits.unknown_keys_per_minute_total,
+    );
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
         gateway,

@@ -424,52 +424,81 @@ async fn a_client_making_up_keys_is_held_back_without_store_reads_and_cached_key
         async move { req.send().await.unwrap() }
     };
     let get = |key: String| from("203.0.113.7", key);
-    let made_up = || svcgate::keys::format::generate(svcgate::keys::Environment::Live).value;
-    // The count is per minute: keep clear of a minute's end.
-    let second = svcgate::ids::unix_now() % 60;
-    if second > 50 {
-        tokio::time::sleep(Duration::from_secs(61 - second)).await;
-    }
+    clear_of_a_minutes_end().await;
     assert_eq!(get(valid.clone()).await.status(), 200);
-    let first = made_up();
+    let first = made_up_key();
     assert_error(get(first.clone()).await, 401, "authentication_error").await;
     for _ in 0..2 {
-        assert_error(get(made_up()).await, 401, "authentication_error").await;
+        assert_error(get(made_up_key()).await, 401, "authentication_error").await;
     }
-    let misses = |m: &prometheus_parse::Scrape| {
-        sample(m, "svcgate_key_cache_lookups_total", &[("outcome", "miss")])
-    };
-    let before = misses(&scrape(&gw).await);
+    let before = key_cache_misses(&gw).await;
     for _ in 0..5 {
-        let resp = get(made_up()).await;
-        let wait: u64 = resp.headers()["retry-after"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!((1..=60).contains(&wait), "{wait}");
-        assert_error(resp, 429, "rate_limit_error").await;
+        let message = assert_held_back(get(made_up_key()).await).await;
+        assert!(message.contains("this address"), "{message}");
     }
-    assert_eq!(misses(&scrape(&gw).await), before, "no store read");
+    assert_eq!(key_cache_misses(&gw).await, before, "no store read");
     // A cached key from the same address goes on; a made-up key it saw already is still a
     // plain 401 (remembered, no read); another client is not held up.
     assert_eq!(get(valid).await.status(), 200);
     assert_error(get(first).await, 401, "authentication_error").await;
     assert_error(
-        from("198.51.100.9", made_up()).await,
+        from("198.51.100.9", made_up_key()).await,
         401,
         "authentication_error",
     )
     .await;
+    assert!(
+        refusals_counted(&gw, "unknown_key_limit", 5.0).await,
+        "the refusals are counted"
+    );
+}
+
+/// A well-formed live key that does not exist.
+fn made_up_key() -> String {
+    svcgate::keys::format::generate(svcgate::keys::Environment::Live).value
+}
+
+/// Waits, if need be, into the next minute: the unknown-key counts are per minute.
+async fn clear_of_a_minutes_end() {
+    let second = svcgate::ids::unix_now() % 60;
+    if second > 50 {
+        tokio::time::sleep(Duration::from_secs(61 - second)).await;
+    }
+}
+
+/// Keys the gateway's key cache did not have.
+async fn key_cache_misses(gw: &Gateway) -> Option<f64> {
+    sample(
+        &scrape(gw).await,
+        "svcgate_key_cache_lookups_total",
+        &[("outcome", "miss")],
+    )
+}
+
+/// A key refused a store read by the unknown-key limit: 429 with the rest of the minute to wait.
+/// Returns the error's message.
+async fn assert_held_back(resp: reqwest::Response) -> String {
+    let wait: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    let body = assert_error(resp, 429, "rate_limit_error").await;
+    body["error"]["message"].as_str().unwrap().to_string()
+}
+
+/// Whether the gateway counts `n` authentication failures for `reason` within 5 s.
+async fn refusals_counted(gw: &Gateway, reason: &str, n: f64) -> bool {
     let counted = eventually(Duration::from_secs(5), || async {
         sample(
-            &scrape(&gw).await,
+            &scrape(gw).await,
             "svcgate_auth_failures_total",
-            &[("reason", "unknown_key_limit")],
-        ) == Some(5.0)
+            &[("reason", reason)],
+        ) == Some(n)
     })
     .await;
-    assert!(counted.is_some(), "the refusals are counted");
+    counted.is_some()
 }
 
 #[tokio::test]
@@ -490,6 +519,43 @@ async fn an_ingress_speaking_for_many_clients_is_not_held_up_by_unknown_keys() {
             .unwrap();
         assert_error(resp, 401, "authentication_error").await;
     }
+}
+
+/// Made-up keys sent through an ingress (no address of one client's) or from many addresses
+/// cost the store at most the replica's share of reads a minute: past it, keys that are not
+/// cached are refused without a read, and cached keys go on.
+#[tokio::test]
+async fn made_up_keys_from_everywhere_are_held_back_by_the_replicas_share() {
+    let ns = TestNamespace::new();
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .toml("[limits]\nunknown_keys_per_minute = 2\nunknown_keys_per_minute_total = 3\n")
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, valid) = gw.create_key_in(&ws, "live", &["models:read"]).await;
+    // Through the ingress in front (the peer is loopback, not one client's address).
+    let get = |key: String| {
+        let req = gw.request(Method::GET, "/v1/models").bearer_auth(key);
+        async move { req.send().await.unwrap() }
+    };
+    clear_of_a_minutes_end().await;
+    // The valid key's read is given back: it takes nothing of the share.
+    assert_eq!(get(valid.clone()).await.status(), 200);
+    for _ in 0..3 {
+        assert_error(get(made_up_key()).await, 401, "authentication_error").await;
+    }
+    let before = key_cache_misses(&gw).await;
+    for _ in 0..3 {
+        let message = assert_held_back(get(made_up_key()).await).await;
+        assert!(message.contains("this gateway"), "{message}");
+    }
+    assert_eq!(key_cache_misses(&gw).await, before, "no store read");
+    assert_eq!(get(valid).await.status(), 200, "a cached key goes on");
+    assert!(
+        refusals_counted(&gw, "unknown_key_limit_all_clients", 3.0).await,
+        "the refusals are counted"
+    );
 }
 
 /// Queue gauges stuck at 0 on every gateway would hide workers that are all down: only a

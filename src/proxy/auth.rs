@@ -13,7 +13,7 @@ use crate::keys::{CachedKey, KeyFormatError, KeyHash, Rejection};
 use crate::metering::usage::KeyBudget;
 use crate::store::{KeyCache, StoreError};
 
-use super::unknown_keys::UnknownKeyLimit;
+use super::unknown_keys::{LimitReached, Refusal, UnknownKeyLimit};
 
 /// Why a request is not authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,9 +32,9 @@ pub enum AuthFailure {
     Rejected(Rejection),
     /// The store could not be asked.
     StoreUnavailable,
-    /// The client presented too many unknown keys this minute, and this one is not cached:
-    /// retry after this many seconds ([`UnknownKeyLimit`]).
-    TooManyUnknownKeys(u64),
+    /// The client, or all clients together, presented too many unknown keys this minute, and
+    /// this one is not cached ([`UnknownKeyLimit`]).
+    TooManyUnknownKeys(Refusal),
 }
 
 impl AuthFailure {
@@ -48,7 +48,10 @@ impl AuthFailure {
             Self::Unknown => "unknown_key",
             Self::Rejected(r) => r.reason(),
             Self::StoreUnavailable => "store_unavailable",
-            Self::TooManyUnknownKeys(_) => "unknown_key_limit",
+            Self::TooManyUnknownKeys(r) => match r.reached {
+                LimitReached::Client => "unknown_key_limit",
+                LimitReached::AllClients => "unknown_key_limit_all_clients",
+            },
         }
     }
 }
@@ -76,11 +79,17 @@ impl From<AuthFailure> for ApiError {
                     "the key store is unreachable; retry shortly".into(),
                 )
             }
-            AuthFailure::TooManyUnknownKeys(retry_after_secs) => {
+            AuthFailure::TooManyUnknownKeys(refusal) => {
+                let message = match refusal.reached {
+                    LimitReached::Client => "too many invalid API keys from this address",
+                    LimitReached::AllClients => {
+                        "too many invalid API keys are being presented to this gateway"
+                    }
+                };
                 return ApiError::RateLimited {
-                    message: "too many invalid API keys from this address; retry later".into(),
-                    retry_after_secs,
-                }
+                    message: format!("{message}; retry later").into(),
+                    retry_after_secs: refusal.retry_after_secs,
+                };
             }
         };
         ApiError::Authentication(message.into())
@@ -133,14 +142,15 @@ impl Authenticator {
     pub fn new(keys: Arc<KeyCache>) -> Self {
         Self {
             keys,
-            unknown: UnknownKeyLimit::new(u32::MAX),
+            unknown: UnknownKeyLimit::new(u32::MAX, u32::MAX),
         }
     }
 
-    /// Lets a client present at most `per_minute` keys that do not exist ([`UnknownKeyLimit`]).
-    pub fn with_unknown_key_limit(self, per_minute: u32) -> Self {
+    /// Lets a client present at most `per_minute` keys that do not exist, and all clients
+    /// together `total_per_minute` ([`UnknownKeyLimit`]).
+    pub fn with_unknown_key_limit(self, per_minute: u32, total_per_minute: u32) -> Self {
         Self {
-            unknown: UnknownKeyLimit::new(per_minute),
+            unknown: UnknownKeyLimit::new(per_minute, total_per_minute),
             ..self
         }
     }

@@ -197,10 +197,12 @@ impl Gateway {
         self
     }
 
-    /// Lets a client present at most `per_minute` keys that do not exist
-    /// ([`unknown_keys::UnknownKeyLimit`]).
-    pub fn with_unknown_key_limit(mut self, per_minute: u32) -> Self {
-        self.auth = self.auth.with_unknown_key_limit(per_minute);
+    /// Lets a client present at most `per_minute` keys that do not exist, and all clients
+    /// together `total_per_minute` ([`unknown_keys::UnknownKeyLimit`]).
+    pub fn with_unknown_key_limit(mut self, per_minute: u32, total_per_minute: u32) -> Self {
+        self.auth = self
+            .auth
+            .with_unknown_key_limit(per_minute, total_per_minute);
         self
     }
 
