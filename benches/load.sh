@@ -6,8 +6,9 @@
 # alone (examples/auth_only.rs), and `svcgate serve` with the Redis store and the full policy
 # (auth, scope, rate limit, budget, spend, audit). Drives each with wrk at a fixed concurrency,
 # alternating the targets round by round, and prints requests/s, latency percentiles, added p99
-# latency versus the backend alone, throughput ratios, Redis commands per request (from
-# INFO commandstats deltas) and svcgate's resident memory. Then it drives the backend, bare
+# latency versus the backend alone, CPU time per request (the target's own, the backend's, the
+# whole machine's), throughput ratios, Redis commands per request (from INFO commandstats
+# deltas) and svcgate's resident memory. Then it drives the backend, bare
 # Pingora and svcgate at constant rates (examples/loadgen.rs: half and a quarter of svcgate's
 # maximum) and prints the latency each adds, and the time svcgate and bare Pingora each take
 # before a request goes to the backend, by their own clocks. Between the two, it measures the
@@ -88,17 +89,22 @@ commands() { redis_cli info commandstats | awk -F'calls=' '/calls=/ { split($2, 
 
 # CPU time (user + system) a process has used, in clock ticks.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# CPU time the whole machine has used (all cores, user to steal, not idle or iowait), in ticks.
+machine_ticks() { awk 'NR == 1 { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
 tick=$(getconf CLK_TCK)
 
-declare -A RPS P50 P99 P999 REQS CMDS CPU
+declare -A RPS P50 P99 P999 REQS CMDS CPU BACKEND MACHINE
 run() { # name url
   local out
   [ "$1" = svcgate ] && local before=$(commands)
-  local cpu0; cpu0=$(cpu_ticks "${PID[$1]}")
+  local cpu0 up0 m0; cpu0=$(cpu_ticks "${PID[$1]}"); up0=$(cpu_ticks "$up_pid"); m0=$(machine_ticks)
   out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$work/post.lua" "$2")
-  local cpu1; cpu1=$(cpu_ticks "${PID[$1]}")
-  CPU[$1]+="$(awk -v t=$((cpu1 - cpu0)) -v hz="$tick" -v n="$(awk '/requests in/ { print $1 }' <<<"$out")" \
-    'BEGIN { printf "%.1f", t / hz * 1e6 / n }') "
+  local cpu1 up1 m1; cpu1=$(cpu_ticks "${PID[$1]}"); up1=$(cpu_ticks "$up_pid"); m1=$(machine_ticks)
+  local n; n=$(awk '/requests in/ { print $1 }' <<<"$out")
+  per_request() { awk -v t="$1" -v hz="$tick" -v n="$n" 'BEGIN { printf "%.1f", t / hz * 1e6 / n }'; }
+  CPU[$1]+="$(per_request $((cpu1 - cpu0))) "
+  BACKEND[$1]+="$(per_request $((up1 - up0))) "
+  MACHINE[$1]+="$(per_request $((m1 - m0))) "
   if [ "$1" = svcgate ]; then sleep 0.5; CMDS[$1]+="$(( $(commands) - before )) "; fi
   RPS[$1]+="$(awk '/Requests\/sec/ { print $2 }' <<<"$out") "
   P50[$1]+="$(ms "$(awk '$1 == "50%" { print $2 }' <<<"$out")") "
@@ -134,18 +140,20 @@ if phase saturation; then
   total_cmds=0; for c in ${CMDS[svcgate]}; do total_cmds=$((total_cmds + c)); done
   direct_p99=$(median "${P99[direct]}")
   printf '\n%s on %s cores, %s connections, %s rounds of %ss (medians)\n' "$(uname -m)" "$(nproc)" "$CONNS" "$ROUNDS" "$DURATION"
-  printf '%-12s %12s %10s %10s %10s %14s %14s\n' target 'requests/s' 'p50 ms' 'p99 ms' 'p999 ms' 'added p99 ms' 'CPU us/req'
+  printf '%-12s %12s %10s %10s %10s %14s %12s %12s %12s\n' target 'requests/s' 'p50 ms' 'p99 ms' 'p999 ms' \
+    'added p99 ms' 'CPU us/req' 'backend us' 'machine us'
   for t in "${targets[@]}"; do
     p99=$(median "${P99[$t]}")
-    printf '%-12s %12s %10s %10s %10s %14s %14s\n' "$t" "$(median "${RPS[$t]}")" "$(median "${P50[$t]}")" "$p99" \
+    printf '%-12s %12s %10s %10s %10s %14s %12s %12s %12s\n' "$t" "$(median "${RPS[$t]}")" "$(median "${P50[$t]}")" "$p99" \
       "$(median "${P999[$t]}")" "$(awk -v a="$p99" -v b="$direct_p99" 'BEGIN { printf "%.3f", a - b }')" \
-      "$(median "${CPU[$t]}")"
+      "$(median "${CPU[$t]}")" "$(median "${BACKEND[$t]}")" "$(median "${MACHINE[$t]}")"
   done
   echo "svcgate / bare Pingora, requests/s per round: $(paste -d/ <(tr ' ' '\n' <<<"${RPS[svcgate]}") <(tr ' ' '\n' <<<"${RPS[passthrough]}") | grep -v '^/$' | tr '\n' ' ')"
   printf '\nsvcgate / bare Pingora: %s%% (median of the rounds'"'"' ratios)   svcgate / auth alone: %s%%\n' \
     "$(paired_ratio "${RPS[svcgate]}" "${RPS[passthrough]}")" "$(paired_ratio "${RPS[svcgate]}" "${RPS[auth_only]}")"
   awk -v s="$(median "${CPU[svcgate]}")" -v p="$(median "${CPU[passthrough]}")" \
-    'BEGIN { printf "CPU time per request, svcgate / bare Pingora: %.0f%%\n", 100 * s / p }'
+    -v ms="$(median "${MACHINE[svcgate]}")" -v mp="$(median "${MACHINE[passthrough]}")" \
+    'BEGIN { printf "CPU time per request, svcgate / bare Pingora: %.0f%% (its own), %.0f%% (the whole machine)\n", 100 * s / p, 100 * ms / mp }'
   awk -v c="$total_cmds" -v r="$total_reqs" 'BEGIN { printf "Redis commands per request (svcgate): %.4f\n", c / r }'
   echo "svcgate resident memory: ${rss_mb} MB"
 fi
