@@ -312,48 +312,75 @@ async fn listen_on_redis_forwards_admin_events_and_entries_added_to_the_stream()
     listener.line(direct["id"].as_str().unwrap()).await;
 }
 
-#[tokio::test]
-async fn the_stream_is_server_sent_events_written_as_they_happen() {
-    let gw = Gateway::builder().start().await;
-    let (_, key) = gw.create_key("live", READ).await;
-    let mut resp = gw
+/// The events of a listen stream as they arrive.
+struct SseStream {
+    resp: reqwest::Response,
+    buffer: String,
+}
+
+impl SseStream {
+    fn new(resp: reqwest::Response) -> Self {
+        Self {
+            resp,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next whole event (it ends with a blank line), comments skipped; at most 5 s for each.
+    async fn next_event(&mut self) -> String {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let event: String = self.buffer.drain(..end + 2).collect();
+                if !event.starts_with(':') {
+                    return event;
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(5), self.resp.chunk())
+                .await
+                .expect("an event within 5 s")
+                .unwrap()
+                .expect("the stream goes on");
+            self.buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+}
+
+/// A listen stream of `agent.run.completed` events, opened with `key`.
+async fn open_completed_runs(gw: &Gateway, key: &str) -> reqwest::Response {
+    let resp = gw
         .request(
             Method::GET,
             "/v1/webhooks/listen?events=agent.run.completed",
         )
-        .bearer_auth(&key)
+        .bearer_auth(key)
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
+    resp
+}
+
+/// The JSON `data` of a stream event named `name`.
+fn data(event: &str, name: &str) -> Value {
+    let data = event
+        .strip_prefix(&format!("event: {name}\ndata: "))
+        .unwrap_or_else(|| panic!("a {name} event: {event:?}"));
+    serde_json::from_str(data.trim_end()).unwrap()
+}
+
+#[tokio::test]
+async fn the_stream_is_server_sent_events_written_as_they_happen() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("live", READ).await;
+    let resp = open_completed_runs(&gw, &key).await;
     let header = |name: &str| resp.headers()[name].to_str().unwrap().to_string();
     assert_eq!(header("content-type"), "text/event-stream");
     assert_eq!(header("cache-control"), "no-cache");
     assert!(header("service-request-id").starts_with("req_"));
 
-    // Reads whole events (they end with a blank line), at most 5 s for each.
-    let mut buffer = String::new();
-    let mut next_event = async || loop {
-        if let Some(end) = buffer.find("\n\n") {
-            let event: String = buffer.drain(..end + 2).collect();
-            if !event.starts_with(':') {
-                return event;
-            }
-            continue;
-        }
-        let chunk = tokio::time::timeout(Duration::from_secs(5), resp.chunk())
-            .await
-            .expect("an event within 5 s")
-            .unwrap()
-            .expect("the stream goes on");
-        buffer.push_str(std::str::from_utf8(&chunk).unwrap());
-    };
-    let data = |event: &str, name: &str| -> Value {
-        let data = event
-            .strip_prefix(&format!("event: {name}\ndata: "))
-            .unwrap_or_else(|| panic!("a {name} event: {event:?}"));
-        serde_json::from_str(data.trim_end()).unwrap()
-    };
+    let mut stream = SseStream::new(resp);
+    let mut next_event = async || stream.next_event().await;
 
     let session = data(&next_event().await, "session");
     let secret = session["secret"].as_str().unwrap().to_string();
@@ -381,6 +408,31 @@ async fn the_stream_is_server_sent_events_written_as_they_happen() {
         (&body["id"], &body["data"]),
         (&json!(id), &payload("run_4"))
     );
+}
+
+/// Large events that pile up while a client is not reading all reach it, whole and in order,
+/// once it reads: the stream writes a batch of them in pieces of at most 1 MiB, each write to a
+/// slow client under its own timeout.
+#[tokio::test]
+async fn large_events_that_pile_up_arrive_whole_and_in_order() {
+    const EVENTS: usize = 40;
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("live", READ).await;
+    let mut stream = SseStream::new(open_completed_runs(&gw, &key).await);
+    data(&stream.next_event().await, "session");
+    // 8 MB the client does not read yet: more than the sockets between them hold, so the
+    // stream's writes wait, and the events logged meanwhile go out together.
+    let big = |i: usize| json!({ "run_id": i, "log": "x".repeat(200_000) });
+    let mut published = Vec::new();
+    for i in 0..EVENTS {
+        published.push(trigger(&gw, DEMO_WS, "agent.run.completed", "live", big(i)).await);
+    }
+    for (i, id) in published.iter().enumerate() {
+        let delivery = data(&stream.next_event().await, "delivery");
+        assert_eq!(delivery["event_id"], id.as_str(), "event {i}");
+        let body: Value = serde_json::from_str(delivery["body"].as_str().unwrap()).unwrap();
+        assert_eq!(body["data"], big(i));
+    }
 }
 
 #[tokio::test]

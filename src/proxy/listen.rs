@@ -43,6 +43,10 @@ const BLOCK: Duration = Duration::from_secs(2);
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// A client that takes longer than this to accept a write is gone.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most bytes of events written at once (a single larger event goes alone): each write gets
+/// [`WRITE_TIMEOUT`], so a client too slow for a whole batch of large events in one timeout
+/// still gets them, at ~35 KB/s or faster, and the slot is renewed between writes.
+const WRITE_PIECE: usize = 1 << 20;
 
 /// Most streams one key may hold open, across the gateways: a developer's terminal or three.
 pub const STREAMS_PER_KEY: usize = 5;
@@ -53,7 +57,8 @@ const STREAMS_RETRY_AFTER_SECS: u64 = 5;
 /// How long a stream's slot among its key's [`STREAMS_PER_KEY`] holds without a renewal: the
 /// streams of a replica that dies free their slots after it. Longer than the longest a stream
 /// can go between renewals: [`SLOT_RENEWAL`], then a wait for events ([`BLOCK`]) and a write
-/// to a slow client ([`WRITE_TIMEOUT`]), or at its start the header and the opening event.
+/// to a slow client ([`WRITE_TIMEOUT`], one [`WRITE_PIECE`] of a batch), or at its start the
+/// header and the opening event.
 const SLOT_LEASE: Duration = Duration::from_secs(90);
 /// How often an open stream renews its slot.
 const SLOT_RENEWAL: Duration = Duration::from_secs(10);
@@ -260,14 +265,8 @@ pub async fn stream(
         if session.is_process_shutting_down() {
             break ApiError::ServiceUnavailable("the gateway is shutting down; reconnect".into());
         }
-        if renewed.elapsed() >= SLOT_RENEWAL {
-            match listening.slot.renew().await {
-                Ok(true) => renewed = Instant::now(),
-                // Its lease ran out (a client too slow for long) and another stream took it.
-                Ok(false) => break too_many_for_key(),
-                // Tried again at the next turn: the lease outlasts a blip of the store.
-                Err(e) => tracing::debug!(request_id, error = %e, "cannot renew a listen slot"),
-            }
+        if let Err(lost) = renew_if_due(&listening.slot, &mut renewed, request_id).await {
+            break lost;
         }
         if let Err(refused) = still_allowed(session, auth, route).await {
             break refused;
@@ -298,19 +297,30 @@ pub async fn stream(
             }
         }
         let now = unix_now();
-        let mut chunk = String::new();
-        for event in &events {
-            chunk.push_str(&delivery_frame(&secret, event, now));
+        let frames = events
+            .iter()
+            .map(|event| delivery_frame(&secret, event, now));
+        let mut pieces = pieces(frames, WRITE_PIECE);
+        if pieces.is_empty() && last_write.elapsed() >= KEEP_ALIVE {
+            pieces.push(": keep-alive\n\n".to_string());
         }
-        if chunk.is_empty() && last_write.elapsed() >= KEEP_ALIVE {
-            chunk.push_str(": keep-alive\n\n");
-        }
-        if !chunk.is_empty() {
-            if send(session, chunk).await.is_err() {
+        let mut lost = None;
+        for (i, piece) in pieces.into_iter().enumerate() {
+            if i > 0 {
+                // A slow client's batch can take a while: the slot must outlive it.
+                if let Err(e) = renew_if_due(&listening.slot, &mut renewed, request_id).await {
+                    lost = Some(e);
+                    break;
+                }
+            }
+            if send(session, piece).await.is_err() {
                 tracing::debug!(request_id, "listen stream ended: the client went away");
                 return Ok(());
             }
             last_write = Instant::now();
+        }
+        if let Some(lost) = lost {
+            break lost;
         }
     };
     tracing::debug!(request_id, reason = %ended, "listen stream ended");
@@ -319,6 +329,38 @@ pub async fn stream(
         let _ = session.write_response_body(None, true).await;
     }
     Ok(())
+}
+
+/// Renews the stream's slot if [`SLOT_RENEWAL`] has passed since `renewed`; the error to end
+/// the stream with if its lease ran out (a client too slow for long) and another stream took
+/// it. A store that does not answer is tried again next time: the lease outlasts a blip.
+async fn renew_if_due(
+    slot: &HeldSlot,
+    renewed: &mut Instant,
+    request_id: &str,
+) -> Result<(), ApiError> {
+    if renewed.elapsed() < SLOT_RENEWAL {
+        return Ok(());
+    }
+    match slot.renew().await {
+        Ok(true) => *renewed = Instant::now(),
+        Ok(false) => return Err(too_many_for_key()),
+        Err(e) => tracing::debug!(request_id, error = %e, "cannot renew a listen slot"),
+    }
+    Ok(())
+}
+
+/// `frames` joined into writes of at most `most` bytes each; a frame longer than that is a
+/// write of its own. Empty frames (none is made of an event that cannot be) are left out.
+fn pieces(frames: impl Iterator<Item = String>, most: usize) -> Vec<String> {
+    let mut pieces: Vec<String> = Vec::new();
+    for frame in frames.filter(|f| !f.is_empty()) {
+        match pieces.last_mut() {
+            Some(last) if last.len() + frame.len() <= most => last.push_str(&frame),
+            _ => pieces.push(frame),
+        }
+    }
+    pieces
 }
 
 /// The key as it is now: still valid, and still holding the route's scope.
@@ -426,6 +468,29 @@ fn frame(name: &str, json: &str) -> String {
 mod tests {
     use super::*;
     use crate::keys::Environment;
+
+    #[test]
+    fn a_batch_is_written_in_pieces_of_whole_frames() {
+        let frames = |lens: &[usize]| -> Vec<String> {
+            lens.iter()
+                .enumerate()
+                .map(|(i, n)| char::from(b'a' + i as u8).to_string().repeat(*n))
+                .collect()
+        };
+        let lens = |pieces: &[String]| pieces.iter().map(String::len).collect::<Vec<_>>();
+        // Frames fill a piece up to the most, never split; one larger goes alone.
+        let written = pieces(frames(&[4, 4, 3, 9, 12, 1, 0, 2]).into_iter(), 10);
+        assert_eq!(lens(&written), [8, 3, 9, 12, 3]);
+        assert_eq!(written[0], "aaaabbbb");
+        assert_eq!(written[4], "fhh", "an empty frame is left out");
+        assert_eq!(
+            written.concat(),
+            frames(&[4, 4, 3, 9, 12, 1, 0, 2]).concat(),
+            "every byte, in order"
+        );
+        assert!(pieces(std::iter::empty(), 10).is_empty());
+        assert!(pieces(frames(&[0, 0]).into_iter(), 10).is_empty());
+    }
 
     fn refused(result: Result<StreamSlot<'_>, ApiError>) -> bool {
         matches!(result, Err(ApiError::RateLimited { .. }))
