@@ -351,7 +351,8 @@ async fn renew_if_due(
 }
 
 /// `frames` joined into writes of at most `most` bytes each; a frame longer than that is a
-/// write of its own. Empty frames (none is made of an event that cannot be) are left out.
+/// write of its own. Empty frames are left out (`delivery_frame` makes one only of a body that
+/// is not UTF-8, which serde_json never writes).
 fn pieces(frames: impl Iterator<Item = String>, most: usize) -> Vec<String> {
     let mut pieces: Vec<String> = Vec::new();
     for frame in frames.filter(|f| !f.is_empty()) {
