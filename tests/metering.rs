@@ -1488,29 +1488,14 @@ async fn only_audit_record(gw: &Gateway) -> Value {
     records[0].clone()
 }
 
-/// A backend that reads a request and answers every one with `response`, as raw bytes.
-async fn raw_backend(response: &'static [u8]) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let mut buf = vec![0u8; 64 * 1024];
-            let _ = conn.read(&mut buf).await;
-            let _ = conn.write_all(response).await;
-        }
-    });
-    addr
-}
-
 #[tokio::test]
 async fn two_service_credits_figures_are_no_figure() {
-    let backend = raw_backend(
+    let backend = RawBackend::start(
         b"HTTP/1.1 200 OK\r\nService-Credits: 5\r\nService-Credits: 7\r\n\
           Content-Length: 2\r\nConnection: close\r\n\r\n{}",
     )
     .await;
-    let gw = Gateway::builder().live(backend).start().await;
+    let gw = Gateway::builder().live(backend.addr).start().await;
     let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
     assert_eq!(gw.chat(&key).await.status(), 200);
     // As `5, 7` on one line: the route's price (1), not the first figure.
@@ -1520,12 +1505,12 @@ async fn two_service_credits_figures_are_no_figure() {
 #[tokio::test]
 async fn an_answer_the_backend_cuts_short_is_recorded_as_502_and_not_charged() {
     // Promises 100 bytes, sends 10 and closes.
-    let backend = raw_backend(
+    let backend = RawBackend::start(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
           Service-Credits: 3\r\nContent-Length: 100\r\n\r\n{\"partial\"",
     )
     .await;
-    let gw = Gateway::builder().live(backend).start().await;
+    let gw = Gateway::builder().live(backend.addr).start().await;
     let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;
     let resp = gw.chat(&key).await;
     assert_eq!(

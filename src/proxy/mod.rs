@@ -1,10 +1,10 @@
 //! The request path, as Pingora phases:
 //!
-//! `request_filter`: auth → route → policy (scope, project) → rate limit → budget → (answer
-//! here, or forward) · `request_body_filter`: the body streams through untouched; its first
-//! bytes are kept to find the `model` · `upstream_peer` → `upstream_request_filter` (identity
-//! headers) → `response_filter` (request id, rate-limit headers; the backend's
-//! `Service-Credits` and `Service-Model`) → `logging` (spend, audit record, metrics).
+//! `request_filter`: framing → auth → route → policy (scope, project) → rate limit → budget →
+//! (answer here, or forward) · `request_body_filter`: the body streams through untouched; its
+//! first bytes are kept to find the `model` · `upstream_peer` → `upstream_request_filter`
+//! (identity and framing headers) → `response_filter` (request id, rate-limit headers; the
+//! backend's `Service-Credits` and `Service-Model`) → `logging` (spend, audit record, metrics).
 //!
 //! Data flows one way: each phase reads what the previous ones left in [`RequestCtx`].
 
@@ -13,6 +13,7 @@ pub mod body;
 pub mod client_ip;
 pub mod cors;
 pub mod event_hub;
+pub mod framing;
 pub mod headers;
 pub mod listen;
 pub mod policy;
@@ -227,6 +228,11 @@ impl Gateway {
             return Err(ApiError::MethodNotAllowed(
                 "CONNECT is not served here".into(),
             ));
+        }
+        if let Err(refused) = framing::check(session.req_header()) {
+            // Where this request's body ends is in doubt, and so where the next one starts.
+            session.set_keepalive(None);
+            return Err(refused);
         }
         if !session.req_header().uri.path().starts_with("/v1/") {
             return Box::pin(self.answer_unversioned(session, ctx)).await;
@@ -612,6 +618,9 @@ impl ProxyHttp for Gateway {
             &ctx.request_id,
             forwarded_for,
         )?;
+        if let Some(backend) = self.upstreams.host(ctx.target) {
+            framing::for_backend(upstream_request, session.req_header().version, backend)?;
+        }
         // Pingora drops the headers a client names in `Connection` before this filter: the
         // project the gateway charged must still reach the backend (SPEC §5.6).
         if let Some(project) = &ctx.project {

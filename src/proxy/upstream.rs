@@ -35,18 +35,21 @@ pub enum Target {
     Simulated,
 }
 
-/// The configured backends, pre-resolved.
+/// The configured backends, pre-resolved, each with its address as a `Host` value (for a
+/// request that came without one, [`super::framing`]).
 pub struct Upstreams {
-    live: Option<HttpPeer>,
-    sandbox: Option<HttpPeer>,
+    live: Option<(HttpPeer, HeaderValue)>,
+    sandbox: Option<(HttpPeer, HeaderValue)>,
 }
 
 impl Upstreams {
     /// Resolves the configured addresses; fails naming the one that does not resolve.
     pub fn from_config(config: &UpstreamConfig) -> Result<Self, String> {
-        let peer = |addr: &Option<String>| -> Result<Option<HttpPeer>, String> {
+        let peer = |addr: &Option<String>| -> Result<Option<(HttpPeer, HeaderValue)>, String> {
             let Some(addr) = addr else { return Ok(None) };
             let sockaddr = resolve(addr)?;
+            let host = HeaderValue::from_str(&sockaddr.to_string())
+                .map_err(|_| format!("{addr}: no Host value"))?;
             let mut peer = HttpPeer::new(sockaddr, false, String::new());
             let options = peer.get_mut_peer_options().expect("HttpPeer has options");
             options.connection_timeout = Some(Duration::from_millis(config.connect_timeout_ms));
@@ -57,7 +60,7 @@ impl Upstreams {
             // An idle pooled connection stays until the backend closes it (Pingora's default):
             // an idle timeout here would register a timer each time a connection goes back to
             // the pool, on every request.
-            Ok(Some(peer))
+            Ok(Some((peer, host)))
         };
         Ok(Self {
             live: peer(&config.live)?,
@@ -76,6 +79,15 @@ impl Upstreams {
 
     /// The peer for a forwarding target; `None` for [`Target::Simulated`].
     pub fn peer(&self, target: Target) -> Option<&HttpPeer> {
+        self.backend(target).map(|(peer, _)| peer)
+    }
+
+    /// The address of a forwarding target's backend as a `Host` value.
+    pub fn host(&self, target: Target) -> Option<&HeaderValue> {
+        self.backend(target).map(|(_, host)| host)
+    }
+
+    fn backend(&self, target: Target) -> Option<&(HttpPeer, HeaderValue)> {
         match target {
             Target::Live => self.live.as_ref(),
             Target::Sandbox => self.sandbox.as_ref(),

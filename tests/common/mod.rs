@@ -49,6 +49,40 @@ pub struct Recorded {
     pub body: Bytes,
 }
 
+/// A backend on loopback that answers every request with the same raw bytes, and keeps the
+/// first read of each request as it came (its head, for a small request): for what an HTTP
+/// library would parse away, such as a header line given twice.
+pub struct RawBackend {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl RawBackend {
+    pub async fn start(response: &'static [u8]) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = vec![0u8; 64 * 1024];
+                let n = conn.read(&mut buf).await.unwrap_or(0);
+                kept.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                let _ = conn.write_all(response).await;
+            }
+        });
+        Self { addr, seen }
+    }
+
+    /// The requests so far, as they came.
+    pub fn requests(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
 /// A backend on loopback that records every request and answers with JSON and a
 /// `Service-Credits` header.
 pub struct RecordingUpstream {

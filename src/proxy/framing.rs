@@ -1,0 +1,117 @@
+//! Request framing the backend could read differently from the gateway.
+//!
+//! Pingora reads a request's body by its `Transfer-Encoding` or `Content-Length`, and writes
+//! it to the backend afresh; the framing headers it passes on as they came must tell the
+//! backend the same:
+//! - A transfer coding besides `chunked` (`gzip, chunked`): Pingora takes the chunks apart and
+//!   sends the body on without the coding, so the backend would read compressed bytes as the
+//!   body. Refused with a 400 (RFC 9112 §6.1 suggests 501; the SPEC answers bad input with
+//!   400). A body is compressed with `Content-Encoding`, which goes on as it is.
+//! - Equal `Content-Length` lines, which Pingora accepts and passes on: the backend gets one.
+//!   (Lines that differ Pingora refuses itself, with its bare 400; both `Transfer-Encoding` and
+//!   `Content-Length` it takes care of: it drops the length, reads the body by its chunks and
+//!   closes the connection after the answer, per RFC 9112 §6.1.)
+//! - An HTTP/1.0 request without `Host` goes to the backend as HTTP/1.1, which must have one:
+//!   it gets the backend's address.
+
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{HeaderValue, Version};
+use pingora::http::RequestHeader;
+
+use crate::error::ApiError;
+
+/// Refuses a transfer coding besides `chunked` (see the module).
+pub fn check(req: &RequestHeader) -> Result<(), ApiError> {
+    let mut codings = req
+        .headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|line| line.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        // A list may have empty elements (RFC 9110 §5.6.1).
+        .filter(|coding| !coding.is_empty());
+    match (codings.next(), codings.next()) {
+        (None, _) => Ok(()),
+        (Some(coding), None) if coding.eq_ignore_ascii_case(b"chunked") => Ok(()),
+        _ => Err(ApiError::invalid(
+            "the only transfer coding accepted is chunked; send a compressed body with \
+             Content-Encoding",
+        )),
+    }
+}
+
+/// Makes the request's framing headers the backend's: one `Content-Length` line, and a `Host`
+/// (`backend`'s address) for a request that came as HTTP/1.0 without one.
+pub fn for_backend(
+    req: &mut RequestHeader,
+    came_as: Version,
+    backend: &HeaderValue,
+) -> pingora::Result<()> {
+    let mut lengths = req.headers.get_all(CONTENT_LENGTH).iter();
+    if let (Some(first), Some(_)) = (lengths.next(), lengths.next()) {
+        // Equal ([`check`]): one says it.
+        let first = first.clone();
+        req.insert_header(CONTENT_LENGTH, first)?;
+    }
+    if came_as == Version::HTTP_10 && !req.headers.contains_key(HOST) {
+        req.insert_header(HOST, backend.clone())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(headers: &[(&str, &str)]) -> RequestHeader {
+        let mut req = RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
+        for (name, value) in headers {
+            req.append_header(name.to_string(), *value).unwrap();
+        }
+        req
+    }
+
+    #[test]
+    fn only_chunked_alone_passes() {
+        for fine in [
+            &[][..],
+            &[("Transfer-Encoding", "chunked")],
+            &[("Transfer-Encoding", "Chunked")],
+            &[("Transfer-Encoding", " chunked ,")],
+            &[("Content-Length", "2")],
+            &[("Content-Length", "2"), ("Content-Length", "2")],
+        ] {
+            assert!(check(&request(fine)).is_ok(), "{fine:?}");
+        }
+        for refused in [
+            &[("Transfer-Encoding", "gzip, chunked")][..],
+            &[
+                ("Transfer-Encoding", "gzip"),
+                ("Transfer-Encoding", "chunked"),
+            ],
+            &[("Transfer-Encoding", "chunked, chunked")],
+            &[("Transfer-Encoding", "identity")],
+        ] {
+            let err = check(&request(refused)).unwrap_err();
+            assert_eq!(err.status(), 400, "{refused:?}");
+        }
+    }
+
+    #[test]
+    fn the_backend_gets_one_length_and_a_host() {
+        let backend = HeaderValue::from_static("127.0.0.1:9000");
+        let mut req = request(&[("Content-Length", "2"), ("Content-Length", "2")]);
+        for_backend(&mut req, Version::HTTP_11, &backend).unwrap();
+        let lengths: Vec<_> = req.headers.get_all(CONTENT_LENGTH).iter().collect();
+        assert_eq!(lengths, ["2"]);
+        assert!(
+            !req.headers.contains_key(HOST),
+            "HTTP/1.1 without one is Pingora's to refuse"
+        );
+        for_backend(&mut req, Version::HTTP_10, &backend).unwrap();
+        assert_eq!(req.headers[HOST], "127.0.0.1:9000");
+        let mut req = request(&[("Host", "api.example.com")]);
+        for_backend(&mut req, Version::HTTP_10, &backend).unwrap();
+        assert_eq!(req.headers[HOST], "api.example.com", "a Host given is kept");
+    }
+}
