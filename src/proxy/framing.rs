@@ -12,7 +12,7 @@
 //!   `Content-Length` it takes care of: it drops the length, reads the body by its chunks and
 //!   closes the connection after the answer, per RFC 9112 §6.1.)
 //! - An HTTP/1.0 request without `Host` goes to the backend as HTTP/1.1, which must have one:
-//!   it gets the backend's address.
+//!   it gets the backend's address as configured.
 
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderValue, Version};

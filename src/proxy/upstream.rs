@@ -35,8 +35,8 @@ pub enum Target {
     Simulated,
 }
 
-/// The configured backends, pre-resolved, each with its address as a `Host` value (for a
-/// request that came without one, [`super::framing`]).
+/// The configured backends, pre-resolved, each with its configured address as a `Host` value
+/// (for a request that came without one, [`super::framing`]).
 pub struct Upstreams {
     live: Option<(HttpPeer, HeaderValue)>,
     sandbox: Option<(HttpPeer, HeaderValue)>,
@@ -48,8 +48,8 @@ impl Upstreams {
         let peer = |addr: &Option<String>| -> Result<Option<(HttpPeer, HeaderValue)>, String> {
             let Some(addr) = addr else { return Ok(None) };
             let sockaddr = resolve(addr)?;
-            let host = HeaderValue::from_str(&sockaddr.to_string())
-                .map_err(|_| format!("{addr}: no Host value"))?;
+            // As configured (a name, for a backend that serves several), not as resolved.
+            let host = HeaderValue::from_str(addr).map_err(|_| format!("{addr}: no Host value"))?;
             let mut peer = HttpPeer::new(sockaddr, false, String::new());
             let options = peer.get_mut_peer_options().expect("HttpPeer has options");
             options.connection_timeout = Some(Duration::from_millis(config.connect_timeout_ms));
@@ -82,7 +82,7 @@ impl Upstreams {
         self.backend(target).map(|(peer, _)| peer)
     }
 
-    /// The address of a forwarding target's backend as a `Host` value.
+    /// The configured address of a forwarding target's backend, as a `Host` value.
     pub fn host(&self, target: Target) -> Option<&HeaderValue> {
         self.backend(target).map(|(_, host)| host)
     }
