@@ -766,6 +766,41 @@ async fn request_framing_reaches_the_backend_with_one_reading() {
     assert!(head.contains(&host), "{head}");
 }
 
+/// A streamed (chunked) answer goes to an HTTP/1.0 client, which does not know chunks, as the
+/// body until the connection closes; an HTTP/1.1 client gets the chunks.
+#[tokio::test]
+async fn an_http10_client_gets_a_streamed_answer_without_chunks() {
+    let backend = RawBackend::start(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+          Transfer-Encoding: chunked\r\n\r\n7\r\n{\"a\":1}\r\n0\r\n\r\n",
+    )
+    .await;
+    let gw = Gateway::builder().live(backend.addr).start().await;
+    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    let post = |version: &str, connection: &str| {
+        format!(
+            "POST /v1/chat/completions {version}\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Connection: {connection}\r\nContent-Length: 2\r\n\r\n{{}}"
+        )
+    };
+    // Even for a client that asks to keep the connection: the close ends the body, and the
+    // answer says so.
+    let answer = raw(&gw, post("HTTP/1.0", "keep-alive")).await;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    let head = head.to_lowercase();
+    assert!(head.contains(" 200 "), "{answer}");
+    assert!(!head.contains("transfer-encoding"), "{answer}");
+    assert!(head.contains("\r\nconnection: close"), "{answer}");
+    assert_eq!(body, r#"{"a":1}"#, "the body as it is, ended by the close");
+    let answer = raw(&gw, post("HTTP/1.1", "close")).await;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.to_lowercase().contains("transfer-encoding: chunked"),
+        "{answer}"
+    );
+    assert_eq!(body, "7\r\n{\"a\":1}\r\n0\r\n\r\n");
+}
+
 #[tokio::test]
 async fn a_project_named_in_connection_still_reaches_the_backend() {
     let live = RecordingUpstream::start("live").await;

@@ -13,10 +13,14 @@
 //!   closes the connection after the answer, per RFC 9112 §6.1.)
 //! - An HTTP/1.0 request without `Host` goes to the backend as HTTP/1.1, which must have one:
 //!   it gets the backend's address as configured.
+//!
+//! And on the way back: an HTTP/1.0 client does not know chunks, so a streamed (chunked)
+//! answer goes to it as the body until the connection closes (RFC 9112 §6.1: no
+//! `Transfer-Encoding` in an answer to an HTTP/1.0 request).
 
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderValue, Version};
-use pingora::http::RequestHeader;
+use pingora::http::{RequestHeader, ResponseHeader};
 
 use crate::error::ApiError;
 
@@ -59,6 +63,17 @@ pub fn for_backend(
     Ok(())
 }
 
+/// Makes a backend's answer one an HTTP/1.0 client can read: without `Transfer-Encoding`, so
+/// its body goes as it is and ends with the connection. Returns whether it did, and so whether
+/// the connection must close after the answer.
+pub fn for_http10_client(resp: &mut ResponseHeader) -> bool {
+    if !resp.headers.contains_key(TRANSFER_ENCODING) {
+        return false;
+    }
+    resp.remove_header(&TRANSFER_ENCODING);
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +110,21 @@ mod tests {
             let err = check(&request(refused)).unwrap_err();
             assert_eq!(err.status(), 400, "{refused:?}");
         }
+    }
+
+    #[test]
+    fn an_http10_client_gets_no_chunks() {
+        let mut resp = ResponseHeader::build(200, None).unwrap();
+        resp.append_header("Transfer-Encoding", "chunked").unwrap();
+        resp.append_header("Content-Type", "text/event-stream")
+            .unwrap();
+        assert!(for_http10_client(&mut resp), "the connection closes");
+        assert!(!resp.headers.contains_key(TRANSFER_ENCODING));
+        assert_eq!(resp.headers["content-type"], "text/event-stream");
+        let mut resp = ResponseHeader::build(200, None).unwrap();
+        resp.append_header("Content-Length", "2").unwrap();
+        assert!(!for_http10_client(&mut resp), "a length needs no close");
+        assert_eq!(resp.headers[CONTENT_LENGTH], "2");
     }
 
     #[test]

@@ -637,10 +637,16 @@ impl ProxyHttp for Gateway {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if session.req_header().version == http::Version::HTTP_10
+            && framing::for_http10_client(upstream_response)
+        {
+            // The body ends where the connection does.
+            session.set_keepalive(None);
+        }
         if let (Some(sent), Some(route)) = (ctx.upstream_sent, self.route(ctx)) {
             route.metrics.record_upstream(sent.elapsed());
         }
