@@ -53,7 +53,7 @@ pub fn for_backend(
 ) -> pingora::Result<()> {
     let mut lengths = req.headers.get_all(CONTENT_LENGTH).iter();
     if let (Some(first), Some(_)) = (lengths.next(), lengths.next()) {
-        // Equal ([`check`]): one says it.
+        // Equal (Pingora refuses lines that differ): one says it.
         let first = first.clone();
         req.insert_header(CONTENT_LENGTH, first)?;
     }
@@ -136,7 +136,7 @@ mod tests {
         assert_eq!(lengths, ["2"]);
         assert!(
             !req.headers.contains_key(HOST),
-            "HTTP/1.1 without one is Pingora's to refuse"
+            "only a request that came as HTTP/1.0 gets one"
         );
         for_backend(&mut req, Version::HTTP_10, &backend).unwrap();
         assert_eq!(req.headers[HOST], "127.0.0.1:9000");
