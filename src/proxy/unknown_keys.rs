@@ -97,22 +97,16 @@ impl UnknownKeyLimit {
     /// The key a reservation was made for exists: the read is given back.
     pub fn give_back(&self, reservation: Reservation) {
         self.give_back_for(reservation.client);
-        let mut current = self.total.load(Ordering::Relaxed);
-        loop {
-            let (minute, count) = unpack(current);
-            if minute != reservation.total || count == 0 {
-                return;
-            }
-            match self.total.compare_exchange_weak(
-                current,
-                pack(minute, count - 1),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(now) => current = now,
-            }
-        }
+        let _ = self
+            .total
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                match unpack(word) {
+                    (minute, count) if minute == reservation.total && count > 0 => {
+                        Some(pack(minute, count - 1))
+                    }
+                    _ => None,
+                }
+            });
     }
 
     /// One read of `client`'s share in `minute`: the client and the minute it counted in, or
@@ -152,25 +146,17 @@ impl UnknownKeyLimit {
     /// One read of all clients' share in `minute`: the minute it counted in (a later one, if
     /// another request started it), or the minute the share is spent in.
     fn reserve_total(&self, minute: u64) -> Result<u64, u64> {
-        let mut current = self.total.load(Ordering::Relaxed);
-        loop {
-            let (counted_in, count) = match unpack(current) {
-                (m, _) if m < minute => (minute, 0),
-                counted => counted,
-            };
-            if count >= self.total_per_minute {
-                return Err(counted_in);
-            }
-            match self.total.compare_exchange_weak(
-                current,
-                pack(counted_in, count + 1),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Ok(counted_in),
-                Err(now) => current = now,
-            }
-        }
+        let counted_in = |word| unpack(word).0.max(minute);
+        self.total
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                let count = match unpack(word) {
+                    (m, _) if m < minute => 0,
+                    (_, count) => count,
+                };
+                (count < self.total_per_minute).then(|| pack(counted_in(word), count + 1))
+            })
+            .map(counted_in)
+            .map_err(counted_in)
     }
 
     /// Drops the counts of earlier minutes; one request at a time does it.
