@@ -14,7 +14,7 @@ use svcgate::store::{
     AfterAttempt, ClaimRequest, ClaimedDelivery, IndexFillTiming, MemoryStore, RedisStore, Saved,
     Store, StoreError,
 };
-use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus};
+use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus, DeliverySummary};
 use svcgate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use svcgate::webhooks::notice::PauseNotice;
 
@@ -1110,7 +1110,11 @@ async fn an_entry_fanned_out_twice_queues_its_deliveries_once(store: Arc<dyn Sto
     store.enqueue_deliveries(&[], &[&e], &again).await.unwrap();
     assert_eq!(store.queue_stats().await.unwrap().pending, 2);
     let listed = store.deliveries(&a.id, 10).await.unwrap();
-    assert_eq!(listed, [first[0].clone()], "the first one, unchanged");
+    assert_eq!(
+        listed,
+        [DeliverySummary::from(&first[0])],
+        "the first one, unchanged"
+    );
     // A replay is a new delivery of the same event.
     let replay = [Delivery::new(&e, &ws, &a.id, now, true)];
     store.enqueue_deliveries(&[], &[], &replay).await.unwrap();
@@ -1119,6 +1123,31 @@ async fn an_entry_fanned_out_twice_queues_its_deliveries_once(store: Arc<dyn Sto
 
 /// A workspace with one endpoint and one delivery of an event queued for it, made now: the
 /// workspace, the endpoint, the event and now (unix milliseconds).
+/// A listing longer than one read of the records: every delivery once, newest first, each as
+/// its summary (the payloads are not read into it).
+async fn a_long_deliveries_listing_is_whole_and_newest_first(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let a = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&a, 10_000).await.unwrap();
+    let big = serde_json::json!({"blob": "x".repeat(10_000)});
+    let mut queued = Vec::new();
+    for n in 0..130u64 {
+        let e = Event::new("agent.run.completed", &ws, Environment::Live, big.clone());
+        let d = Delivery::new(&e, &ws, &a.id, 1_000_000 + n, n % 2 == 0);
+        store
+            .enqueue_deliveries(&[], &[], std::slice::from_ref(&d))
+            .await
+            .unwrap();
+        queued.push(d);
+    }
+    let newest_first: Vec<DeliverySummary> =
+        queued.iter().rev().map(DeliverySummary::from).collect();
+    let listed = store.deliveries(&a.id, 1_000).await.unwrap();
+    assert_eq!(listed, newest_first);
+    let listed = store.deliveries(&a.id, 101).await.unwrap();
+    assert_eq!(listed, newest_first[..101]);
+}
+
 async fn one_queued_delivery(store: &Arc<dyn Store>) -> (String, Endpoint, Event, u64) {
     let ws = new_id("ws");
     let a = endpoint(&ws, &["agent.run.*"]);
@@ -1568,7 +1597,10 @@ async fn a_failure_at_a_url_the_endpoint_no_longer_has_counts_for_nothing(store:
     assert_eq!(store.endpoint_retry(&a.id).await.unwrap(), None);
     let now_endpoint = store.endpoints(&ws).await.unwrap();
     assert_eq!(now_endpoint[0].status, EndpointStatus::Active);
-    assert_eq!(store.deliveries(&a.id, 10).await.unwrap(), queued);
+    assert_eq!(
+        store.deliveries(&a.id, 10).await.unwrap(),
+        queued.iter().map(DeliverySummary::from).collect::<Vec<_>>()
+    );
     // At the URL it has, a failure counts.
     let mut at_new_url = queued[0].clone();
     let mut tried = attempt(now, Some(500));
@@ -1817,6 +1849,7 @@ store_suite!(
     absurd_spend_saturates_and_never_jams_the_flushes,
     a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed,
     an_entry_fanned_out_twice_queues_its_deliveries_once,
+    a_long_deliveries_listing_is_whole_and_newest_first,
     resuming_an_endpoint_held_back_puts_its_failed_delivery_due_now,
     a_retry_in_flight_when_its_endpoint_is_resumed_counts_for_nothing
 );

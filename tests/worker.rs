@@ -1466,3 +1466,212 @@ async fn event_log(s: &Setup) -> (redis::aio::MultiplexedConnection, String) {
     let conn = client.get_multiplexed_async_connection().await.unwrap();
     (conn, format!("{{{}}}:events", s._ns.name))
 }
+
+/// The process's resident memory now and at its peak since [`reset_peak_memory`], in bytes.
+fn memory(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kb * 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Starts a process's peak resident memory again from what it holds now.
+fn reset_peak_memory(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+}
+
+/// A replay of large events reads and queues them a few at a time, and a listing of their
+/// deliveries reads a few records at a time: neither holds all the payloads at once. Here 600
+/// events of 100 KB (60 MB) are replayed and their deliveries listed; the gateway's peak
+/// memory grows by far less than the payloads: about 19 MB for the replay, 2 MB for the listing.
+/// (Read and queued all at once, as until session 22, the replay grew it by 321 MB, and with
+/// 400 events of 200 KB took the store so long that it failed as unreachable, a 503; the
+/// listing, read whole, by 61 MB.)
+#[tokio::test]
+async fn a_replay_and_a_listing_of_large_events_hold_a_few_payloads_at_a_time() {
+    const EVENTS: usize = 600;
+    const SIZE: usize = 100_000;
+    let s = setup("[60]", 10, false).await;
+    let since = svcgate::ids::unix_now();
+    // Straight to the event log, as a backend may write them: quicker than the admin API.
+    let data = json!({"blob": "x".repeat(SIZE)}).to_string();
+    let (mut conn, stream) = event_log(&s).await;
+    for _ in 0..EVENTS {
+        let fields: [(&str, &[u8]); 3] = [
+            ("type", b"agent.run.completed"),
+            ("workspace", s.ws.as_bytes()),
+            ("data", data.as_bytes()),
+        ];
+        append_raw(&mut conn, &stream, &fields).await;
+    }
+    // Taken by the worker and indexed for replay (with no endpoint yet, nothing is delivered).
+    let index = format!("{{{}}}:wh:replay:{}:live", s._ns.name, s.ws);
+    let indexed = eventually(Duration::from_secs(60), || {
+        let (mut conn, index) = (conn.clone(), index.clone());
+        async move {
+            let n: usize = redis::cmd("ZCARD")
+                .arg(&index)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n == EVENTS
+        }
+    })
+    .await;
+    assert!(indexed.is_some(), "the worker indexed every event");
+    let receiver = Receiver::start().await;
+    let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
+
+    let pid = s.gw.pid();
+    let payloads = (EVENTS * SIZE) as u64;
+    reset_peak_memory(pid);
+    let (before, _) = memory(pid);
+    let resp = replay(&s, &id, json!({"since": since})).await;
+    let status = resp.status();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["replayed"], EVENTS, "{body}");
+    assert_eq!(body["truncated"], false, "{body}");
+    let (_, peak) = memory(pid);
+    let grew = peak.saturating_sub(before);
+    assert!(
+        grew < payloads / 2,
+        "a replay of {payloads} bytes of payloads took {grew} bytes more at its peak"
+    );
+
+    reset_peak_memory(pid);
+    let (before, _) = memory(pid);
+    let path = format!("/v1/webhooks/{id}/deliveries?limit=1000");
+    let resp = call(&s.gw, &s.key, Method::GET, &path, None).await;
+    assert_eq!(resp.status(), 200);
+    let listed: Value = resp.json().await.unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().len(), EVENTS);
+    let (_, peak) = memory(pid);
+    let grew = peak.saturating_sub(before);
+    assert!(
+        grew < payloads / 2,
+        "a listing of {payloads} bytes of payloads took {grew} bytes more at its peak"
+    );
+    // The replayed deliveries go out.
+    received(&receiver, "/hook", 1, Duration::from_secs(10)).await;
+}
+
+/// A replay the store stops taking part way through answers what it queued, cut short, with
+/// the `next` that goes on from there; once the store takes writes again, that `next` replays
+/// the rest, and between the two every event is replayed once.
+#[tokio::test]
+async fn a_replay_the_store_stops_taking_part_way_answers_what_it_queued_and_where_to_go_on() {
+    const EVENTS: usize = 200;
+    let redis = RedisServer::start().await;
+    let outbox = tempfile::tempdir().unwrap();
+    let gw = Gateway::builder()
+        .redis(&redis.url(), "replay")
+        .toml(&webhooks_toml(outbox.path(), "[60]", 10))
+        .start()
+        .await;
+    let ws = gw.create_workspace().await;
+    let (_, key) = gw.create_key_in(&ws, "live", SCOPES).await;
+    let since = svcgate::ids::unix_now();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let data = json!({"blob": "x".repeat(20_000)}).to_string();
+    for _ in 0..EVENTS {
+        let fields: [(&str, &[u8]); 3] = [
+            ("type", b"agent.run.completed"),
+            ("workspace", ws.as_bytes()),
+            ("data", data.as_bytes()),
+        ];
+        append_raw(&mut conn, "{replay}:events", &fields).await;
+    }
+    let index = format!("{{replay}}:wh:replay:{ws}:live");
+    let indexed = eventually(Duration::from_secs(30), || {
+        let (mut conn, index) = (conn.clone(), index.clone());
+        async move {
+            let n: usize = redis::cmd("ZCARD")
+                .arg(&index)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n == EVENTS
+        }
+    })
+    .await;
+    assert!(indexed.is_some(), "the worker indexed every event");
+    let receiver = Receiver::start().await;
+    let (id, _) = endpoint(&gw, &key, &receiver.url("/hook"), &["agent.run.*"]).await;
+    let path = format!("/v1/webhooks/{id}/replay");
+
+    // Redis refuses writes past a little more memory than it uses now: room for a few steps'
+    // deliveries (each step's 10 carry 200 KB), not for all.
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let used: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let set_max = |max: u64| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory")
+                .arg(max)
+                .query_async::<()>(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    set_max(used + 1_000_000).await;
+    let resp = call(
+        &gw,
+        &key,
+        Method::POST,
+        &path,
+        Some(json!({"since": since})),
+    )
+    .await;
+    let status = resp.status();
+    let first: Value = resp.json().await.unwrap();
+    assert_eq!(status, 202, "{first}");
+    let replayed = first["replayed"].as_u64().unwrap() as usize;
+    assert!(0 < replayed && replayed < EVENTS, "{first}");
+    assert_eq!(first["truncated"], true, "{first}");
+    assert_eq!(first["next"]["since"], since, "{first}");
+    assert!(gw.logs().contains("a replay stopped short"));
+
+    set_max(0).await;
+    let resp = call(&gw, &key, Method::POST, &path, Some(first["next"].clone())).await;
+    let status = resp.status();
+    let rest: Value = resp.json().await.unwrap();
+    assert_eq!(status, 202, "{rest}");
+    assert_eq!(rest["replayed"], EVENTS - replayed, "{rest}");
+    assert_eq!(rest["truncated"], false, "{rest}");
+    // Every event once, between the two.
+    let resp = call(
+        &gw,
+        &key,
+        Method::GET,
+        &format!("/v1/webhooks/{id}/deliveries?limit=1000"),
+        None,
+    )
+    .await;
+    let listed: Value = resp.json().await.unwrap();
+    let mut events: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["event_id"].as_str().unwrap())
+        .collect();
+    events.sort();
+    events.dedup();
+    assert_eq!(events.len(), EVENTS);
+}

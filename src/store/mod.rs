@@ -19,7 +19,7 @@ use crate::keys::Environment;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
 use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{UsageFlush, UsageSnapshot};
-use crate::webhooks::delivery::Delivery;
+use crate::webhooks::delivery::{Delivery, DeliverySummary};
 use crate::webhooks::endpoint::Endpoint;
 use crate::webhooks::notice::PauseNotice;
 
@@ -479,8 +479,12 @@ pub trait Store: Send + Sync + 'static {
     /// Removes a pause notice (mailed, or nobody left to tell); nothing if it is gone.
     async fn remove_pause_notice(&self, id: &str) -> Result<(), StoreError>;
 
-    /// The latest deliveries to an endpoint, newest first.
-    async fn deliveries(&self, endpoint: &str, limit: usize) -> Result<Vec<Delivery>, StoreError>;
+    /// The latest deliveries to an endpoint, newest first, without their events' payloads.
+    async fn deliveries(
+        &self,
+        endpoint: &str,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, StoreError>;
 
     /// An event of a workspace and environment that workers have taken from the log, by id,
     /// within the retention window (another workspace's event of the same id is not it).

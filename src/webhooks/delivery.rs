@@ -62,6 +62,63 @@ pub struct Delivery {
     pub created_ms: u64,
 }
 
+/// A delivery as it is listed: all of it but its event's payload, which no listing shows (a
+/// listing of up to [`DELIVERIES_LISTED`] would otherwise read as many payloads of up to 256 KiB
+/// into the gateway). Read from a stored delivery, the payload is skipped, not parsed.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct DeliverySummary {
+    /// `dlv_…`
+    pub id: String,
+    /// The endpoint (`we_…`).
+    pub endpoint: String,
+    /// The event's id and type.
+    pub event: EventHead,
+    /// Where it stands.
+    pub status: DeliveryStatus,
+    /// Attempts made so far.
+    pub attempts: u32,
+    /// When the next attempt is due (unix milliseconds), while pending.
+    #[serde(default)]
+    pub next_attempt_ms: Option<u64>,
+    /// The latest attempt.
+    #[serde(default)]
+    pub last_attempt: Option<Attempt>,
+    /// Whether a replay asked for it.
+    #[serde(default)]
+    pub replay: bool,
+    /// Unix milliseconds.
+    pub created_ms: u64,
+}
+
+/// What a listing shows of a delivery's event.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct EventHead {
+    /// `evt_…`
+    pub id: String,
+    /// Its type.
+    #[serde(rename = "type")]
+    pub event_type: String,
+}
+
+impl From<&Delivery> for DeliverySummary {
+    fn from(d: &Delivery) -> Self {
+        Self {
+            id: d.id.clone(),
+            endpoint: d.endpoint.clone(),
+            event: EventHead {
+                id: d.event.id.clone(),
+                event_type: d.event.event_type.clone(),
+            },
+            status: d.status,
+            attempts: d.attempts,
+            next_attempt_ms: d.next_attempt_ms,
+            last_attempt: d.last_attempt.clone(),
+            replay: d.replay,
+            created_ms: d.created_ms,
+        }
+    }
+}
+
 /// Where a delivery stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -211,6 +268,26 @@ mod tests {
             duration_ms: 10,
             url: None,
         }
+    }
+
+    #[test]
+    fn a_stored_delivery_reads_as_its_summary_without_the_payload() {
+        let data = serde_json::json!({"blob": "x".repeat(1000), "nested": [1, {"a": null}]});
+        let event = Event::new("agent.run.failed", "ws_1", Environment::Live, data);
+        let mut d = Delivery::new(&event, "ws_1", "we_1", 1_000, true);
+        d.fail(attempt(1_000), &[Duration::from_secs(60)], 0);
+        let stored = serde_json::to_string(&d).unwrap();
+        let summary: DeliverySummary = serde_json::from_str(&stored).unwrap();
+        assert_eq!(summary, DeliverySummary::from(&d));
+        assert_eq!(summary.event.id, event.id);
+        assert_eq!(summary.event.event_type, "agent.run.failed");
+        assert_eq!((summary.attempts, summary.replay), (1, true));
+        assert_eq!(summary.next_attempt_ms, Some(1_010 + 60_000));
+        // A delivery not yet attempted leaves out what it has not got.
+        let fresh = Delivery::new(&event, "ws_1", "we_1", 1_000, false);
+        let summary: DeliverySummary =
+            serde_json::from_str(&serde_json::to_string(&fresh).unwrap()).unwrap();
+        assert_eq!(summary, DeliverySummary::from(&fresh));
     }
 
     #[test]

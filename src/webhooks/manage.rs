@@ -6,16 +6,20 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::delivery::{Delivery, DELIVERIES_LISTED};
+use super::delivery::{Delivery, DeliverySummary, DELIVERIES_LISTED};
 use super::endpoint::{Endpoint, EndpointStatus};
 use crate::error::ApiError;
-use crate::events::RETENTION_SECS;
+use crate::events::{Event, RETENTION_SECS};
 use crate::ids::{unix_millis, unix_now};
 use crate::keys::Environment;
 use crate::store::Store;
 
 /// Most events one replay queues.
 pub const REPLAY_MAX: usize = 10_000;
+
+/// Events a replay reads, and queues deliveries of, at a time: what it holds at once (an
+/// event's payload may be 256 KiB).
+pub const REPLAY_STEP: usize = 10;
 
 /// Deliveries an endpoint may have queued for a replay to be taken: two replays' worth.
 pub const REPLAY_QUEUE_MAX: u64 = 2 * REPLAY_MAX as u64;
@@ -96,7 +100,7 @@ struct AttemptView<'a> {
 }
 
 impl<'a> DeliveryView<'a> {
-    fn of(d: &'a Delivery) -> Self {
+    fn of(d: &'a DeliverySummary) -> Self {
         Self {
             id: &d.id,
             event_id: &d.event.id,
@@ -222,6 +226,12 @@ pub fn deliveries_limit(limit: Option<&str>) -> Result<usize, ApiError> {
 /// Queues the replay asked for, and answers what was queued: the new deliveries' ids, and
 /// whether [`REPLAY_MAX`] events cut the list short, with the body that replays the rest
 /// (`next`). A paused endpoint must be resumed first.
+///
+/// A replay since a time goes [`REPLAY_STEP`] events at a time, each step queued before the
+/// next is read. If the store fails after a step was queued, the answer is what was queued so
+/// far, cut short, with the `next` that goes on from there (a step whose answer was lost
+/// after the store took it is replayed again by that `next`: its events arrive twice, under
+/// their ids).
 pub async fn replay(
     store: &dyn Store,
     endpoint: &Endpoint,
@@ -254,7 +264,7 @@ pub async fn replay(
     }
     let now = unix_now();
     let oldest = now.saturating_sub(RETENTION_SECS);
-    let (events, next) = match (input.event_id, input.since, input.after) {
+    let (ids, next) = match (input.event_id, input.since, input.after) {
         (Some(event_id), None, None) => {
             let event = store
                 .event(&endpoint.workspace, endpoint.environment, &event_id)
@@ -276,7 +286,7 @@ pub async fn replay(
                     event.event_type
                 )));
             }
-            (vec![event], None)
+            (queue_replays(store, endpoint, &[event]).await?, None)
         }
         (None, Some(since), after) => {
             // A continuation (`after`, from a `next`) may start past the window's edge, which
@@ -292,26 +302,7 @@ pub async fn replay(
             {
                 return Err(ApiError::invalid("after must be an event id"));
             }
-            let workspace = &endpoint.workspace;
-            let page = store
-                .events_since(
-                    workspace,
-                    endpoint.environment,
-                    since,
-                    after.as_deref(),
-                    REPLAY_MAX,
-                )
-                .await?;
-            // Cut short: where the next replay goes on from (a body for the same call).
-            let next = page
-                .next
-                .map(|(since, after)| serde_json::json!({"since": since, "after": after}));
-            let wanted = page
-                .events
-                .into_iter()
-                .filter(|e| endpoint.wants(&e.event_type))
-                .collect();
-            (wanted, next)
+            replay_since(store, endpoint, since, after).await?
         }
         _ => {
             return Err(ApiError::invalid(
@@ -319,20 +310,91 @@ pub async fn replay(
             ))
         }
     };
+    // Cut short: where the next replay goes on from (a body for the same call).
+    let next = next.map(|(since, after)| serde_json::json!({"since": since, "after": after}));
+    Ok(serde_json::json!({
+        "endpoint": endpoint.id,
+        "replayed": ids.len(),
+        "delivery_ids": ids,
+        "truncated": next.is_some(),
+        "next": next,
+    }))
+}
+
+/// Replays the endpoint's events since `since` (past `after`), [`REPLAY_STEP`] at a time and at
+/// most [`REPLAY_MAX`]: the new deliveries' ids, and where the rest starts if any is left.
+async fn replay_since(
+    store: &dyn Store,
+    endpoint: &Endpoint,
+    since: u64,
+    after: Option<String>,
+) -> Result<(Vec<String>, Option<(u64, String)>), ApiError> {
+    let mut ids = Vec::new();
+    let mut read = 0;
+    let mut from = (since, after);
+    loop {
+        let max = REPLAY_STEP.min(REPLAY_MAX - read);
+        let step = async {
+            let page = store
+                .events_since(
+                    &endpoint.workspace,
+                    endpoint.environment,
+                    from.0,
+                    from.1.as_deref(),
+                    max,
+                )
+                .await?;
+            let wanted: Vec<Event> = page
+                .events
+                .into_iter()
+                .filter(|e| endpoint.wants(&e.event_type))
+                .collect();
+            let queued = queue_replays(store, endpoint, &wanted).await?;
+            Ok::<_, ApiError>((queued, page.next))
+        };
+        match step.await {
+            Ok((queued, next)) => {
+                ids.extend(queued);
+                read += max;
+                match next {
+                    Some((since, after)) if read < REPLAY_MAX => from = (since, Some(after)),
+                    next => return Ok((ids, next)),
+                }
+            }
+            Err(e) => {
+                // Nothing queued yet: the replay failed as a whole. (After a step, `from` is
+                // where the page before ended, an event.)
+                let (since, Some(after)) = from else {
+                    return Err(e);
+                };
+                if ids.is_empty() {
+                    return Err(e);
+                }
+                tracing::warn!(
+                    endpoint = %endpoint.id,
+                    error = %e,
+                    replayed = ids.len(),
+                    "a replay stopped short; its answer says where to go on"
+                );
+                return Ok((ids, Some((since, after))));
+            }
+        }
+    }
+}
+
+/// Queues a replayed delivery of each of `events`; their ids.
+async fn queue_replays(
+    store: &dyn Store,
+    endpoint: &Endpoint,
+    events: &[Event],
+) -> Result<Vec<String>, ApiError> {
     let now_ms = unix_millis();
     let deliveries: Vec<Delivery> = events
         .iter()
         .map(|e| Delivery::new(e, &endpoint.workspace, &endpoint.id, now_ms, true))
         .collect();
     store.enqueue_deliveries(&[], &[], &deliveries).await?;
-    let ids: Vec<&str> = deliveries.iter().map(|d| d.id.as_str()).collect();
-    Ok(serde_json::json!({
-        "endpoint": endpoint.id,
-        "replayed": deliveries.len(),
-        "delivery_ids": ids,
-        "truncated": next.is_some(),
-        "next": next,
-    }))
+    Ok(deliveries.into_iter().map(|d| d.id).collect())
 }
 
 fn truncate(id: &str) -> String {

@@ -20,7 +20,7 @@ use crate::keys::KeyStatus;
 use crate::keys::{KeyHash, KeyRecord, Workspace};
 use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
-use crate::webhooks::delivery::Delivery;
+use crate::webhooks::delivery::{Delivery, DeliverySummary};
 use crate::webhooks::endpoint::Endpoint;
 use crate::webhooks::endpoint::EndpointStatus;
 use crate::webhooks::notice::PauseNotice;
@@ -832,7 +832,11 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn deliveries(&self, endpoint: &str, limit: usize) -> Result<Vec<Delivery>, StoreError> {
+    async fn deliveries(
+        &self,
+        endpoint: &str,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, StoreError> {
         Ok(self.read().webhooks.deliveries(endpoint, limit))
     }
 

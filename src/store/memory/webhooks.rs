@@ -14,7 +14,7 @@ use crate::keys::Environment;
 use crate::store::{
     AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointRetry, EventFeed, QueueStats, StoreError,
 };
-use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED};
+use crate::webhooks::delivery::{Delivery, DeliverySummary, DELIVERIES_LISTED};
 use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use crate::webhooks::notice::PauseNotice;
 
@@ -323,14 +323,14 @@ impl WebhookState {
         self.notices.remove(id);
     }
 
-    pub(super) fn deliveries(&self, endpoint: &str, limit: usize) -> Vec<Delivery> {
+    pub(super) fn deliveries(&self, endpoint: &str, limit: usize) -> Vec<DeliverySummary> {
         self.listed
             .get(endpoint)
             .into_iter()
             .flatten()
             .filter_map(|id| self.deliveries.get(id))
             .take(limit)
-            .cloned()
+            .map(DeliverySummary::from)
             .collect()
     }
 

@@ -70,7 +70,7 @@ use crate::keys::Environment;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
 use crate::metering::audit::{AuditQuery, AuditRecord};
 use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
-use crate::webhooks::delivery::Delivery;
+use crate::webhooks::delivery::{Delivery, DeliverySummary};
 use crate::webhooks::endpoint::Endpoint;
 use crate::webhooks::notice::PauseNotice;
 use std::collections::HashMap;
@@ -2082,7 +2082,11 @@ impl Store for RedisStore {
         self.remove_notice(id).await
     }
 
-    async fn deliveries(&self, endpoint: &str, limit: usize) -> Result<Vec<Delivery>, StoreError> {
+    async fn deliveries(
+        &self,
+        endpoint: &str,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, StoreError> {
         self.list_deliveries(endpoint, limit).await
     }
 

@@ -40,12 +40,17 @@ use crate::store::{
     AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointRetry, EventFeed, EventPage, QueueStats,
     Saved, StoreError,
 };
-use crate::webhooks::delivery::{Delivery, DELIVERIES_LISTED, DELIVERY_RETENTION_SECS};
+use crate::webhooks::delivery::{
+    Delivery, DeliverySummary, DELIVERIES_LISTED, DELIVERY_RETENTION_SECS,
+};
 use crate::webhooks::endpoint::Endpoint;
 use crate::webhooks::notice::PauseNotice;
 
 /// The workers' consumer group on the event log.
 const GROUP: &str = "webhooks";
+
+/// Delivery records a listing reads at once: each holds its event's payload.
+const LISTED_PER_READ: usize = 10;
 
 /// Shared Lua: `newer(a, b)` compares stream ids.
 const NEWER: &str = r"
@@ -732,26 +737,28 @@ impl RedisStore {
         &self,
         endpoint: &str,
         limit: usize,
-    ) -> Result<Vec<Delivery>, StoreError> {
+    ) -> Result<Vec<DeliverySummary>, StoreError> {
         let p = self.prefix();
         let ids: Vec<String> = self
             .conn()
             .lrange(format!("{p}:wh:log:{endpoint}"), 0, limit as isize - 1)
             .await
             .map_err(unavailable)?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
+        let mut listed = Vec::with_capacity(ids.len());
+        // A record holds its event's payload (up to 256 KiB): read a few at a time, and keep
+        // only the summary of each.
+        for chunk in ids.chunks(LISTED_PER_READ) {
+            let keys: Vec<String> = chunk.iter().map(|id| format!("{p}:wh:dlv:{id}")).collect();
+            let raws: Vec<Option<String>> = redis::cmd("MGET")
+                .arg(&keys)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            for raw in raws.iter().flatten() {
+                listed.push(decode("delivery", raw)?);
+            }
         }
-        let keys: Vec<String> = ids.iter().map(|id| format!("{p}:wh:dlv:{id}")).collect();
-        let raws: Vec<Option<String>> = redis::cmd("MGET")
-            .arg(&keys)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        raws.into_iter()
-            .flatten()
-            .map(|raw| decode("delivery", &raw))
-            .collect()
+        Ok(listed)
     }
 
     /// The key of an event's record.
