@@ -1467,6 +1467,41 @@ async fn event_log(s: &Setup) -> (redis::aio::MultiplexedConnection, String) {
     (conn, format!("{{{}}}:events", s._ns.name))
 }
 
+/// Writes `n` events of `workspace` with `size` bytes of data straight to the event log
+/// `stream`, and waits until the worker has taken them all and indexed them for replay in
+/// `index`.
+async fn log_and_index(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    index: &str,
+    workspace: &str,
+    n: usize,
+    size: usize,
+) {
+    let data = json!({"blob": "x".repeat(size)}).to_string();
+    for _ in 0..n {
+        let fields: [(&str, &[u8]); 3] = [
+            ("type", b"agent.run.completed"),
+            ("workspace", workspace.as_bytes()),
+            ("data", data.as_bytes()),
+        ];
+        append_raw(conn, stream, &fields).await;
+    }
+    let indexed = eventually(Duration::from_secs(60), || {
+        let mut conn = conn.clone();
+        async move {
+            let indexed: usize = redis::cmd("ZCARD")
+                .arg(index)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            indexed == n
+        }
+    })
+    .await;
+    assert!(indexed.is_some(), "the worker indexed every event");
+}
+
 /// The process's resident memory now and at its peak since [`reset_peak_memory`], in bytes.
 fn memory(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -1497,31 +1532,10 @@ async fn a_replay_and_a_listing_of_large_events_hold_a_few_payloads_at_a_time() 
     let s = setup("[60]", 10, false).await;
     let since = svcgate::ids::unix_now();
     // Straight to the event log, as a backend may write them: quicker than the admin API.
-    let data = json!({"blob": "x".repeat(SIZE)}).to_string();
     let (mut conn, stream) = event_log(&s).await;
-    for _ in 0..EVENTS {
-        let fields: [(&str, &[u8]); 3] = [
-            ("type", b"agent.run.completed"),
-            ("workspace", s.ws.as_bytes()),
-            ("data", data.as_bytes()),
-        ];
-        append_raw(&mut conn, &stream, &fields).await;
-    }
-    // Taken by the worker and indexed for replay (with no endpoint yet, nothing is delivered).
     let index = format!("{{{}}}:wh:replay:{}:live", s._ns.name, s.ws);
-    let indexed = eventually(Duration::from_secs(60), || {
-        let (mut conn, index) = (conn.clone(), index.clone());
-        async move {
-            let n: usize = redis::cmd("ZCARD")
-                .arg(&index)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            n == EVENTS
-        }
-    })
-    .await;
-    assert!(indexed.is_some(), "the worker indexed every event");
+    // Taken and indexed with no endpoint yet: nothing is delivered.
+    log_and_index(&mut conn, &stream, &index, &s.ws, EVENTS, SIZE).await;
     let receiver = Receiver::start().await;
     let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
 
@@ -1577,29 +1591,8 @@ async fn a_replay_the_store_stops_taking_part_way_answers_what_it_queued_and_whe
     let since = svcgate::ids::unix_now();
     let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let data = json!({"blob": "x".repeat(20_000)}).to_string();
-    for _ in 0..EVENTS {
-        let fields: [(&str, &[u8]); 3] = [
-            ("type", b"agent.run.completed"),
-            ("workspace", ws.as_bytes()),
-            ("data", data.as_bytes()),
-        ];
-        append_raw(&mut conn, "{replay}:events", &fields).await;
-    }
     let index = format!("{{replay}}:wh:replay:{ws}:live");
-    let indexed = eventually(Duration::from_secs(30), || {
-        let (mut conn, index) = (conn.clone(), index.clone());
-        async move {
-            let n: usize = redis::cmd("ZCARD")
-                .arg(&index)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            n == EVENTS
-        }
-    })
-    .await;
-    assert!(indexed.is_some(), "the worker indexed every event");
+    log_and_index(&mut conn, "{replay}:events", &index, &ws, EVENTS, 20_000).await;
     let receiver = Receiver::start().await;
     let (id, _) = endpoint(&gw, &key, &receiver.url("/hook"), &["agent.run.*"]).await;
     let path = format!("/v1/webhooks/{id}/replay");
