@@ -83,7 +83,9 @@ pub struct Event {
     pub workspace: String,
     /// `live` or `test`: test-mode events go only to test-mode endpoints.
     pub environment: Environment,
-    /// The payload.
+    /// The payload: a JSON object; `null` in a delivery read from a record that keeps it
+    /// apart ([`crate::webhooks::delivery::WithoutPayload`]) until the store fills it in.
+    #[serde(default)]
     pub data: serde_json::Value,
 }
 
@@ -106,8 +108,8 @@ impl Event {
     }
 }
 
-/// The most an event's `data` may take, as JSON. Each delivery carries a copy, so an event is
-/// held once per subscribed endpoint while it is fanned out and queued.
+/// The most an event's `data` may take, as JSON. Each delivery carries a copy in the worker, so
+/// an event is held there once per subscribed endpoint while it is fanned out.
 pub const MAX_EVENT_DATA_BYTES: usize = 256 * 1024;
 
 /// Why `data` of `len` bytes is refused, if it is.

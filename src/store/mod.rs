@@ -423,9 +423,11 @@ pub trait Store: Send + Sync + 'static {
         reclaim_after: Duration,
     ) -> Result<Box<dyn EventFeed>, StoreError>;
 
-    /// Stores new deliveries, due at their `next_attempt_ms`, indexes `events` for replay, and
-    /// marks the event-log `entries` they came from as consumed; atomically. A delivery whose
-    /// id is stored already (its entry was fanned out before) is left as it is.
+    /// Stores new deliveries, due at their `next_attempt_ms`, keeps `events` (for replay, and
+    /// for the payload of their deliveries, which may be kept once per event rather than once
+    /// per delivery: every delivery's event should be among them), and marks the event-log
+    /// `entries` they came from as consumed; atomically. A delivery whose id is stored already
+    /// (its entry was fanned out before) is left as it is.
     async fn enqueue_deliveries(
         &self,
         entries: &[String],

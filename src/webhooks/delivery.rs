@@ -119,6 +119,64 @@ impl From<&Delivery> for DeliverySummary {
     }
 }
 
+/// A delivery as a store keeps it beside its event's own record: all of it but the event's
+/// payload, which is kept once per event rather than once per delivery (an event for five
+/// endpoints would otherwise be stored six times). It reads back as a [`Delivery`] whose
+/// event's `data` is `null`, for the store to fill in from the event's record; the field is
+/// left out, not written as `null`, so that a version before payloads were kept apart fails
+/// to read it and leaves it to its lease, for a worker that can, rather than deliver it empty.
+pub struct WithoutPayload<'a>(pub &'a Delivery);
+
+impl Serialize for WithoutPayload<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // Delivery's fields, in its order, but for the event's `data` (a test compares the two).
+        #[derive(Serialize)]
+        struct Head<'a> {
+            id: &'a str,
+            #[serde(rename = "type")]
+            event_type: &'a str,
+            created: u64,
+            workspace: &'a str,
+            environment: crate::keys::Environment,
+        }
+        #[derive(Serialize)]
+        struct Record<'a> {
+            id: &'a str,
+            endpoint: &'a str,
+            workspace: &'a str,
+            event: Head<'a>,
+            status: DeliveryStatus,
+            attempts: u32,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            next_attempt_ms: Option<u64>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            last_attempt: Option<&'a Attempt>,
+            replay: bool,
+            created_ms: u64,
+        }
+        let d = self.0;
+        Record {
+            id: &d.id,
+            endpoint: &d.endpoint,
+            workspace: &d.workspace,
+            event: Head {
+                id: &d.event.id,
+                event_type: &d.event.event_type,
+                created: d.event.created,
+                workspace: &d.event.workspace,
+                environment: d.event.environment,
+            },
+            status: d.status,
+            attempts: d.attempts,
+            next_attempt_ms: d.next_attempt_ms,
+            last_attempt: d.last_attempt.as_ref(),
+            replay: d.replay,
+            created_ms: d.created_ms,
+        }
+        .serialize(serializer)
+    }
+}
+
 /// Where a delivery stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -288,6 +346,38 @@ mod tests {
         let summary: DeliverySummary =
             serde_json::from_str(&serde_json::to_string(&fresh).unwrap()).unwrap();
         assert_eq!(summary, DeliverySummary::from(&fresh));
+    }
+
+    #[test]
+    fn a_delivery_kept_without_its_payload_reads_back_whole_but_for_it() {
+        let data = serde_json::json!({"blob": "x".repeat(1000), "nested": [1, {"a": null}]});
+        let event = Event::new("agent.run.failed", "ws_1", Environment::Test, data);
+        let fresh = Delivery::new(&event, "ws_1", "we_1", 1_000, true);
+        let mut attempted = Delivery::fanned_out(&event, "ws_1", "we_2", 2_000);
+        let mut tried = attempt(2_000);
+        (tried.error, tried.url) = (Some("timed out".into()), Some("https://x.test/".into()));
+        attempted.fail(tried, &[Duration::from_secs(60)], 0);
+        for d in [fresh, attempted] {
+            let kept = serde_json::to_string(&WithoutPayload(&d)).unwrap();
+            assert!(
+                !kept.contains("xxxx") && !kept.contains("\"data\""),
+                "{kept}"
+            );
+            // Every field but the payload, as the delivery itself writes them.
+            let mut whole = serde_json::to_value(&d).unwrap();
+            whole["event"].as_object_mut().unwrap().remove("data");
+            assert_eq!(
+                serde_json::from_str::<serde_json::Value>(&kept).unwrap(),
+                whole
+            );
+            let mut read: Delivery = serde_json::from_str(&kept).unwrap();
+            assert!(read.event.data.is_null());
+            read.event.data = event.data.clone();
+            assert_eq!(read, d);
+            // A listing reads it as it reads the whole record.
+            let summary: DeliverySummary = serde_json::from_str(&kept).unwrap();
+            assert_eq!(summary, DeliverySummary::from(&d));
+        }
     }
 
     #[test]

@@ -382,7 +382,8 @@ async fn replay_since(
     }
 }
 
-/// Queues a replayed delivery of each of `events`; their ids.
+/// Queues a replayed delivery of each of `events`; their ids. The events go along, so that
+/// their records are kept for as long as the new deliveries (which read their payload there).
 async fn queue_replays(
     store: &dyn Store,
     endpoint: &Endpoint,
@@ -393,7 +394,8 @@ async fn queue_replays(
         .iter()
         .map(|e| Delivery::new(e, &endpoint.workspace, &endpoint.id, now_ms, true))
         .collect();
-    store.enqueue_deliveries(&[], &[], &deliveries).await?;
+    let events: Vec<&Event> = events.iter().collect();
+    store.enqueue_deliveries(&[], &events, &deliveries).await?;
     Ok(deliveries.into_iter().map(|d| d.id).collect())
 }
 

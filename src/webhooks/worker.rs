@@ -40,10 +40,10 @@ use crate::webhooks::slots::{Outcome, Slots};
 
 /// Most event-log entries read at once.
 const INTAKE_BATCH: usize = 512;
-/// Event data queued by one store call, at most (an event's counts once per delivery, and once
-/// for its own record): an intake batch of large events for many endpoints goes in parts, not
-/// as one huge script call that would hold Redis up. An event's deliveries go together,
-/// whatever they weigh.
+/// Event data queued by one store call, at most (an event's counts once per delivery, each of
+/// which holds a copy here, and once for its own record): an intake batch of large events for
+/// many endpoints goes in parts, not as one huge script call that would hold Redis up. An
+/// event's deliveries go together, whatever they weigh.
 const FAN_OUT_PART_BYTES: usize = 8 << 20;
 /// Most deliveries claimed at once.
 const CLAIM_BATCH: usize = 256;

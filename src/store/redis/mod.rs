@@ -24,9 +24,9 @@
 //! | `{ns}:wh:cursor` | string | an event-log entry id such that every entry up to it is fanned out (kept behind the oldest entry pending in the group); where a lost consumer group restarts |
 //! | `{ns}:wh:ready` | sorted set | `<ws> <endpoint id>` of every endpoint with queued deliveries, scored by the earliest due time (ms) |
 //! | `{ns}:wh:due:<endpoint id>` | sorted set | the endpoint's queued delivery ids, scored by due time (ms); a claimed one by its lease's end |
-//! | `{ns}:wh:dlv:<delivery id>` | string | delivery JSON: event, status, attempts, last attempt (30 days) |
+//! | `{ns}:wh:dlv:<delivery id>` | string | delivery JSON: its event but for the payload (in the event's record; with it before session 23), status, attempts, last attempt (30 days from its last save) |
 //! | `{ns}:wh:log:<endpoint id>` | list | the endpoint's latest delivery ids, newest first (1,000) |
-//! | `{ns}:wh:evt:<ws>:<env>:<event id>` | string | event JSON, for replay (30 days; `{ns}:wh:evt:<event id>` before session 12, still read) |
+//! | `{ns}:wh:evt:<ws>:<env>:<event id>` | string | event JSON, for replay and its deliveries' payload (30 days, and as long as any of its delivery records; `{ns}:wh:evt:<event id>` before session 12, still read) |
 //! | `{ns}:wh:replay:<ws>:<env>` | sorted set | the workspace's event ids in one environment, scored by `created` (unix seconds), for replays since a time (30 days) |
 //! | `{ns}:wh:hold:<endpoint id>` | hash | an endpoint held back by a failure: `failures` in a row, `until` (ms) nothing of its queue is due, `probe` the delivery that goes first then, `tries` its claims with no attempt saved; gone once it answers, is paused, deleted, resumed or given a new URL |
 //! | `{ns}:wh:pending` | integer | queued deliveries |

@@ -24,6 +24,12 @@
 //! endpoints, never more than a cap per endpoint, so a slow endpoint never holds up another.
 //! A claim moves a delivery's due time to the end of its lease: if the worker dies, the
 //! delivery is due again then. Retries are the same due times, so a restart keeps the schedule.
+//!
+//! An event's payload is kept once, in the event's own record, which each of its deliveries
+//! keeps alive (it lasts as long as the longest-kept of them); a delivery's record holds the
+//! rest ([`WithoutPayload`]), and a claim reads the payloads of what it took in one more call.
+//! Until session 23 each delivery held a copy: such records are still read, and saved without
+//! it after their next attempt.
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
@@ -41,7 +47,7 @@ use crate::store::{
     Saved, StoreError,
 };
 use crate::webhooks::delivery::{
-    Delivery, DeliverySummary, DELIVERIES_LISTED, DELIVERY_RETENTION_SECS,
+    Delivery, DeliverySummary, WithoutPayload, DELIVERIES_LISTED, DELIVERY_RETENTION_SECS,
 };
 use crate::webhooks::endpoint::Endpoint;
 use crate::webhooks::notice::PauseNotice;
@@ -49,7 +55,8 @@ use crate::webhooks::notice::PauseNotice;
 /// The workers' consumer group on the event log.
 const GROUP: &str = "webhooks";
 
-/// Delivery records a listing reads at once: each holds its event's payload.
+/// Delivery records a listing reads at once: one written before session 23 holds its event's
+/// payload.
 const LISTED_PER_READ: usize = 10;
 
 /// Shared Lua: `newer(a, b)` compares stream ids.
@@ -110,7 +117,9 @@ end
 /// `created` kept (unix seconds), then a count and that many entry ids, a count and that many
 /// `(event record key, event json, replay index key, created, event id)`, a count and that many `(workspace,
 /// endpoint, delivery id, due ms, delivery json)`. A delivery whose id is stored already (its
-/// entry was fanned out before) is left as it is. Returns how many deliveries it queued.
+/// entry was fanned out before) is left as it is. Returns how many deliveries it queued. An
+/// event's record is written, or written again, for the ttl from now: its deliveries read
+/// their payload there.
 ///
 /// Each event is kept for replay by workspace, environment and id
 /// (`{ns}:wh:evt:<ws>:<env>:<id>`: backends choose ids, and two workspaces may choose the
@@ -297,14 +306,17 @@ const CLAIM_PAGE: usize = 1_000;
 /// nothing else meanwhile) with tens of thousands of endpoints due.
 const CLAIM_SCAN: usize = 20_000;
 
-/// Saves a delivery after an attempt. ARGV: prefix, workspace, endpoint, delivery id, json,
-/// next due ms (-1: final), ttl, then, to pause the endpoint, a pause notice's id, json and due
-/// ms (id '': no pause), then what the attempt says of the endpoint (`answered`: release its
-/// hold; `failing`: hold it until the next due ms with this delivery first, unless a hold with
-/// more failures is there; `pause`: drop the hold; `skipped`), its failures in a row, and the
-/// URL the attempt went to ('' if unknown). Returns 1 if it paused the endpoint (and queued the
-/// notice), 2 if it saved nothing: the endpoint's URL is no longer the one attempted, or the
-/// attempt was a retry and the hold it was claimed under is gone (a resume, or an answer).
+/// Saves a delivery after an attempt. ARGV: prefix, workspace, endpoint, delivery id, json
+/// (without the payload), next due ms (-1: final), ttl, then, to pause the endpoint, a pause
+/// notice's id, json and due ms (id '': no pause), then what the attempt says of the endpoint
+/// (`answered`: release its hold; `failing`: hold it until the next due ms with this delivery
+/// first, unless a hold with more failures is there; `pause`: drop the hold; `skipped`), its
+/// failures in a row, the URL the attempt went to ('' if unknown), and the key and JSON of its
+/// event's record: kept for the ttl from now, and written again if it is gone (a delivery
+/// stored with its payload, before session 23, may outlive it; JSON '': not written). Returns
+/// 1 if it paused the endpoint (and queued the notice), 2 if it saved nothing: the endpoint's
+/// URL is no longer the one attempted, or the attempt was a retry and the hold it was claimed
+/// under is gone (a resume, or an answer).
 static SAVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{RESCORE}
@@ -328,6 +340,9 @@ if (after == 'failing' or after == 'pause') and tonumber(ARGV[12]) >= 2
   return 2
 end
 redis.call('SET', p .. ':wh:dlv:' .. id, ARGV[5], 'EX', ARGV[7])
+if redis.call('EXPIRE', ARGV[14], ARGV[7]) == 0 and ARGV[15] ~= '' then
+  redis.call('SET', ARGV[14], ARGV[15], 'EX', ARGV[7])
+end
 if tonumber(ARGV[6]) >= 0 then
   redis.call('ZADD', queue, ARGV[6], id)
 elseif redis.call('ZREM', queue, id) == 1 then
@@ -546,14 +561,24 @@ impl RedisStore {
                 .arg(event.created)
                 .arg(&event.id);
         }
+        // A delivery whose event is recorded here leaves its payload to that record.
+        let recorded: std::collections::HashSet<(&str, Environment, &str)> = events
+            .iter()
+            .map(|e| (e.workspace.as_str(), e.environment, e.id.as_str()))
+            .collect();
         invocation.arg(deliveries.len());
         for d in deliveries {
+            let e = &d.event;
+            let json = match recorded.contains(&(&e.workspace, e.environment, &e.id)) {
+                true => encode(&WithoutPayload(d)),
+                false => encode(d),
+            };
             invocation
                 .arg(&d.workspace)
                 .arg(&d.endpoint)
                 .arg(&d.id)
                 .arg(d.next_attempt_ms.unwrap_or(0))
-                .arg(encode(d));
+                .arg(json);
         }
         invocation
             .invoke_async::<i64>(&mut self.conn())
@@ -611,13 +636,88 @@ impl RedisStore {
                 }
             }
         }
-        Ok(claimed)
+        self.fill_in_payloads(claimed).await
+    }
+
+    /// Fills in the payload of each claimed delivery kept without it, from its event's record
+    /// (one read for all). One whose event's record is gone (Redis evicted it, or it was
+    /// deleted by hand) cannot be delivered: it is saved as skipped, which its listing shows.
+    async fn fill_in_payloads(
+        &self,
+        claimed: Vec<ClaimedDelivery>,
+    ) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        let record = |c: &ClaimedDelivery| {
+            let e = &c.delivery.event;
+            self.event_record(&e.workspace, e.environment, &e.id)
+        };
+        let mut keys: Vec<String> = claimed
+            .iter()
+            .filter(|c| c.delivery.event.data.is_null())
+            .map(record)
+            .collect();
+        if keys.is_empty() {
+            return Ok(claimed);
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let raws: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let mut payloads = std::collections::HashMap::with_capacity(keys.len());
+        for (key, raw) in keys.iter().zip(raws) {
+            let event = raw.map(|raw| decode::<Event>(key, &raw));
+            match event {
+                Some(Ok(event)) if !event.data.is_null() => {
+                    payloads.insert(key.as_str(), event.data);
+                }
+                Some(Err(e)) => tracing::error!(error = %e, "an event's record does not read"),
+                _ => {}
+            }
+        }
+        let mut ready = Vec::with_capacity(claimed.len());
+        for mut c in claimed {
+            if c.delivery.event.data.is_null() {
+                let Some(data) = payloads.get(record(&c).as_str()) else {
+                    self.skip_without_payload(c.delivery).await;
+                    continue;
+                };
+                c.delivery.event.data = data.clone();
+            }
+            ready.push(c);
+        }
+        Ok(ready)
+    }
+
+    /// Saves a delivery whose event's record is gone as skipped; if that fails, it is claimed
+    /// again when its lease ends.
+    async fn skip_without_payload(&self, mut d: Delivery) {
+        tracing::error!(
+            delivery = %d.id,
+            event = %d.event.id,
+            "a delivery's event is no longer stored; skipping it"
+        );
+        d.skip("its event is no longer stored", crate::ids::unix_millis());
+        if let Err(e) = self.save_as(&d, AfterAttempt::Skipped, "").await {
+            tracing::warn!(error = %e, delivery = %d.id, "could not save a skipped delivery");
+        }
     }
 
     pub(super) async fn save(
         &self,
         d: &Delivery,
         after: AfterAttempt<'_>,
+    ) -> Result<Saved, StoreError> {
+        self.save_as(d, after, &encode(&d.event)).await
+    }
+
+    /// Saves `d`, its event's record written as `event_json` if it is gone ('': not written).
+    async fn save_as(
+        &self,
+        d: &Delivery,
+        after: AfterAttempt<'_>,
+        event_json: &str,
     ) -> Result<Saved, StoreError> {
         let next: i64 = match (d.is_final(), d.next_attempt_ms) {
             (false, Some(ms)) => ms as i64,
@@ -629,7 +729,7 @@ impl RedisStore {
             .arg(&d.workspace)
             .arg(&d.endpoint)
             .arg(&d.id)
-            .arg(encode(d))
+            .arg(encode(&WithoutPayload(d)))
             .arg(next)
             .arg(DELIVERY_RETENTION_SECS);
         match after {
@@ -648,7 +748,11 @@ impl RedisStore {
                 .arg(failures),
             AfterAttempt::Skipped => invocation.arg("").arg("").arg(0).arg("skipped").arg(0),
         };
-        invocation.arg(d.attempted_url().unwrap_or_default());
+        let e = &d.event;
+        invocation
+            .arg(d.attempted_url().unwrap_or_default())
+            .arg(self.event_record(&e.workspace, e.environment, &e.id))
+            .arg(event_json);
         let saved: i64 = invocation
             .invoke_async(&mut self.conn())
             .await
