@@ -108,8 +108,7 @@ impl Event {
     }
 }
 
-/// The most an event's `data` may take, as JSON. Each delivery carries a copy in the worker, so
-/// an event is held there once per subscribed endpoint while it is fanned out.
+/// The most an event's `data` may take, as JSON.
 pub const MAX_EVENT_DATA_BYTES: usize = 256 * 1024;
 
 /// Why `data` of `len` bytes is refused, if it is.

@@ -1096,7 +1096,7 @@ async fn an_entry_fanned_out_twice_queues_its_deliveries_once(store: Arc<dyn Sto
         endpoint(&ws, &["agent.run.*"]),
         endpoint(&ws, &["agent.run.*"]),
     );
-    let e = event(&ws, "agent.run.completed");
+    let e = Arc::new(event(&ws, "agent.run.completed"));
     let now = 1_000_000u64;
     let first = [
         Delivery::fanned_out(&e, &ws, &a.id, now),
@@ -2112,7 +2112,7 @@ async fn redis_an_events_payload_is_stored_once_for_all_its_deliveries() {
     let record = format!("{p}:wh:evt:{ws}:live:{}", e.id);
     let queued: Vec<Delivery> = endpoints
         .iter()
-        .map(|ep| Delivery::fanned_out(&e, &ws, &ep.id, 1_000))
+        .map(|ep| Delivery::fanned_out(&Arc::new(e.clone()), &ws, &ep.id, 1_000))
         .collect();
     store.enqueue_deliveries(&[], &[&e], &queued).await.unwrap();
     let reader = conn.clone();
@@ -2138,8 +2138,14 @@ async fn redis_an_events_payload_is_stored_once_for_all_its_deliveries() {
         .await
         .unwrap();
     assert!(used < 150_000, "{used} bytes");
-    // Every claim carries the whole event, each delivery as it was queued.
+    // Every claim carries the whole event, each delivery as it was queued, all five sharing
+    // one copy of it.
     let claimed = claim_from(&store, 2_000, 10).await;
+    assert_eq!(claimed.len(), 5);
+    let first = &claimed[0].delivery.event;
+    assert!(claimed
+        .iter()
+        .all(|c| Arc::ptr_eq(&c.delivery.event, first)));
     let mut got: Vec<Delivery> = claimed.into_iter().map(|c| c.delivery).collect();
     got.sort_by(|a, b| a.id.cmp(&b.id));
     let mut want = queued.clone();
@@ -2287,7 +2293,12 @@ async fn redis_a_recreated_group_still_reads_entries_that_were_pending_when_it_w
         .enqueue_deliveries(
             &[got[0].position.clone()],
             &[&b],
-            &[Delivery::fanned_out(&b, &ws, &ep.id, 1_000)],
+            &[Delivery::fanned_out(
+                &Arc::new(b.clone()),
+                &ws,
+                &ep.id,
+                1_000,
+            )],
         )
         .await
         .unwrap();
@@ -2307,8 +2318,8 @@ async fn redis_a_recreated_group_still_reads_entries_that_were_pending_when_it_w
     assert_eq!(events, [&a, &b], "A is read again, and B after it");
     // B is fanned out again: its delivery is queued once.
     let positions: Vec<String> = again.iter().map(|l| l.position.clone()).collect();
-    let a_delivery = Delivery::fanned_out(&a, &ws, &ep.id, 2_000);
-    let b_again = Delivery::fanned_out(&b, &ws, &ep.id, 2_000);
+    let a_delivery = Delivery::fanned_out(&Arc::new(a.clone()), &ws, &ep.id, 2_000);
+    let b_again = Delivery::fanned_out(&Arc::new(b.clone()), &ws, &ep.id, 2_000);
     store
         .enqueue_deliveries(&positions, &[&a, &b], &[a_delivery, b_again])
         .await

@@ -1,6 +1,7 @@
 //! Deliveries: one event on its way to one endpoint, with its attempts and schedule.
 
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::events::Event;
@@ -43,8 +44,9 @@ pub struct Delivery {
     pub endpoint: String,
     /// The endpoint's workspace.
     pub workspace: String,
-    /// What is delivered; its id is the `Service-Event-Id` of every attempt.
-    pub event: Event,
+    /// What is delivered; its id is the `Service-Event-Id` of every attempt. The deliveries of
+    /// one event fanned out together share it, and hold one copy of its payload between them.
+    pub event: Arc<Event>,
     /// Where it stands.
     pub status: DeliveryStatus,
     /// Attempts made so far.
@@ -224,27 +226,44 @@ pub struct Attempt {
 impl Delivery {
     /// A new delivery of `event` to `endpoint`, due at `now_ms`.
     pub fn new(event: &Event, workspace: &str, endpoint: &str, now_ms: u64, replay: bool) -> Self {
+        let id = new_id("dlv");
+        Self::pending(
+            id,
+            Arc::new(event.clone()),
+            workspace,
+            endpoint,
+            now_ms,
+            replay,
+        )
+    }
+
+    /// The delivery of a logged `event` to `endpoint`, due at `now_ms`, sharing the event with
+    /// its other deliveries. Its id comes from the event's and the endpoint's, so fanning the
+    /// same event out again makes the same delivery, which the store queues once.
+    pub fn fanned_out(event: &Arc<Event>, workspace: &str, endpoint: &str, now_ms: u64) -> Self {
+        let id = derived_id("dlv", &[&event.id, endpoint]);
+        Self::pending(id, Arc::clone(event), workspace, endpoint, now_ms, false)
+    }
+
+    fn pending(
+        id: String,
+        event: Arc<Event>,
+        workspace: &str,
+        endpoint: &str,
+        now_ms: u64,
+        replay: bool,
+    ) -> Self {
         Self {
-            id: new_id("dlv"),
+            id,
             endpoint: endpoint.to_string(),
             workspace: workspace.to_string(),
-            event: event.clone(),
+            event,
             status: DeliveryStatus::Pending,
             attempts: 0,
             next_attempt_ms: Some(now_ms),
             last_attempt: None,
             replay,
             created_ms: now_ms,
-        }
-    }
-
-    /// The delivery of a logged `event` to `endpoint`, due at `now_ms`. Its id comes from the
-    /// event's and the endpoint's, so fanning the same event out again makes the same delivery,
-    /// which the store queues once.
-    pub fn fanned_out(event: &Event, workspace: &str, endpoint: &str, now_ms: u64) -> Self {
-        Self {
-            id: derived_id("dlv", &[&event.id, endpoint]),
-            ..Self::new(event, workspace, endpoint, now_ms, false)
         }
     }
 
@@ -353,7 +372,7 @@ mod tests {
         let data = serde_json::json!({"blob": "x".repeat(1000), "nested": [1, {"a": null}]});
         let event = Event::new("agent.run.failed", "ws_1", Environment::Test, data);
         let fresh = Delivery::new(&event, "ws_1", "we_1", 1_000, true);
-        let mut attempted = Delivery::fanned_out(&event, "ws_1", "we_2", 2_000);
+        let mut attempted = Delivery::fanned_out(&Arc::new(event.clone()), "ws_1", "we_2", 2_000);
         let mut tried = attempt(2_000);
         (tried.error, tried.url) = (Some("timed out".into()), Some("https://x.test/".into()));
         attempted.fail(tried, &[Duration::from_secs(60)], 0);
@@ -372,12 +391,31 @@ mod tests {
             );
             let mut read: Delivery = serde_json::from_str(&kept).unwrap();
             assert!(read.event.data.is_null());
-            read.event.data = event.data.clone();
+            read.event = Arc::new(event.clone());
             assert_eq!(read, d);
             // A listing reads it as it reads the whole record.
             let summary: DeliverySummary = serde_json::from_str(&kept).unwrap();
             assert_eq!(summary, DeliverySummary::from(&d));
         }
+    }
+
+    #[test]
+    fn the_deliveries_of_an_event_fanned_out_share_it_and_a_replay_has_its_own() {
+        let event = Arc::new(Event::new(
+            "agent.run.failed",
+            "ws_1",
+            Environment::Live,
+            serde_json::json!({"blob": "x".repeat(1000)}),
+        ));
+        let a = Delivery::fanned_out(&event, "ws_1", "we_1", 1_000);
+        let b = Delivery::fanned_out(&event, "ws_1", "we_2", 1_000);
+        assert!(Arc::ptr_eq(&a.event, &event) && Arc::ptr_eq(&b.event, &event));
+        assert_ne!(a.id, b.id);
+        assert_eq!(a.id, Delivery::fanned_out(&event, "ws_1", "we_1", 5_000).id);
+        let replay = Delivery::new(&event, "ws_1", "we_1", 1_000, true);
+        assert_eq!(replay.event, event);
+        assert!(!Arc::ptr_eq(&replay.event, &event));
+        assert_ne!(replay.id, a.id);
     }
 
     #[test]

@@ -46,11 +46,14 @@ use crate::webhooks::slots::{Outcome, Slots};
 const INTAKE_BYTES: usize = 4 << 20;
 /// Most event-log entries read at once (16).
 const INTAKE_BATCH: usize = INTAKE_BYTES / crate::events::MAX_EVENT_DATA_BYTES;
-/// Event data queued by one store call, at most (an event's counts once per delivery, each of
-/// which holds a copy here, and once for its own record): an intake batch of large events for
-/// many endpoints goes in parts, not as one huge script call that would hold Redis up. An
-/// event's deliveries go together, whatever they weigh.
+/// What one store call queues, at most, counting each event's data once (its deliveries share
+/// it here, and the store keeps it once, in the event's own record) and each delivery as
+/// [`DELIVERY_BYTES`]: an intake batch of events for many endpoints goes in parts, not as one
+/// huge script call that would hold Redis up. An event's deliveries go together, whatever
+/// they weigh.
 const FAN_OUT_PART_BYTES: usize = 8 << 20;
+/// About what a delivery's record takes without its payload.
+const DELIVERY_BYTES: usize = 1 << 10;
 /// Most deliveries claimed at once.
 const CLAIM_BATCH: usize = 256;
 /// How long intake waits for new entries per read.
@@ -238,13 +241,12 @@ impl Worker {
                     .collect()
             })
             .collect();
-        // Each delivery carries the event, and so does the event's own record.
         let weights: Vec<usize> = batch
             .iter()
             .zip(&subscribers)
             .map(|(l, to)| {
                 let data = serde_json::to_vec(&l.event.data).map_or(0, |v| v.len());
-                data.saturating_mul(to.len() + 1)
+                data.saturating_add(to.len().saturating_mul(DELIVERY_BYTES))
             })
             .collect();
         let now_ms = unix_millis();
@@ -254,9 +256,11 @@ impl Worker {
             let deliveries: Vec<Delivery> = entries
                 .iter()
                 .zip(&subscribers[part])
+                .filter(|(_, to)| !to.is_empty())
                 .flat_map(|(LoggedEvent { event, .. }, to)| {
+                    let shared = Arc::new(event.clone());
                     to.iter()
-                        .map(move |e| Delivery::fanned_out(event, &e.workspace, &e.id, now_ms))
+                        .map(move |e| Delivery::fanned_out(&shared, &e.workspace, &e.id, now_ms))
                 })
                 .collect();
             let positions: Vec<String> = entries.iter().map(|l| l.position.clone()).collect();

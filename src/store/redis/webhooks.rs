@@ -640,8 +640,9 @@ impl RedisStore {
     }
 
     /// Fills in the payload of each claimed delivery kept without it, from its event's record
-    /// (one read for all). One whose event's record is gone (Redis evicted it, or it was
-    /// deleted by hand) cannot be delivered: it is saved as skipped, which its listing shows.
+    /// (one read for all): the deliveries of one event share the event as its record keeps it.
+    /// One whose event's record is gone (Redis evicted it, or it was deleted by hand) cannot be
+    /// delivered: it is saved as skipped, which its listing shows.
     async fn fill_in_payloads(
         &self,
         claimed: Vec<ClaimedDelivery>,
@@ -665,12 +666,12 @@ impl RedisStore {
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        let mut payloads = std::collections::HashMap::with_capacity(keys.len());
+        let mut recorded = std::collections::HashMap::with_capacity(keys.len());
         for (key, raw) in keys.iter().zip(raws) {
             let event = raw.map(|raw| decode::<Event>(key, &raw));
             match event {
                 Some(Ok(event)) if !event.data.is_null() => {
-                    payloads.insert(key.as_str(), event.data);
+                    recorded.insert(key.as_str(), std::sync::Arc::new(event));
                 }
                 Some(Err(e)) => tracing::error!(error = %e, "an event's record does not read"),
                 _ => {}
@@ -679,11 +680,11 @@ impl RedisStore {
         let mut ready = Vec::with_capacity(claimed.len());
         for mut c in claimed {
             if c.delivery.event.data.is_null() {
-                let Some(data) = payloads.get(record(&c).as_str()) else {
+                let Some(event) = recorded.get(record(&c).as_str()) else {
                     self.skip_without_payload(c.delivery).await;
                     continue;
                 };
-                c.delivery.event.data = data.clone();
+                c.delivery.event = std::sync::Arc::clone(event);
             }
             ready.push(c);
         }
