@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
+use std::time::{Duration, Instant};
 
 const WRITE: &[&str] = &["webhooks:read", "webhooks:write"];
 
@@ -222,6 +223,68 @@ async fn insecure_targets_can_be_allowed_for_development() {
     )
     .await;
     assert_eq!(resp.status(), 201);
+}
+
+/// A URL whose host name the name server does not answer for is refused with a 400 once
+/// [`svcgate::webhooks::endpoint::RESOLVE_TIMEOUT`] (5 s) has passed, not after the resolver's
+/// own 30 s, and the gateway answers other requests meanwhile: the name is resolved off the
+/// threads that serve requests.
+#[tokio::test]
+async fn a_url_whose_name_does_not_resolve_in_time_is_refused_and_holds_up_nobody() {
+    // A name server that takes every query and never answers, on a loopback address of its own.
+    let silent = (1..=250u8)
+        .find_map(|n| {
+            std::net::UdpSocket::bind(("127.53.0.".to_string() + &n.to_string(), 53)).ok()
+        })
+        .expect("a free loopback address for a name server (tests run as root)");
+    // One thread serves every request: a lookup on it would hold up all of them.
+    let gw = Gateway::builder()
+        .name_server(silent.local_addr().unwrap().ip())
+        .server("threads = 1")
+        .start()
+        .await;
+    let (_, key) = gw.create_key("live", WRITE).await;
+    let started = Instant::now();
+    let create = gw
+        .request(Method::POST, "/v1/webhooks")
+        .bearer_auth(&key)
+        .json(&json!({"url": "https://hooks.stalled.example/in", "events": ["agent.run.*"]}))
+        .send();
+    let others = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut slowest = Duration::ZERO;
+        for _ in 0..5 {
+            let asked = Instant::now();
+            let resp = gw
+                .request(Method::GET, "/v1/webhooks")
+                .bearer_auth(&key)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            slowest = slowest.max(asked.elapsed());
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        slowest
+    };
+    let (resp, slowest) = tokio::join!(create, others);
+    let took = started.elapsed();
+    let resp = resp.unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("did not resolve in time"), "{message}");
+    assert!(
+        (Duration::from_secs(5)..Duration::from_secs(15)).contains(&took),
+        "refused after {took:?}"
+    );
+    let mut query = [0u8; 512];
+    silent.set_nonblocking(true).unwrap();
+    assert!(silent.recv(&mut query).is_ok(), "the name was asked for");
+    assert!(
+        slowest < Duration::from_secs(2),
+        "another request waited {slowest:?} meanwhile"
+    );
 }
 
 #[tokio::test]

@@ -183,6 +183,7 @@ pub struct GatewayBuilder {
     log_filter: Option<String>,
     extra_toml: String,
     no_worker: bool,
+    name_server: Option<std::net::IpAddr>,
 }
 
 impl GatewayBuilder {
@@ -238,6 +239,13 @@ impl GatewayBuilder {
     /// `serve --no-worker`: no webhook worker in the gateway process.
     pub fn no_worker(mut self) -> Self {
         self.no_worker = true;
+        self
+    }
+
+    /// Resolve host names through the name server at `addr` (port 53) only: the gateway runs
+    /// in a mount namespace of its own, with its own `/etc/resolv.conf` (`unshare`, as root).
+    pub fn name_server(mut self, addr: std::net::IpAddr) -> Self {
+        self.name_server = Some(addr);
         self
     }
 
@@ -309,7 +317,31 @@ impl GatewayBuilder {
         let config_path = dir.path().join("svcgate.toml");
         std::fs::write(&config_path, config).unwrap();
         let log_path = dir.path().join("svcgate.log");
-        let mut command = svcgate_command();
+        let mut command = match self.name_server {
+            None => svcgate_command(),
+            Some(addr) => {
+                let resolv = dir.path().join("resolv.conf");
+                // One try, waited for longer than any timeout of the gateway's own.
+                let conf = format!("nameserver {addr}\noptions timeout:30 attempts:1\n");
+                std::fs::write(&resolv, conf).unwrap();
+                let mut command = svcgate_command();
+                let program = command.get_program().to_owned();
+                let mut wrapped = Command::new("unshare");
+                wrapped
+                    .args(["--mount", "sh", "-c"])
+                    .arg(r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#)
+                    .arg(&resolv)
+                    .arg(program);
+                for (k, v) in command.get_envs() {
+                    match v {
+                        Some(v) => wrapped.env(k, v),
+                        None => wrapped.env_remove(k),
+                    };
+                }
+                command = wrapped;
+                command
+            }
+        };
         if let Some(filter) = &self.log_filter {
             command.env("RUST_LOG", filter);
         }
