@@ -324,22 +324,20 @@ impl GatewayBuilder {
                 // One try, waited for longer than any timeout of the gateway's own.
                 let conf = format!("nameserver {addr}\noptions timeout:30 attempts:1\n");
                 std::fs::write(&resolv, conf).unwrap();
-                let mut command = svcgate_command();
-                let program = command.get_program().to_owned();
+                let inner = svcgate_command();
                 let mut wrapped = Command::new("unshare");
                 wrapped
                     .args(["--mount", "sh", "-c"])
                     .arg(r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#)
                     .arg(&resolv)
-                    .arg(program);
-                for (k, v) in command.get_envs() {
+                    .arg(inner.get_program());
+                for (k, v) in inner.get_envs() {
                     match v {
                         Some(v) => wrapped.env(k, v),
                         None => wrapped.env_remove(k),
                     };
                 }
-                command = wrapped;
-                command
+                wrapped
             }
         };
         if let Some(filter) = &self.log_filter {
