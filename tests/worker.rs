@@ -424,6 +424,36 @@ async fn an_endpoint_held_back_shows_its_retry_and_its_queue_waits_for_it() {
     assert_eq!(receiver.received("/down").len(), 1);
 }
 
+/// An event for several endpoints reaches each with the same body, byte for byte, signed with
+/// each endpoint's own secret.
+#[tokio::test]
+async fn an_event_for_several_endpoints_reaches_each_with_the_same_body_signed_for_it() {
+    let s = setup("[60]", 10, false).await;
+    let receiver = Receiver::start().await;
+    let mut secrets = Vec::new();
+    for path in ["/a", "/b", "/c"] {
+        let url = receiver.url(path);
+        secrets.push(endpoint(&s.gw, &s.key, &url, &["agent.run.*"]).await.1);
+    }
+    let event_id = publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
+    let mut bodies = Vec::new();
+    for (path, secret) in ["/a", "/b", "/c"].into_iter().zip(&secrets) {
+        let got = received(&receiver, path, 1, Duration::from_secs(10)).await;
+        let r = &got[0];
+        assert_eq!(header(r, "service-event-id"), event_id);
+        let timestamp = header(r, "service-timestamp");
+        assert_eq!(
+            header(r, "service-signature"),
+            expected_signature(secret, timestamp, &r.body)
+        );
+        bodies.push(r.body.clone());
+    }
+    assert!(bodies.iter().all(|b| *b == bodies[0]));
+    let body: Value = serde_json::from_slice(&bodies[0]).unwrap();
+    assert_eq!(body["id"], event_id.as_str());
+    assert_eq!(body["data"]["note"], "ünïcode ✓");
+}
+
 /// A backend that retries `POST /admin/v1/events` after a lost answer names its event: the
 /// same event, delivered once, under the backend's id.
 #[tokio::test]

@@ -6,14 +6,14 @@
 //! literals never reach a resolver, so they are checked before sending. Redirects are not
 //! followed: a 3xx is a failure like any other non-2xx.
 
+use bytes::Bytes;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::events::Event;
 use crate::ids::{unix_millis, unix_now};
-use crate::webhooks::delivery::{body, Attempt};
+use crate::webhooks::delivery::Attempt;
 use crate::webhooks::endpoint::{is_internal, Endpoint};
 use crate::webhooks::signature::{sign, EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
 
@@ -52,11 +52,12 @@ impl Sender {
         })
     }
 
-    /// POSTs `event` to `endpoint`, signed with its secret.
-    pub async fn send(&self, endpoint: &Endpoint, event: &Event) -> Attempt {
+    /// POSTs `payload`, the body of the event `event_id` ([`crate::webhooks::delivery::body`]), to `endpoint`, signed
+    /// with its secret. The attempts of one event in flight share one copy of it.
+    pub async fn send(&self, endpoint: &Endpoint, event_id: &str, payload: Bytes) -> Attempt {
         let at_ms = unix_millis();
         let started = Instant::now();
-        let result = self.post(endpoint, event).await;
+        let result = self.post(endpoint, event_id, payload).await;
         let duration_ms = started.elapsed().as_millis() as u64;
         let (status_code, error) = match result {
             Ok(status) if (200..300).contains(&status) => (Some(status), None),
@@ -76,7 +77,12 @@ impl Sender {
         }
     }
 
-    async fn post(&self, endpoint: &Endpoint, event: &Event) -> Result<u16, String> {
+    async fn post(
+        &self,
+        endpoint: &Endpoint,
+        event_id: &str,
+        payload: Bytes,
+    ) -> Result<u16, String> {
         let url = reqwest::Url::parse(&endpoint.url).map_err(|e| format!("bad URL: {e}"))?;
         if !self.allow_insecure {
             let literal = match url.host() {
@@ -88,7 +94,6 @@ impl Sender {
                 return Err(format!("refused: {ip} is an internal address"));
             }
         }
-        let payload = body(event);
         let timestamp = unix_now();
         let signature = sign(&endpoint.secret, timestamp, &payload);
         let mut response = self
@@ -97,7 +102,7 @@ impl Sender {
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(SIGNATURE_HEADER, signature)
             .header(TIMESTAMP_HEADER, timestamp)
-            .header(EVENT_ID_HEADER, &event.id)
+            .header(EVENT_ID_HEADER, event_id)
             .body(payload)
             .send()
             .await
@@ -159,7 +164,9 @@ impl Resolve for PublicOnly {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::Event;
     use crate::keys::Environment;
+    use crate::webhooks::delivery::body;
     use crate::webhooks::endpoint::EndpointStatus;
 
     fn endpoint(url: &str) -> Endpoint {
@@ -198,7 +205,11 @@ mod tests {
             "{}".parse().unwrap(),
         );
         let attempt = sender
-            .send(&endpoint(&format!("http://{addr}/hook")), &event)
+            .send(
+                &endpoint(&format!("http://{addr}/hook")),
+                &event.id,
+                body(&event).into(),
+            )
             .await;
         assert_eq!(attempt.status_code, Some(200));
         assert_eq!(attempt.error, None);
@@ -222,13 +233,19 @@ mod tests {
             "https://[::1]:1/hook",
             "https://localhost:1/hook",
         ] {
-            let attempt = sender.send(&endpoint(url), &event).await;
+            let attempt = sender
+                .send(&endpoint(url), &event.id, body(&event).into())
+                .await;
             let error = attempt.error.unwrap_or_default();
             assert!(error.contains("internal"), "{url}: {error}");
             assert_eq!(attempt.status_code, None);
         }
         let attempt = sender
-            .send(&endpoint("http://example.com/hook"), &event)
+            .send(
+                &endpoint("http://example.com/hook"),
+                &event.id,
+                body(&event).into(),
+            )
             .await;
         // Refused before any lookup or connection: the error is the scheme's, not the
         // network's (this machine may have no route to example.com at all).

@@ -22,17 +22,18 @@
 //! work up. Fanning an entry out twice queues its deliveries once (they are keyed by event and
 //! endpoint), so an entry taken over from a worker that was only slow is not delivered twice.
 
+use bytes::Bytes;
 use futures_util::future::try_join_all;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
-use crate::events::LoggedEvent;
+use crate::events::{Event, LoggedEvent};
 use crate::ids::{new_id, unix_millis};
 use crate::metrics;
 use crate::store::{AfterAttempt, ClaimRequest, ClaimedDelivery, Saved, Store, StoreError};
-use crate::webhooks::delivery::{Delivery, DeliveryStatus};
+use crate::webhooks::delivery::{body, Delivery, DeliveryStatus};
 use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use crate::webhooks::mail::Mailer;
 use crate::webhooks::notice::{Notifier, PauseNotice};
@@ -288,9 +289,7 @@ impl Worker {
                 }
             };
             let full = claimed.len() == CLAIM_BATCH;
-            for c in claimed {
-                tokio::spawn(self.clone().attempt(c));
-            }
+            self.start_attempts(claimed);
             if !full {
                 let _ = tokio::time::timeout(DISPATCH_POLL, self.wake.notified()).await;
             }
@@ -324,8 +323,24 @@ impl Worker {
         Ok(claimed)
     }
 
-    /// One attempt (or a skip), saved; then the slot is freed.
-    async fn attempt(self: Arc<Self>, claimed: ClaimedDelivery) {
+    /// Starts an attempt of each claimed delivery, each a task of its own. The attempts of one
+    /// event share its body, serialized once (the map holds each event, so no two of them have
+    /// the same address meanwhile).
+    fn start_attempts(self: &Arc<Self>, claimed: Vec<ClaimedDelivery>) {
+        let mut bodies: HashMap<*const Event, (Arc<Event>, Bytes)> = HashMap::new();
+        for c in claimed {
+            let event = &c.delivery.event;
+            let (_, payload) = bodies
+                .entry(Arc::as_ptr(event))
+                .or_insert_with(|| (Arc::clone(event), Bytes::from(body(event))));
+            let payload = payload.clone();
+            tokio::spawn(self.clone().attempt(c, payload));
+        }
+    }
+
+    /// One attempt (or a skip) with `payload`, the body of the delivery's event; saved; then
+    /// the slot is freed.
+    async fn attempt(self: Arc<Self>, claimed: ClaimedDelivery, payload: Bytes) {
         let ClaimedDelivery {
             mut delivery,
             endpoint,
@@ -347,7 +362,7 @@ impl Worker {
                 ("skipped", None, Outcome::Gone)
             }
             Some(e) => {
-                let attempt = self.sender.send(e, &delivery.event).await;
+                let attempt = self.sender.send(e, &delivery.event.id, payload).await;
                 let took = Duration::from_millis(attempt.duration_ms);
                 if attempt.error.is_none() {
                     delivery.succeed(attempt);
