@@ -1570,7 +1570,7 @@ fn reset_peak_memory(pid: u32) {
 /// queued all at once, as until session 22, by 321 MB, and with 400 events of 200 KB took the
 /// store so long that it failed as unreachable, a 503; the listing, read whole, by 61 MB.)
 #[tokio::test]
-async fn a_replay_and_a_listing_of_large_events_hold_a_few_payloads_at_a_time() {
+async fn taking_replaying_and_listing_large_events_hold_a_few_payloads_at_a_time() {
     const EVENTS: usize = 600;
     const SIZE: usize = 100_000;
     let s = setup("[60]", 10, false).await;
