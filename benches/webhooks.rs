@@ -9,6 +9,10 @@
 //!    from its start until the receiver has every one.
 //! 2. **Latency**: events are logged at 1,000 per second, as a backend would (`XADD`), with
 //!    the worker running; the receiver measures each from just before its `XADD` to its arrival.
+//! 3. **Fan-out**: 100 events of 100 KB for one workspace with 50 endpoints (5,000 deliveries,
+//!    500 MB of bodies in all), logged with the worker running: deliveries per second. (The
+//!    process's peak memory is not shown: the receiver's buffers, in the same process, swamp
+//!    the worker's.)
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -27,6 +31,10 @@ use svcgate::webhooks::mail::Mailer;
 use svcgate::webhooks::{verify, Worker, WorkerSettings};
 
 const WORKSPACES: usize = 10;
+/// Endpoints of the fan-out workspace.
+const FAN_OUT_ENDPOINTS: usize = 50;
+/// Bytes of data of each fan-out event.
+const FAN_OUT_DATA: usize = 100_000;
 
 #[derive(Default)]
 struct Seen {
@@ -62,7 +70,7 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let (events, rate_seconds) = if full { (20_000, 10) } else { (300, 1) };
+    let (events, rate_seconds, fan_out_events) = if full { (20_000, 10, 100) } else { (300, 1, 4) };
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let ns = new_id("bench");
 
@@ -73,8 +81,10 @@ fn main() {
         .build()
         .unwrap();
     let workspaces: Vec<String> = (0..WORKSPACES).map(|_| new_id("ws")).collect();
+    let fan_out_ws = new_id("ws");
     let secrets: HashMap<String, String> = workspaces
         .iter()
+        .chain([&fan_out_ws])
         .map(|ws| (ws.clone(), new_secret()))
         .collect();
     let state: Receiver = Arc::new((Mutex::default(), secrets.clone()));
@@ -164,10 +174,7 @@ fn main() {
             tokio::spawn(async move { store.append_event(&event).await.unwrap() });
         }
         wait_for(&state, events + total, Duration::from_secs(60)).await;
-        let _ = stop.send(true);
-        let _ = running.await;
-        let seen = state.0.lock().unwrap();
-        let mut lat = seen.latencies_ms.clone();
+        let mut lat = state.0.lock().unwrap().latencies_ms.clone();
         lat.sort_unstable();
         println!(
             "latency at 1000 events/s over {rate_seconds} s ({} deliveries): p50 {} ms, p99 {} ms, max {} ms (target p99 < 50 ms)",
@@ -176,8 +183,43 @@ fn main() {
             percentile(&lat, 0.99),
             lat[lat.len() - 1]
         );
+
+        // 3. Fan-out: large events for many endpoints of one workspace.
+        for _ in 0..FAN_OUT_ENDPOINTS {
+            let endpoint = Endpoint {
+                id: new_id("we"),
+                workspace: fan_out_ws.clone(),
+                environment: Environment::Live,
+                url: format!("http://{addr}/{fan_out_ws}"),
+                events: vec!["agent.run.*".into()],
+                secret: secrets[&fan_out_ws].clone(),
+                status: EndpointStatus::Active,
+                created_at: unix_now(),
+            };
+            store.create_endpoint(&endpoint, FAN_OUT_ENDPOINTS).await.unwrap();
+        }
+        let before = state.0.lock().unwrap().count;
+        let fanned = fan_out_events * FAN_OUT_ENDPOINTS;
+        let started = Instant::now();
+        for _ in 0..fan_out_events {
+            let data = serde_json::json!({"blob": "x".repeat(FAN_OUT_DATA)});
+            let event = Event::new("agent.run.completed", &fan_out_ws, Environment::Live, data);
+            store.append_event(&event).await.unwrap();
+        }
+        wait_for(&state, before + fanned, Duration::from_secs(300)).await;
+        let took = started.elapsed();
+        println!(
+            "fan-out: {fan_out_events} events of {} KB to {FAN_OUT_ENDPOINTS} endpoints, {fanned} deliveries in {:.2} s = {:.0} deliveries/s",
+            FAN_OUT_DATA / 1000,
+            took.as_secs_f64(),
+            fanned as f64 / took.as_secs_f64(),
+        );
+
+        let _ = stop.send(true);
+        let _ = running.await;
+        let seen = state.0.lock().unwrap();
         assert_eq!(seen.bad_signatures, 0, "every delivery verifies");
-        assert_eq!(seen.count, events + total, "each event delivered once");
+        assert_eq!(seen.count, events + total + fanned, "each event delivered once");
     });
     clean_up(&url, &ns);
 }
