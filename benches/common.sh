@@ -4,12 +4,14 @@
 
 work=$(mktemp -d)
 pids=()
+restore=()  # commands that put back what a run changed on the machine, run at its end
 
 redis_pid=
 
 # Stops the started processes, drops this run's keys from Redis (or stops the run's own
 # redis-server) and the work directory (kept, and named, when KEEP is set).
 bench_cleanup() {
+  for r in "${restore[@]}"; do eval "$r" || true; done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait "${pids[@]}" 2>/dev/null || true
   if [ -n "$redis_pid" ]; then

@@ -23,7 +23,11 @@
 # PHASES (which parts to run: "saturation paired half many", all by default; "half" needs
 # "saturation"), PAIRS and SLICE (the paired throughput blocks: 8, of 4 runs of 3 s),
 # FRACTIONS (of svcgate's maximum throughput, for the constant-rate runs: "0.5 0.25"), THREADS
-# (worker threads of every proxy: 0, one per CPU, by default).
+# (worker threads of every proxy: 0, one per CPU, by default), PIN (set: every proxy runs on
+# CPU 1 alone, with one worker thread unless THREADS says otherwise, and everything else, the
+# backend, Redis, wrk and the generator, on CPU 0, as a sidecar with a core of its own; unset:
+# every process anywhere), QUIET (set: the machine's DAMON memory reclaim paused for the run, if
+# it has one running), WRK_THREADS (2; 1 with PIN).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/install  # cmake for the build, redis-server for the store
@@ -34,7 +38,9 @@ ROUNDS=${ROUNDS:-3}
 KEYS=${KEYS:-100000}
 PHASES=${PHASES:-saturation paired half many}
 FRACTIONS=${FRACTIONS:-0.5 0.25}
-THREADS=${THREADS:-0}  # worker threads of each proxy; 0: one per CPU
+PIN=${PIN:-}
+THREADS=${THREADS:-$([ -n "$PIN" ] && echo 1 || echo 0)}  # worker threads of each proxy; 0: one per CPU
+WRK_THREADS=${WRK_THREADS:-$([ -n "$PIN" ] && echo 1 || echo 2)}
 export THREADS
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
 NS="loadbench-$$"
@@ -49,27 +55,42 @@ cargo build --release --quiet --bin svcgate --example upstream --example passthr
 rel=${CARGO_TARGET_DIR:-target}/release  # where cargo put the binaries
 
 . benches/common.sh
+proxy=()  # the command the proxies start under
+if [ -n "$PIN" ]; then
+  [ "$(nproc)" -ge 2 ] || { echo "PIN needs two CPUs" >&2; exit 1; }
+  taskset -pc 0 $$ >/dev/null  # this script and all it starts from here on (Redis too), but the proxies
+  proxy=(taskset -c 1)
+fi
+# QUIET: DAMON's proactive reclaim (kdamond, on this machine kind a physical-memory monitor
+# sampling every 0.5 s) takes a core for about 1.4 ms at each sample, which every process on the
+# request path feels: paused for the run, and put back as it was at its end.
+damon=/sys/kernel/mm/damon/admin/kdamonds/0/state
+if [ -n "${QUIET:-}" ] && [ -w "$damon" ] && [ "$(cat "$damon")" = on ]; then
+  echo off > "$damon"
+  restore+=("echo on > $damon")
+  echo "QUIET: DAMON reclaim paused for the run" >&2
+fi
 bench_redis
 redis_cli() { redis-cli -u "$REDIS_URL" "$@"; }
 redis_cli ping >/dev/null
 
 "$rel"/examples/upstream "$UPSTREAM" & up_pid=$!; pids+=($up_pid)
-"$rel"/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pass_pid=$!; pids+=($pass_pid)
+"${proxy[@]}" "$rel"/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pass_pid=$!; pids+=($pass_pid)
 # Bare Pingora timing its own time before forwarding, as svcgate does: the constant-rate runs'.
-"$rel"/examples/passthrough "$PASS_TIMED" "$UPSTREAM" "$PASS_METRICS" 2>/dev/null & pass_timed_pid=$!
+"${proxy[@]}" "$rel"/examples/passthrough "$PASS_TIMED" "$UPSTREAM" "$PASS_METRICS" 2>/dev/null & pass_timed_pid=$!
 pids+=($pass_timed_pid)
 SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
 SVCGATE_SERVER_LISTEN="$GW" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
 SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
 SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
 SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn SVCGATE_SERVER_THREADS="$THREADS" \
-  "$rel"/svcgate serve 2>"$work/svcgate.log" & gw_pid=$!
+  "${proxy[@]}" "$rel"/svcgate serve 2>"$work/svcgate.log" & gw_pid=$!
 pids+=($gw_pid)
 
 wait_http "http://$ADMIN/healthz"
 ws=$(bench_workspace "$ADMIN" "$TOKEN")
 key=$(bench_key "$ADMIN" "$TOKEN" "$ws")
-"$rel"/examples/auth_only "$AUTH" "$UPSTREAM" "$REDIS_URL" "$NS" 2>/dev/null & auth_pid=$!; pids+=($auth_pid)
+"${proxy[@]}" "$rel"/examples/auth_only "$AUTH" "$UPSTREAM" "$REDIS_URL" "$NS" 2>/dev/null & auth_pid=$!; pids+=($auth_pid)
 sleep 1
 
 cat > "$work/post.lua" <<LUA
@@ -98,7 +119,7 @@ run() { # name url
   local out
   [ "$1" = svcgate ] && local before=$(commands)
   local cpu0 up0 m0; cpu0=$(cpu_ticks "${PID[$1]}"); up0=$(cpu_ticks "$up_pid"); m0=$(machine_ticks)
-  out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$work/post.lua" "$2")
+  out=$(wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DURATION}s" --latency -s "$work/post.lua" "$2")
   local cpu1 up1 m1; cpu1=$(cpu_ticks "${PID[$1]}"); up1=$(cpu_ticks "$up_pid"); m1=$(machine_ticks)
   local n; n=$(awk '/requests in/ { print $1 }' <<<"$out")
   per_request() { awk -v t="$1" -v hz="$tick" -v n="$n" 'BEGIN { printf "%.1f", t / hz * 1e6 / n }'; }
@@ -124,7 +145,7 @@ declare -A PID=([direct]=$up_pid [passthrough]=$pass_pid [auth_only]=$auth_pid [
 declare -A URL=([direct]="http://$UPSTREAM/v1/chat/completions" [passthrough]="http://$PASS/v1/chat/completions"
                 [auth_only]="http://$AUTH/v1/chat/completions" [svcgate]="http://$GW/v1/chat/completions")
 if phase saturation; then
-  for t in "${targets[@]}"; do wrk -t2 -c"$CONNS" -d2s -s "$work/post.lua" "${URL[$t]}" >/dev/null; done
+  for t in "${targets[@]}"; do wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$work/post.lua" "${URL[$t]}" >/dev/null; done
   for round in $(seq 1 "$ROUNDS"); do
     # Rotate the order every round, so no target always runs first or last.
     n=${#targets[@]}
@@ -139,7 +160,7 @@ if phase saturation; then
   total_reqs=0; for r in ${REQS[svcgate]}; do total_reqs=$((total_reqs + r)); done
   total_cmds=0; for c in ${CMDS[svcgate]}; do total_cmds=$((total_cmds + c)); done
   direct_p99=$(median "${P99[direct]}")
-  printf '\n%s on %s cores, %s connections, %s rounds of %ss (medians)\n' "$(uname -m)" "$(nproc)" "$CONNS" "$ROUNDS" "$DURATION"
+  printf '\n%s on %s cores, %s connections, %s rounds of %ss (medians)\n' "$(uname -m)" "$(nproc --all)" "$CONNS" "$ROUNDS" "$DURATION"
   printf '%-12s %12s %10s %10s %10s %14s %12s %12s %12s\n' target 'requests/s' 'p50 ms' 'p99 ms' 'p999 ms' \
     'added p99 ms' 'CPU us/req' 'backend us' 'machine us'
   for t in "${targets[@]}"; do
@@ -167,8 +188,8 @@ if phase paired; then
   # by a quarter in that time.
   PAIRS=${PAIRS:-8}
   SLICE=${SLICE:-3}
-  for t in passthrough svcgate; do wrk -t2 -c"$CONNS" -d2s -s "$work/post.lua" "${URL[$t]}" >/dev/null; done
-  rate() { wrk -t2 -c"$CONNS" -d"${SLICE}s" -s "$work/post.lua" "$1" | awk '/Requests\/sec/ { print $2 }'; }
+  for t in passthrough svcgate; do wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$work/post.lua" "${URL[$t]}" >/dev/null; done
+  rate() { wrk -t"$WRK_THREADS" -c"$CONNS" -d"${SLICE}s" -s "$work/post.lua" "$1" | awk '/Requests\/sec/ { print $2 }'; }
   blocks=""; all_s=0; all_p=0
   for block in $(seq 1 "$PAIRS"); do
     order="passthrough svcgate svcgate passthrough"
@@ -195,11 +216,13 @@ if phase half && phase saturation; then
   # Latency at a constant rate (examples/loadgen.rs), at FRACTIONS of svcgate's maximum
   # throughput (half, by the issue's definition, and a quarter): the load a gateway is
   # provisioned for, where the added latency is what callers feel. "busy" is how much of the
-  # machine's two cores was in use during the runs: a constant rate costs more CPU per request
+  # machine's two cores (with PIN: CPU 1, the proxies') was in use during the runs: a constant rate costs more CPU per request
   # than saturation (fewer requests per wakeup), so half of the maximum rate is not half of the
   # machine. "CPU us/req" is the target process's own CPU time (user and system) per request,
   # to set beside its figure at saturation.
   max=$(median "${RPS[svcgate]}")
+  # /proc/stat's line for the whole machine, or with PIN for the proxies' core alone.
+  cpu_line() { if [ -n "$PIN" ]; then grep '^cpu1 ' /proc/stat; else head -1 /proc/stat; fi; }
   busy() { # the share of CPU time not idle between two /proc/stat "cpu" lines (user to steal)
     awk -v a="$1" -v b="$2" 'BEGIN { split(a, x); split(b, y)
       for (i = 2; i <= 9; i++) { d = y[i] - x[i]; t += d; if (i == 5 || i == 6) idle += d }
@@ -234,9 +257,9 @@ PY
       for t in direct passthrough svcgate; do
         # A scrape that fails leaves the round's figure "-", not the benchmark stopped.
         [ "$t" != direct ] && { overhead_buckets "$t" > "$work/overhead.0" || : > "$work/overhead.0"; }
-        s0=$(head -1 /proc/stat); c0=$(cpu_ticks "${PID[$t]}")
+        s0=$(cpu_line); c0=$(cpu_ticks "${PID[$t]}")
         out=$("$rel"/examples/loadgen "${URL[$t]}" "$rate" "$DURATION" "$CONNS" "$key")
-        s1=$(head -1 /proc/stat); c1=$(cpu_ticks "${PID[$t]}")
+        s1=$(cpu_line); c1=$(cpu_ticks "${PID[$t]}")
         if [ "$t" != direct ]; then
           overhead_buckets "$t" > "$work/overhead.1" || : > "$work/overhead.1"
           HOWN[$t]+="$(overhead_p99 "$work/overhead.0" "$work/overhead.1") "
@@ -267,7 +290,7 @@ fi
 
 if phase many; then
   # Resident memory with KEYS cached keys. The keys are used in order, round and round, each wrk
-  # thread taking every other one from where the previous run stopped, until every key is
+  # thread taking every WRK_THREADS-th one from where the previous run stopped, until every key is
   # cached (first uses are cache misses, served from Redis). (Until session 19 each run started
   # at the cache's size, as if the keys were cached in order; but the key cache's follower,
   # catching up on the seeding's changes, drops keys it cached before their change came, and
@@ -284,7 +307,7 @@ wrk.body = '{"model":"load-1","messages":[{"role":"user","content":"hello"}]}'
 wrk.headers["Content-Type"] = "application/json"
 request = function()
   wrk.headers["Authorization"] = "Bearer " .. keys[(i % #keys) + 1]
-  i = i + 2
+  i = i + $WRK_THREADS
   return wrk.format()
 end
 LUA
@@ -293,9 +316,9 @@ LUA
   for _ in $(seq 1 30); do
     cached=$(cached_keys); cached=${cached:-0}
     [ "$cached" -ge "$KEYS" ] && break
-    wrk -t2 -c"$CONNS" -d5s -s "$work/many.lua" "${URL[svcgate]}" -- "$offset" > "$work/many.txt"
+    wrk -t"$WRK_THREADS" -c"$CONNS" -d5s -s "$work/many.lua" "${URL[svcgate]}" -- "$offset" > "$work/many.txt"
     echo "cached $cached; $(grep -E "requests in|Non-2xx" "$work/many.txt" | tr "\n" " ")" >&2
-    # On from where this run stopped, less a tenth: the two threads do not send quite as many.
+    # On from where this run stopped, less a tenth: the threads do not send quite as many.
     sent=$(awk '/requests in/ { print $1 }' "$work/many.txt")
     offset=$(( (offset + ${sent:-0} * 9 / 10) % KEYS ))
   done

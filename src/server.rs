@@ -48,6 +48,30 @@ pub struct ServeOptions {
     pub no_worker: bool,
 }
 
+/// How much lower the store runtime's threads run than the request workers: added to the nice
+/// value they start with (19 at most). Their work (audit records, spend and rate counts, the key
+/// cache's follower, webhook deliveries) comes in batches that can wait a little. At the same
+/// priority, a batch took the core from the requests for up to 0.4 ms every 20 ms, and the
+/// requests queued behind it: at half load on one core, a p99 of 2.3–3.6 ms against 0.61–0.70
+/// ms with this (session 24). With weight 110 against a worker's 1,024 the store still gets a
+/// tenth of a fully busy core, over twice what it needs at saturation.
+const STORE_NICENESS: i32 = 10;
+
+/// Lowers the calling thread's priority by [`STORE_NICENESS`] (Linux: the nice value is a
+/// thread's own). Raising it back needs privileges, so this is never undone by accident.
+fn run_behind_requests() {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::process::{getpriority_process, setpriority_process};
+        let tid = Some(rustix::thread::gettid());
+        let lowered = getpriority_process(tid)
+            .and_then(|nice| setpriority_process(tid, (nice + STORE_NICENESS).min(19)));
+        if let Err(e) = lowered {
+            tracing::debug!(error = %e, "cannot lower the store thread's priority");
+        }
+    }
+}
+
 /// Runs the gateway until it is told to stop.
 pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     writable_dir("metering.spool_dir", &config.metering.spool_dir)?;
@@ -68,6 +92,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     let store_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("svcgate-store")
+        .on_thread_start(run_behind_requests)
         .enable_all()
         .build()
         .map_err(|e| StartError::Config(format!("cannot start the store runtime: {e}")))?;

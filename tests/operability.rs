@@ -628,3 +628,48 @@ async fn a_sigquit_with_no_new_process_and_a_sighup_leave_the_gateway_serving() 
     assert!(logs.contains("SIGQUIT refused"), "{logs}");
     assert!(logs.contains("SIGHUP ignored"), "{logs}");
 }
+
+/// The threads of a process: id, name and nice value, from `/proc/<pid>/task`.
+fn threads_of(pid: u32) -> Vec<(u32, String, i32)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("/proc")
+        .filter_map(|task| {
+            let task = task.ok()?;
+            let tid = task.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            // `tid (name) state …`: the name may hold spaces and parentheses; the nice value is
+            // the 19th field, the 17th after the name.
+            let (head, rest) = stat.rsplit_once(')')?;
+            let name = head.split_once('(')?.1.to_string();
+            let nice = rest.split_whitespace().nth(16)?.parse().ok()?;
+            Some((tid, name, nice))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_stores_threads_run_behind_the_request_workers() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    assert_eq!(gw.chat(&key).await.status(), 200, "{}", gw.logs());
+    let threads = threads_of(gw.pid());
+    let nice_of = |name: &str| -> Vec<i32> {
+        threads
+            .iter()
+            .filter(|(_, n, _)| n == name)
+            .map(|(_, _, nice)| *nice)
+            .collect()
+    };
+    let main = threads
+        .iter()
+        .find(|(tid, _, _)| *tid == gw.pid())
+        .map(|(_, _, nice)| *nice)
+        .expect("the main thread");
+    let (store, workers) = (nice_of("svcgate-store"), nice_of("svcgate gateway"));
+    assert!(!store.is_empty() && !workers.is_empty(), "{threads:?}");
+    assert!(workers.iter().all(|&n| n == main), "{threads:?}");
+    assert!(
+        store.iter().all(|&n| n == (main + 10).min(19)),
+        "{threads:?}"
+    );
+}
