@@ -57,8 +57,9 @@ pub struct ServeOptions {
 /// tenth of a fully busy core, over twice what it needs at saturation.
 const STORE_NICENESS: i32 = 10;
 
-/// Lowers the calling thread's priority by [`STORE_NICENESS`] (Linux: the nice value is a
-/// thread's own). Raising it back needs privileges, so this is never undone by accident.
+/// Lowers the calling thread's priority by [`STORE_NICENESS`] (on Linux the nice value is a
+/// thread's own, so the request workers keep theirs). Where that fails, the thread runs at the
+/// workers' priority, as before session 24.
 fn run_behind_requests() {
     #[cfg(target_os = "linux")]
     {
