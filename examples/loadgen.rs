@@ -10,6 +10,11 @@
 //! coordinated omission). Each connection is a bare hyper HTTP/1.1 connection: on a 2-core
 //! machine the generator shares the CPU with what it measures, so it must cost little per
 //! request. Prints one line: `sent=… rate=… p50_ms=… p99_ms=… p999_ms=… errors=…`.
+//!
+//! With `LOADGEN_TRACE=FILE` it also writes every answered request to FILE, one line each:
+//! its scheduled time (microseconds from the start) and its latency (microseconds), in
+//! scheduled order. Stalls that recur at a fixed rhythm (a timer in the proxy, a kernel thread)
+//! show up there as bursts of slow requests at that period.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -91,7 +96,8 @@ async fn main() {
     // Connections take scheduled start times from one queue, as they become free.
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
     let rx = Arc::new(Mutex::new(rx));
-    let latencies = Arc::new(Mutex::new(Vec::with_capacity(total)));
+    let latencies: Arc<Mutex<Vec<(Instant, Duration)>>> =
+        Arc::new(Mutex::new(Vec::with_capacity(total)));
     let errors = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
     for _ in 0..connections {
@@ -118,7 +124,7 @@ async fn main() {
                     None => false,
                 };
                 if ok {
-                    mine.push(scheduled.elapsed());
+                    mine.push((scheduled, scheduled.elapsed()));
                 } else {
                     // A failed exchange may have left the connection unusable: start afresh.
                     errors.fetch_add(1, Ordering::Relaxed);
@@ -154,7 +160,17 @@ async fn main() {
     }
     pacer.join().expect("pacer");
     let elapsed = start.elapsed();
-    let mut all = latencies.lock().await.clone();
+    let mut answered = std::mem::take(&mut *latencies.lock().await);
+    if let Ok(path) = std::env::var("LOADGEN_TRACE") {
+        answered.sort_unstable_by_key(|(at, _)| *at);
+        let mut out = String::with_capacity(answered.len() * 16);
+        for (at, latency) in &answered {
+            let at = at.duration_since(start).as_micros();
+            out.push_str(&format!("{at} {}\n", latency.as_micros()));
+        }
+        std::fs::write(&path, out).expect("LOADGEN_TRACE is writable");
+    }
+    let mut all: Vec<Duration> = answered.into_iter().map(|(_, l)| l).collect();
     all.sort_unstable();
     println!(
         "sent={} rate={:.0} p50_ms={:.3} p99_ms={:.3} p999_ms={:.3} errors={}",
