@@ -440,6 +440,54 @@ async fn a_flush_reads_back_every_project_budget_and_the_watched_projects_spend(
     assert_eq!(totals.project_budgets.keys().collect::<Vec<_>>(), ["batch"]);
 }
 
+/// Spend of more keys than one flush carries goes out in bounded parts, the workspace's total
+/// with the first, and all of it lands.
+async fn spend_of_many_keys_lands_in_bounded_flushes(store: Arc<dyn Store>) {
+    use svcgate::keys::CachedKey;
+    use svcgate::metering::usage::{Usage, UsageFlush};
+    use svcgate::metering::{Credits, MAX_FLUSH_ENTRIES};
+    let ws = new_id("ws");
+    let usage = Usage::new(Default::default());
+    let keys = 2 * MAX_FLUSH_ENTRIES + 500;
+    let record = key(&ws, unix_now());
+    let now_ms = unix_now() * 1000;
+    for i in 0..keys {
+        let mut k = CachedKey::new(&record, ws.as_str().into(), Arc::new(Scopes::default()));
+        k.id = format!("key_{i}").into();
+        usage.charge(&k, Some("web"), Credits::from_micros(i as i64 + 1), now_ms);
+    }
+    let month = svcgate::metering::month::month_of(unix_now());
+    let mut flushes = 0;
+    loop {
+        let (id, workspaces) = usage.begin_flush(&month);
+        let entries: usize = workspaces
+            .iter()
+            .map(|w| w.keys.len() + w.projects.len())
+            .sum();
+        assert!(entries <= MAX_FLUSH_ENTRIES, "{entries} entries in a flush");
+        let flush = UsageFlush {
+            id,
+            month: month.clone(),
+            now: unix_now(),
+            workspaces,
+            rate: Vec::new(),
+            rate_id: String::new(),
+        };
+        usage.finish_flush(&store.flush_usage(&flush).await.unwrap());
+        flushes += 1;
+        if !usage.deferred() {
+            break;
+        }
+    }
+    assert_eq!(flushes, 3);
+    let report = store.usage_report(&ws, &month).await.unwrap();
+    let expected: i64 = (1..=keys as i64).sum();
+    assert_eq!(report.total, expected);
+    assert_eq!(report.projects["web"], expected);
+    assert_eq!(report.keys.len(), keys);
+    assert!((0..keys).all(|i| report.keys[&format!("key_{i}")] == i as i64 + 1));
+}
+
 async fn a_usage_batch_is_added_once_however_often_it_is_sent(store: Arc<dyn Store>) {
     use svcgate::metering::usage::{UsageFlush, WorkspaceFlush};
     let ws = new_id("ws");
@@ -1829,6 +1877,7 @@ store_suite!(
     rotation_is_atomic_and_idempotent,
     a_rotation_keeps_a_change_made_after_its_successor_was_built,
     a_usage_batch_is_added_once_however_often_it_is_sent,
+    spend_of_many_keys_lands_in_bounded_flushes,
     rate_counts_are_added_once_per_batch_of_their_own,
     a_flush_reads_back_every_project_budget_and_the_watched_projects_spend,
     the_event_log_is_consumed_once_and_reclaimed_from_dead_consumers,

@@ -111,36 +111,27 @@ pub const AUDIT_BATCH: usize = 256;
 /// own counts go out with the flush right after).
 const IDLE_REFRESH_PER_FLUSH: usize = 1_000;
 
-/// Adds to a flush's rate batch up to [`IDLE_REFRESH_PER_FLUSH`] of the `active` keys that have
-/// no counts in it, round robin from `cursor`, to have their global counts refreshed. (A set,
-/// not a scan of the batch per key: with tens of thousands of keys that was quadratic.)
+/// Adds to a flush's rate batch up to [`IDLE_REFRESH_PER_FLUSH`] of the keys with a rate
+/// state in `limiter` that have no counts in it, round robin from `cursor`, to have their
+/// global counts refreshed. (A set, not a scan of the batch per key: with tens of thousands of
+/// keys that was quadratic.)
 fn add_idle_refreshes(
     rate: &mut Vec<RateFlush>,
-    active: Vec<Arc<str>>,
+    limiter: &RateLimiter,
     cursor: &std::sync::atomic::AtomicUsize,
     window: u64,
 ) {
     let counted: std::collections::HashSet<&str> = rate.iter().map(|r| r.key.as_str()).collect();
-    let idle: Vec<Arc<str>> = active
-        .into_iter()
-        .filter(|key| !counted.contains(&**key))
-        .collect();
-    let take = idle.len().min(IDLE_REFRESH_PER_FLUSH);
-    let start = match idle.len() {
-        0 => 0,
-        n => cursor.fetch_add(take, std::sync::atomic::Ordering::Relaxed) % n,
-    };
-    rate.extend(
-        idle.iter()
-            .cycle()
-            .skip(start)
-            .take(take)
-            .map(|key| RateFlush {
-                key: key.to_string(),
-                window,
-                count: 0,
-            }),
-    );
+    let from = cursor.load(std::sync::atomic::Ordering::Relaxed);
+    let (idle, passed) =
+        limiter.keys_round_robin(from, IDLE_REFRESH_PER_FLUSH, |key| counted.contains(key));
+    cursor.fetch_add(passed, std::sync::atomic::Ordering::Relaxed);
+    drop(counted);
+    rate.extend(idle.iter().map(|key| RateFlush {
+        key: key.to_string(),
+        window,
+        count: 0,
+    }));
 }
 
 impl Meter {
@@ -270,12 +261,7 @@ impl Meter {
             })
             .collect();
         // Keys used recently but not since the last flush still want fresh global counts.
-        add_idle_refreshes(
-            &mut rate,
-            self.rate.active_keys(),
-            &self.idle_cursor,
-            window,
-        );
+        add_idle_refreshes(&mut rate, &self.rate, &self.idle_cursor, window);
         if workspaces.is_empty() && rate.is_empty() {
             return true;
         }
@@ -337,6 +323,9 @@ impl Meter {
         let mut last_spool_look = last_usage;
         let mut usage_ok = true;
         let mut failing = false;
+        // The last flush left spend or rate counts behind (`MAX_FLUSH_ENTRIES`): the next goes
+        // at the next check, not a whole interval later.
+        let mut more = false;
         loop {
             // A request that found totals unknown here (a workspace, key or project new to this
             // replica, or forgotten) waits for them: it is flushed for at once.
@@ -349,9 +338,10 @@ impl Meter {
                 last_spool_look = tokio::time::Instant::now();
                 self.take_spooled_spend();
             }
-            if wanted || last_usage.elapsed() >= self.config.flush_interval {
+            if wanted || more || last_usage.elapsed() >= self.config.flush_interval {
                 last_usage = tokio::time::Instant::now();
                 usage_ok = self.flush_usage().await;
+                more = usage_ok && (self.usage.deferred() || self.rate.deferred());
             } else if failing || writer.queued() < AUDIT_BATCH {
                 // Early batches only while the store takes them; retries keep the interval.
                 continue;
@@ -667,8 +657,17 @@ mod idle_refresh_tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
 
-    fn keys(n: usize) -> Vec<Arc<str>> {
-        (0..n).map(|i| Arc::from(format!("key_{i}"))).collect()
+    /// A limiter with a state for each of `n` keys.
+    fn keys(n: usize) -> RateLimiter {
+        let limiter = RateLimiter::new();
+        let limit = Limit {
+            requests_per_minute: 60,
+            burst: 10,
+        };
+        for i in 0..n {
+            limiter.check(&format!("key_{i}"), limit, 1_000);
+        }
+        limiter
     }
 
     #[test]
@@ -681,10 +680,11 @@ mod idle_refresh_tests {
                 count: 3,
             }]
         };
+        let limiter = keys(2_500);
         let mut seen = std::collections::HashSet::new();
         for _ in 0..3 {
             let mut batch = counted();
-            add_idle_refreshes(&mut batch, keys(2_500), &cursor, 7);
+            add_idle_refreshes(&mut batch, &limiter, &cursor, 7);
             assert_eq!(batch.len(), 1 + IDLE_REFRESH_PER_FLUSH);
             assert_eq!(
                 batch.iter().filter(|r| r.key == "key_0").count(),
@@ -696,7 +696,7 @@ mod idle_refresh_tests {
         }
         assert_eq!(seen.len(), 2_499, "three flushes cover every idle key");
         let mut few = counted();
-        add_idle_refreshes(&mut few, keys(10), &cursor, 7);
+        add_idle_refreshes(&mut few, &keys(10), &cursor, 7);
         assert_eq!(
             few.len(),
             10,

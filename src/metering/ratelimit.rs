@@ -10,7 +10,10 @@
 //! one flush interval.
 
 use dashmap::DashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use super::MAX_FLUSH_ENTRIES;
 
 /// A per-minute limit with a burst allowance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +131,8 @@ pub struct RateLimiter {
     keys: DashMap<Arc<str>, KeyState, foldhash::fast::RandomState>,
     /// The batch whose flush failed, to go again as it was.
     unsent: Mutex<Option<RateBatch>>,
+    /// Whether the last batch taken left counts behind.
+    deferred: AtomicBool,
 }
 
 impl RateLimiter {
@@ -207,11 +212,22 @@ impl RateLimiter {
         }
     }
 
-    /// Takes the requests admitted since the last call, per key and window. What is taken
-    /// counts here as known to the store from then on.
-    fn take_counts(&self) -> Vec<(Arc<str>, u64, u64)> {
+    /// Takes the requests admitted since the last call, per key and window, for `max` keys
+    /// at most (the rest stay for the next call, and [`Self::deferred`] says so). What is
+    /// taken counts here as known to the store from then on.
+    fn take_counts(&self, max: usize) -> Vec<(Arc<str>, u64, u64)> {
         let mut out = Vec::new();
+        let mut keys = 0;
+        let mut deferred = false;
         for mut entry in self.keys.iter_mut() {
+            if entry.carried == 0 && entry.local == 0 {
+                continue;
+            }
+            if keys == max {
+                deferred = true;
+                break;
+            }
+            keys += 1;
             if entry.carried > 0 {
                 out.push((entry.key().clone(), entry.carried_window, entry.carried));
                 entry.carried = 0;
@@ -227,7 +243,13 @@ impl RateLimiter {
                 entry.local = 0;
             }
         }
+        self.deferred.store(deferred, Ordering::Relaxed);
         out
+    }
+
+    /// Whether the last batch taken left counts behind for the next.
+    pub fn deferred(&self) -> bool {
+        self.deferred.load(Ordering::Relaxed)
     }
 
     /// The counts for the next flush. A batch whose flush failed goes again as it was, under
@@ -240,7 +262,7 @@ impl RateLimiter {
         }
         RateBatch {
             id: crate::ids::new_id("rate"),
-            counts: self.take_counts(),
+            counts: self.take_counts(MAX_FLUSH_ENTRIES),
         }
     }
 
@@ -262,9 +284,41 @@ impl RateLimiter {
         }
     }
 
-    /// Keys that have a state, for the flush to refresh.
-    pub fn active_keys(&self) -> Vec<Arc<str>> {
-        self.keys.iter().map(|e| e.key().clone()).collect()
+    /// Up to `take` of the keys that have a state, except those `skip` names, for a flush to
+    /// refresh: round robin, from the `from`-th key (modulo their number) on, wrapping around
+    /// once. Also returns how many keys it went past, where the next call goes on from.
+    ///
+    /// Nothing is collected beyond what is taken: a flush runs five times a second, and a
+    /// list of every key (100,000 of them, 1.6 MB) each time kept the allocator holding
+    /// several times the memory the keys take.
+    pub fn keys_round_robin(
+        &self,
+        from: usize,
+        take: usize,
+        skip: impl Fn(&str) -> bool,
+    ) -> (Vec<Arc<str>>, usize) {
+        let n = self.keys.len();
+        if n == 0 || take == 0 {
+            return (Vec::new(), 0);
+        }
+        let start = from % n;
+        let mut taken = Vec::with_capacity(take.min(n));
+        let mut passed = 0;
+        for entry in self
+            .keys
+            .iter()
+            .skip(start)
+            .chain(self.keys.iter().take(start))
+        {
+            if taken.len() == take {
+                break;
+            }
+            passed += 1;
+            if !skip(entry.key()) {
+                taken.push(entry.key().clone());
+            }
+        }
+        (taken, passed)
     }
 
     /// Drops keys idle since before `window - 1`.
@@ -367,7 +421,7 @@ mod tests {
         let minute = 1000;
         let start = minute * 60_000;
         assert!(limiter.check("k", limit, start - 1).allowed);
-        limiter.take_counts();
+        limiter.take_counts(usize::MAX);
         limiter.set_global(
             "k",
             WindowCounts {
@@ -433,7 +487,7 @@ mod tests {
         let minute = 1000;
         let t = minute * 60_000;
         limiter.check("k", limit, t - 60_000);
-        limiter.take_counts();
+        limiter.take_counts(usize::MAX);
         limiter.set_global(
             "k",
             WindowCounts {
@@ -450,10 +504,10 @@ mod tests {
         assert!(!limiter.check("k", limit, t).allowed);
         assert!(limiter.check("k", limit, t + 15_000).allowed);
         assert_eq!(
-            limiter.take_counts(),
+            limiter.take_counts(usize::MAX),
             vec![(key.clone(), minute - 1, 3), (key.clone(), minute, 1)]
         );
-        assert!(limiter.take_counts().is_empty());
+        assert!(limiter.take_counts(usize::MAX).is_empty());
     }
 
     #[test]
@@ -473,8 +527,33 @@ mod tests {
             }
         }
         assert_eq!(
-            limiter.take_counts(),
+            limiter.take_counts(usize::MAX),
             vec![(key.clone(), minute + 2, 11), (key, minute + 3, 2)]
         );
+    }
+
+    #[test]
+    fn a_batch_takes_a_bounded_share_of_the_keys_and_the_rest_follows() {
+        let limiter = RateLimiter::new();
+        let keys = 2 * MAX_FLUSH_ENTRIES + 5;
+        for i in 0..keys {
+            assert!(limiter.check(&format!("key_{i}"), LIMIT, 1_000).allowed);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (expected, deferred) in [
+            (MAX_FLUSH_ENTRIES, true),
+            (MAX_FLUSH_ENTRIES, true),
+            (5, false),
+        ] {
+            let batch = limiter.next_batch();
+            assert_eq!(batch.counts.len(), expected);
+            assert_eq!(limiter.deferred(), deferred);
+            for (key, window, count) in batch.counts {
+                assert_eq!((window, count), (0, 1));
+                assert!(seen.insert(key), "a key's count goes once");
+            }
+        }
+        assert_eq!(seen.len(), keys);
+        assert!(limiter.next_batch().counts.is_empty());
     }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::month::{bounds_of_month, month_bounds_ms, month_of};
-use super::Credits;
+use super::{Credits, MAX_FLUSH_ENTRIES};
 use crate::keys::CachedKey;
 
 /// Which budget refused a request.
@@ -238,6 +238,28 @@ impl PendingSpend {
         self.total
     }
 
+    /// Keeps the total and at most `*room` key and project entries (projects first), takes
+    /// what it keeps from `room`, and returns the rest, with no total, if there is any.
+    fn split_off(&mut self, room: &mut usize) -> Option<PendingSpend> {
+        let entries = self.keys.len() + self.projects.len();
+        if entries <= *room {
+            *room -= entries;
+            return None;
+        }
+        let mut kept = 0;
+        let mut keep = |_: &String, _: &mut i64| {
+            kept += 1;
+            kept > *room
+        };
+        let rest = PendingSpend {
+            total: 0,
+            projects: self.projects.extract_if(&mut keep).collect(),
+            keys: self.keys.extract_if(&mut keep).collect(),
+        };
+        *room = 0;
+        Some(rest)
+    }
+
     fn add(&mut self, other: &PendingSpend) {
         // Sums saturate: a backend reporting absurd costs must not overflow them.
         self.total = self.total.saturating_add(other.total);
@@ -265,6 +287,8 @@ struct Ledger {
     in_flight: FastMap<String, PendingSpend>,
     /// That batch, with its id, until the store confirms it.
     in_flight_batch: Option<(String, Vec<WorkspaceFlush>)>,
+    /// Whether the last batch begun left spend behind ([`MAX_FLUSH_ENTRIES`]).
+    deferred: bool,
     /// Month totals from the last flush.
     totals: FastMap<String, Totals>,
     /// What to read back at the next flush, per workspace.
@@ -605,13 +629,19 @@ impl Usage {
             watched, totals, ..
         } = &mut *ledger;
         totals.retain(|ws, _| watched.contains_key(ws));
-        let pending = std::mem::take(&mut ledger.pending);
+        let mut pending = std::mem::take(&mut ledger.pending);
         let earlier = std::mem::take(&mut ledger.pending_other);
         let mut workspaces: HashSet<String> = pending.keys().cloned().collect();
         workspaces.extend(ledger.watched.keys().cloned());
         let mut out = Vec::with_capacity(workspaces.len());
+        let mut room = MAX_FLUSH_ENTRIES;
+        ledger.deferred = false;
         for ws in workspaces {
-            let spend = pending.get(&ws).cloned().unwrap_or_default();
+            let mut spend = pending.remove(&ws).unwrap_or_default();
+            if let Some(rest) = spend.split_off(&mut room) {
+                ledger.pending.entry(ws.clone()).or_default().add(&rest);
+                ledger.deferred = true;
+            }
             ledger.in_flight.entry(ws.clone()).or_default().add(&spend);
             let names = |m: &FastMap<Box<str>, u64>| m.keys().map(|k| k.to_string()).collect();
             let (watch_keys, watch_projects) = ledger
@@ -631,7 +661,12 @@ impl Usage {
             });
         }
         // Spend of other months goes to those months, and reads nothing back.
-        for ((month, ws), spend) in earlier {
+        for ((month, ws), mut spend) in earlier {
+            if let Some(rest) = spend.split_off(&mut room) {
+                let left = ledger.pending_other.entry((month.clone(), ws.clone()));
+                left.or_default().add(&rest);
+                ledger.deferred = true;
+            }
             out.push(WorkspaceFlush {
                 month: Some(month),
                 total: spend.total,
@@ -648,6 +683,12 @@ impl Usage {
             ledger.in_flight_batch = Some(batch.clone());
         }
         batch
+    }
+
+    /// Whether the last batch begun left spend behind for the next: more than
+    /// [`MAX_FLUSH_ENTRIES`] keys and projects had spend waiting.
+    pub fn deferred(&self) -> bool {
+        self.ledger().deferred
     }
 
     /// The flush landed: its spend is in the totals now.
@@ -1230,5 +1271,74 @@ mod tests {
         tokio::time::timeout(Duration::from_millis(500), usage.read_back(flush))
             .await
             .expect("a failed flush ends the wait");
+    }
+
+    #[test]
+    fn a_flush_carries_a_bounded_share_of_the_spend_and_the_rest_follows() {
+        let usage = Usage::new(HashMap::new());
+        let keys = 2 * MAX_FLUSH_ENTRIES + 10;
+        for i in 0..keys {
+            let mut k = key(None);
+            k.id = format!("key_{i}").into();
+            usage.charge(&k, Some("p"), Credits::from_micros(i as i64 + 1), now_ms());
+        }
+        let month = this_month();
+        let mut spent: HashMap<String, i64> = HashMap::new();
+        let (mut total, mut project, mut batches) = (0, 0, 0);
+        loop {
+            let flushed_before: HashSet<String> = spent.keys().cloned().collect();
+            let (_, batch) = usage.begin_flush(&month);
+            let entries: usize = batch.iter().map(|w| w.keys.len() + w.projects.len()).sum();
+            assert!(
+                entries <= MAX_FLUSH_ENTRIES,
+                "{entries} entries in one flush"
+            );
+            for part in batch {
+                total += part.total;
+                project += part.projects.get("p").copied().unwrap_or(0);
+                for (k, v) in part.keys {
+                    assert!(spent.insert(k, v).is_none(), "a key's spend goes once");
+                }
+            }
+            batches += 1;
+            // Nothing is counted twice or lost while the spend is split: what the ledger
+            // counts for a key is its spend, whichever batch holds it.
+            {
+                let ledger = usage.ledger();
+                let counted = |pick: &dyn Fn(&PendingSpend) -> i64| -> i64 {
+                    [&ledger.pending, &ledger.in_flight]
+                        .iter()
+                        .filter_map(|m| m.get("ws_1"))
+                        .map(pick)
+                        .sum()
+                };
+                for i in [0, MAX_FLUSH_ENTRIES, keys - 1] {
+                    let id = format!("key_{i}");
+                    let key_spend = counted(&|p| p.keys.get(&id).copied().unwrap_or(0));
+                    // Landed earlier: in the totals the store returns (none here).
+                    let expected = match flushed_before.contains(&id) {
+                        true => 0,
+                        false => i as i64 + 1,
+                    };
+                    assert_eq!(key_spend, expected, "{id}");
+                }
+            }
+            usage.finish_flush(&UsageSnapshot::default());
+            if !usage.deferred() {
+                break;
+            }
+            assert!(batches < 10, "the rest follows");
+        }
+        assert_eq!(batches, 3);
+        assert_eq!(spent.len(), keys);
+        assert!(spent.iter().all(|(k, v)| *k == format!("key_{}", v - 1)));
+        let expected: i64 = (1..=keys as i64).sum();
+        assert_eq!(
+            total, expected,
+            "the workspace's total goes whole, with the first part"
+        );
+        assert_eq!(project, expected);
+        let (_, empty) = usage.begin_flush(&month);
+        assert!(empty.is_empty() && !usage.deferred());
     }
 }
