@@ -647,6 +647,26 @@ fn threads_of(pid: u32) -> Vec<(u32, String, i32)> {
         .collect()
 }
 
+/// mimalloc's 2 MiB regions, backed by huge pages, kept resident memory with 100,000 cached keys
+/// above 100 MB: the gateway turns them off for itself.
+#[tokio::test]
+#[cfg(target_os = "linux")]
+async fn the_gateway_runs_without_transparent_huge_pages() {
+    let thp_enabled = |pid: &str| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("THP_enabled:"))
+            .map(|v| v.trim().to_string())
+    };
+    if thp_enabled("self").as_deref() != Some("1") {
+        eprintln!("this kernel has no transparent huge pages to turn off; nothing to check");
+        return;
+    }
+    let gw = Gateway::builder().start().await;
+    assert_eq!(thp_enabled(&gw.pid().to_string()).as_deref(), Some("0"));
+}
+
 #[tokio::test]
 async fn the_stores_threads_run_behind_the_request_workers() {
     let gw = Gateway::builder().start().await;
