@@ -571,10 +571,11 @@ const RECORDS_PER_TURN: usize = 16;
 /// The audit log is written in batches, on the store's thread, and a batch's rendering and
 /// serializing is the longest stretch of CPU that thread runs: 0.2–0.5 ms every 20 ms at
 /// 15,000 requests/s. Its lower priority ([`crate::server`] runs it at nice +10) does not
-/// make the scheduler stop it when a request worker wakes on its core: measured on two cores
-/// at 14,000 requests/s, a worker waited behind it for up to 0.37 ms. Given way every
-/// [`RECORDS_PER_TURN`] records, the wait is one turn. With nothing else runnable on the core
-/// this returns at once (one system call).
+/// make the scheduler stop it when a request worker wakes on its core: with the gateway on one
+/// core at 14,000 requests/s, the worker waited behind it for more than 0.1 ms about a dozen
+/// times a second, at times for over a millisecond. Given way every [`RECORDS_PER_TURN`]
+/// records, such waits came about once a second, and lasted 0.18 ms at most. With nothing else
+/// runnable on the core this returns at once (one system call).
 fn give_way() {
     std::thread::yield_now();
 }
