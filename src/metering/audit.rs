@@ -88,18 +88,11 @@ impl AuditRecord {
     /// escape, and several small writes, about 4,800 instructions a record. Here the names are
     /// constants written with their punctuation, and a string is handed to `serde_json` only if
     /// it holds a character JSON escapes (ids, key and environment never do).
-    ///
-    /// A batch takes a while (about a millisecond for a thousand records), and it is written on
-    /// the store's thread: every [`RECORDS_PER_TURN`] records, the core goes to a request
-    /// worker waiting for it ([`give_way`]).
     pub fn write_json_array(records: &[&AuditRecord], out: &mut Vec<u8>) {
         out.push(b'[');
         for (i, record) in records.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
-                if i % RECORDS_PER_TURN == 0 {
-                    give_way();
-                }
             }
             record.write_json(out);
         }
@@ -432,12 +425,8 @@ impl AuditWriter {
         for mut queue in self.queues.each() {
             std::mem::swap(&mut *queue, &mut self.spare);
             drop(queue);
-            for (i, pending) in self.spare.drain(..).enumerate() {
-                if i > 0 && i % RECORDS_PER_TURN == 0 {
-                    give_way();
-                }
-                self.backlog.push_back(pending.render());
-            }
+            self.backlog
+                .extend(self.spare.drain(..).map(PendingAudit::render));
         }
     }
 
@@ -561,23 +550,6 @@ impl AuditWriter {
     pub fn backlog_len(&self) -> usize {
         self.backlog.len()
     }
-}
-
-/// Records rendered or serialized in one turn of the store's thread: about 20 µs of work.
-const RECORDS_PER_TURN: usize = 16;
-
-/// Lets a request worker that waits for this core have it now.
-///
-/// The audit log is written in batches, on the store's thread, and a batch's rendering and
-/// serializing is the longest stretch of CPU that thread runs: 0.2–0.5 ms every 20 ms at
-/// 15,000 requests/s. Its lower priority ([`crate::server`] runs it at nice +10) does not
-/// make the scheduler stop it when a request worker wakes on its core: with the gateway on one
-/// core at 14,000 requests/s, the worker waited behind it for more than 0.1 ms about a dozen
-/// times a second, at times for over a millisecond. Given way every [`RECORDS_PER_TURN`]
-/// records, such waits came about once a second, and lasted 0.18 ms at most. With nothing else
-/// runnable on the core this returns at once (one system call).
-fn give_way() {
-    std::thread::yield_now();
 }
 
 /// Records per spool file, and per write to the store: a file is one write, whatever the
