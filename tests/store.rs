@@ -1754,6 +1754,40 @@ async fn redis_an_audit_spool_file_replayed_twice_is_stored_once() {
     assert_eq!(entries, 1);
 }
 
+/// A gateway whose clock runs a day ahead of Redis's dates its batches' stream entries at most
+/// ten minutes ahead: the stream is trimmed by entry id, and every later entry's id follows
+/// the last one's, so an entry dated a day ahead would keep the log untrimmed for a day.
+#[tokio::test]
+async fn redis_an_audit_entry_is_dated_at_most_ten_minutes_ahead() {
+    let ns = TestNamespace::new();
+    let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis_url(), &ns.name).unwrap());
+    let ws = new_id("ws");
+    let day_ahead = (unix_now() + 86_400) * 1000;
+    store
+        .append_audit(&[audit_record(&ws, day_ahead)], None)
+        .await
+        .unwrap();
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (secs, micros): (u64, u64) = ::redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let redis_now = secs * 1000 + micros / 1000;
+    let top: Vec<(String, Vec<(String, String)>)> = ::redis::cmd("XREVRANGE")
+        .arg(format!("{}:audit:{{{ws}}}", ns.name))
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let id_ms: u64 = top[0].0.split('-').next().unwrap().parse().unwrap();
+    let ahead = id_ms.saturating_sub(redis_now);
+    assert!(
+        (590_000..=600_000).contains(&ahead),
+        "dated {ahead} ms ahead of Redis's clock"
+    );
+}
+
 async fn audit_reads_the_newest_records_whichever_batch_holds_them(store: Arc<dyn Store>) {
     let ws = new_id("ws");
     let now = unix_now() * 1000;
@@ -1778,22 +1812,51 @@ async fn audit_reads_the_newest_records_whichever_batch_holds_them(store: Arc<dy
     assert_eq!(&all[..3], &got[..3]);
 }
 
-/// Records carry their gateway's clock, stream entries Redis's: a gateway a second ahead of
-/// Redis still has its records found by `since`.
+/// Records carry their gateway's clock, stream entries Redis's: the records of a gateway whose
+/// clock runs ahead of Redis's (a second, a minute) are found by `since`, also when a gateway
+/// on time wrote a batch after them, and are the newest in a page.
 async fn audit_since_finds_records_of_a_gateway_whose_clock_runs_ahead(store: Arc<dyn Store>) {
     let ws = new_id("ws");
     let now_s = unix_now();
+    let ahead = |ms: u64| audit_record(&ws, now_s * 1000 + ms);
+    store.append_audit(&[ahead(1_500)], None).await.unwrap();
     store
-        .append_audit(&[audit_record(&ws, now_s * 1000 + 1_500)], None)
+        .append_audit(&[ahead(60_000), ahead(59_000)], None)
         .await
         .unwrap();
-    let query = AuditQuery {
+    // Spooled through an outage, with an id, as the spool's batches are.
+    store
+        .append_audit(&[ahead(61_000)], Some("spool-1:0"))
+        .await
+        .unwrap();
+    store
+        .append_audit(&[audit_record(&ws, now_s * 1000)], None)
+        .await
+        .unwrap();
+    let query = |since: u64, limit: usize| AuditQuery {
         workspace: ws.clone(),
-        since: Some(now_s + 1),
-        limit: 10,
+        since: Some(since),
+        limit,
         ..AuditQuery::default()
     };
-    assert_eq!(store.audit(&query).await.unwrap().len(), 1);
+    let times = |records: Vec<AuditRecord>| {
+        records
+            .iter()
+            .map(|r| r.time_ms - now_s * 1000)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        times(store.audit(&query(now_s + 1, 10)).await.unwrap()),
+        [61_000, 60_000, 59_000, 1_500]
+    );
+    assert_eq!(
+        times(store.audit(&query(now_s + 30, 10)).await.unwrap()),
+        [61_000, 60_000, 59_000]
+    );
+    assert_eq!(
+        times(store.audit(&query(now_s, 2)).await.unwrap()),
+        [61_000, 60_000]
+    );
 }
 
 async fn audit_pages_after_a_cursor_hold_every_record_once(store: Arc<dyn Store>) {

@@ -192,20 +192,40 @@ return e
     )
 });
 
-/// Appends a batch of audit records unless a batch of its id was appended. KEYS: stream,
-/// marker. ARGV: the oldest id kept, the records as JSON. Returns 1, or 0 for a batch seen.
+/// Appends a batch of audit records to a workspace's stream, unless a batch of its id was
+/// appended (when given one). KEYS: stream[, marker]. ARGV: the oldest id kept, the records as
+/// JSON, the arrival time (Unix ms) of the newest record in the batch, how far ahead of Redis's
+/// clock an id may be dated (ms). Returns 1, or 0 for a batch seen.
+///
+/// An entry's id is not earlier than the newest record it holds: records carry their
+/// gateway's clock, the entry id Redis's, and a query `since` a time stops at the first entry
+/// written before it. A batch from a gateway whose clock runs ahead of Redis's gets that
+/// record's time as its id (or, where the stream already holds a later id, the next one after
+/// it), so its records are found. Otherwise the id is Redis's time. Ids are dated at most
+/// [`AUDIT_AHEAD_MAX_MS`] ahead: every later entry's id follows the stream's last, and the
+/// stream is trimmed by id, so one gateway a year ahead would keep the log from being trimmed
+/// for a year.
+///
 /// The marker is set after the append: a script is not rolled back when a command fails, and
-/// a batch the stream refused must not count as appended.
-static APPEND_AUDIT_ONCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'records', ARGV[2])
-redis.call('SET', KEYS[2], '1', 'EX', 86400)
+/// a batch the stream refused must not count as appended. Sent with `EVAL` (Redis keeps it
+/// compiled): one command per batch, and no script cache to find empty after a restart.
+const APPEND_AUDIT: &str = r"
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local at = math.min(tonumber(ARGV[3]), now + tonumber(ARGV[4]))
+local added = false
+if at > now then
+  local id = redis.pcall('XADD', KEYS[1], 'MINID', '~', ARGV[1], string.format('%d-0', at),
+    'records', ARGV[2])
+  added = type(id) == 'string'
+end
+if not added then
+  redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'records', ARGV[2])
+end
+if KEYS[2] then redis.call('SET', KEYS[2], '1', 'EX', 86400) end
 return 1
-",
-    )
-});
+";
 
 /// Creates a workspace and indexes it. KEYS: record, index. ARGV: json, created_at, id.
 /// Returns 1, or 0 if the id exists.
@@ -629,8 +649,16 @@ return out
     )
 });
 
+/// How far ahead of Redis's clock an audit batch's stream entry is dated at most, for a gateway
+/// whose clock runs ahead ([`APPEND_AUDIT`]): the records of one further ahead than this (and
+/// than [`AUDIT_CLOCK_SKEW_MS`]) can be left out of a `since` query.
+const AUDIT_AHEAD_MAX_MS: u64 = 10 * 60 * 1000;
+
 /// How far ahead of Redis's clock a gateway's may run without its audit records being left
-/// out of a `since` query or a page: the stream entries read go back this much further.
+/// out of a `since` query or a page: the stream entries read go back this much further. Needed
+/// for entries written before session 26, which took Redis's time as their id whatever their
+/// records' times; an entry written since has an id no earlier than its newest record
+/// ([`APPEND_AUDIT`]).
 const AUDIT_CLOCK_SKEW_MS: u64 = 2_000;
 
 /// How long a workspace listing waits for another replica's fill.
@@ -1833,34 +1861,25 @@ impl Store for RedisStore {
         }
         let min_id = (crate::ids::unix_now().saturating_sub(self.audit_retention_secs)) * 1000;
         let mut pipe = redis::pipe();
-        if once.is_some() {
-            pipe.load_script(&APPEND_AUDIT_ONCE).ignore();
-        }
         for (ws, batch) in by_workspace {
             // Sized for a typical record, so the buffer is not grown record by record.
             let mut json = Vec::with_capacity(batch.len() * 400);
             AuditRecord::write_json_array(&batch, &mut json);
+            let newest = batch.iter().map(|r| r.time_ms).max().unwrap_or(0);
+            let append = pipe.cmd("EVAL").arg(APPEND_AUDIT);
             match once {
-                None => pipe
-                    .cmd("XADD")
+                None => append.arg(1).arg(self.layout.audit(ws)),
+                Some(id) => append
+                    .arg(2)
                     .arg(self.layout.audit(ws))
-                    .arg("MINID")
-                    .arg("~")
-                    .arg(min_id)
-                    .arg("*")
-                    .arg("records")
-                    .arg(json)
-                    .ignore(),
-                Some(id) => pipe
-                    .invoke_script(
-                        APPEND_AUDIT_ONCE
-                            .key(self.layout.audit(ws))
-                            .key(self.layout.audit_once(ws, id))
-                            .arg(min_id)
-                            .arg(json),
-                    )
-                    .ignore(),
+                    .arg(self.layout.audit_once(ws, id)),
             };
+            append
+                .arg(min_id)
+                .arg(json)
+                .arg(newest)
+                .arg(AUDIT_AHEAD_MAX_MS)
+                .ignore();
         }
         pipe.query_async::<()>(&mut self.conn())
             .await
