@@ -285,6 +285,29 @@ async fn a_url_whose_name_does_not_resolve_in_time_is_refused_and_holds_up_nobod
         slowest < Duration::from_secs(2),
         "another request waited {slowest:?} meanwhile"
     );
+
+    // A lookup given up on ends there: it holds no thread while the name server (asked to be
+    // waited for 30 s) keeps it waiting. The system resolver held one blocking thread each.
+    let threads = || {
+        std::fs::read_dir(format!("/proc/{}/task", gw.pid()))
+            .unwrap()
+            .count()
+    };
+    let before = threads();
+    let creates = (0..8).map(|i| {
+        gw.request(Method::POST, "/v1/webhooks")
+            .bearer_auth(&key)
+            .json(&json!({"url": format!("https://hooks-{i}.stalled.example/in"), "events": ["agent.run.*"]}))
+            .send()
+    });
+    for resp in futures_util::future::join_all(creates).await {
+        assert_eq!(resp.unwrap().status(), 400);
+    }
+    let after = threads();
+    assert!(
+        after < before + 4,
+        "{before} threads before eight lookups that were given up, {after} after"
+    );
 }
 
 #[tokio::test]

@@ -91,9 +91,9 @@ pub const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// what its host name resolves to now. (The worker checks the address it actually dials too,
 /// so a name that later resolves elsewhere does not get through.)
 ///
-/// The name is resolved off the calling thread (a gateway worker thread serves every request)
-/// and for at most [`RESOLVE_TIMEOUT`]: a name server that does not answer gets the caller a
-/// 400, and holds up nobody else.
+/// The name is resolved asynchronously ([`super::dns`]; a gateway worker thread serves every
+/// request) and for at most [`RESOLVE_TIMEOUT`]: a name server that does not answer gets the
+/// caller a 400, holds up nobody else, and the lookup ends there.
 pub async fn check_url(raw: &str, allow_insecure: bool) -> Result<url::Url, String> {
     let url = url::Url::parse(raw).map_err(|e| format!("not a URL: {e}"))?;
     if raw.len() > 2048 {
@@ -118,14 +118,12 @@ pub async fn check_url(raw: &str, allow_insecure: bool) -> Result<url::Url, Stri
     if allow_insecure {
         return Ok(url);
     }
-    let port = url.port_or_known_default().unwrap_or(443);
     let addrs: Vec<IpAddr> = match host {
         url::Host::Ipv4(ip) => vec![IpAddr::V4(ip)],
         url::Host::Ipv6(ip) => vec![IpAddr::V6(ip)],
         url::Host::Domain(name) => {
-            match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name, port))).await
-            {
-                Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
+            match tokio::time::timeout(RESOLVE_TIMEOUT, super::dns::lookup(name)).await {
+                Ok(Ok(addrs)) => addrs,
                 Ok(Err(_)) => return Err(format!("the host '{name}' does not resolve")),
                 Err(_) => return Err(format!("the host '{name}' did not resolve in time")),
             }

@@ -5,12 +5,14 @@
 //! - [`manage`]: what the customers' and the operators' APIs do with an endpoint;
 //! - [`signature`]: the signing scheme and the receiver-side [`verify`];
 //! - [`sender`]: one signed POST, guarded against server-side request forgery;
+//! - [`dns`]: endpoint names resolved in process and asynchronously;
 //! - [`mail`]: e-mail to workspace admins when an endpoint is paused;
 //! - [`notice`]: the pause notices the store keeps until that e-mail is sent, and the loop
 //!   that sends them;
 //! - [`worker`]: consumes the event log and delivers, retries and pauses.
 
 pub mod delivery;
+pub mod dns;
 pub mod endpoint;
 pub mod mail;
 pub mod manage;

@@ -147,11 +147,13 @@ impl Resolve for PublicOnly {
     fn resolve(&self, name: Name) -> Resolving {
         Box::pin(async move {
             let host = name.as_str().to_string();
-            let found: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let found = super::dns::lookup(&host)
+                .await
+                .map_err(|e| format!("{host}: {e}"))?;
             let public: Vec<SocketAddr> = found
                 .into_iter()
-                .filter(|a| !is_internal(&a.ip()))
+                .filter(|ip| !is_internal(ip))
+                .map(|ip| SocketAddr::new(ip, 0))
                 .collect();
             if public.is_empty() {
                 return Err(format!("refused: {host} resolves only to internal addresses").into());
