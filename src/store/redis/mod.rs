@@ -206,22 +206,24 @@ return e
 /// stream is trimmed by id, so one gateway a year ahead would keep the log from being trimmed
 /// for a year.
 ///
+/// The entry is added under Redis's time (or the next id after the stream's last), and only
+/// when that is earlier than its newest record is Redis's clock read and the entry added again
+/// under the later id: in the usual case the script runs one command, as a bare `XADD` did.
 /// The marker is set after the append: a script is not rolled back when a command fails, and
 /// a batch the stream refused must not count as appended. Sent with `EVAL` (Redis keeps it
-/// compiled): one command per batch, and no script cache to find empty after a restart.
+/// compiled): one round trip per pipeline, and no script cache to find empty after a restart.
 const APPEND_AUDIT: &str = r"
 if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local at = math.min(tonumber(ARGV[3]), now + tonumber(ARGV[4]))
-local added = false
-if at > now then
-  local id = redis.pcall('XADD', KEYS[1], 'MINID', '~', ARGV[1], string.format('%d-0', at),
-    'records', ARGV[2])
-  added = type(id) == 'string'
-end
-if not added then
-  redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'records', ARGV[2])
+local id = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'records', ARGV[2])
+local written = tonumber(string.match(id, '^%d+'))
+local newest = tonumber(ARGV[3])
+if newest > written then
+  local t = redis.call('TIME')
+  local at = math.min(newest, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[4]))
+  if at > written then
+    redis.call('XDEL', KEYS[1], id)
+    redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], string.format('%d-0', at), 'records', ARGV[2])
+  end
 end
 if KEYS[2] then redis.call('SET', KEYS[2], '1', 'EX', 86400) end
 return 1
