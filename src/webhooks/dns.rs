@@ -12,16 +12,23 @@ use hickory_resolver::TokioResolver;
 use std::net::IpAddr;
 use std::sync::LazyLock;
 
-/// The process's resolver, set up from the system's configuration when first used.
+/// The process's resolver, set up from the system's configuration when first used (logged
+/// once if it cannot be).
 static RESOLVER: LazyLock<Result<TokioResolver, String>> = LazyLock::new(|| {
-    let mut builder = TokioResolver::builder_tokio()
-        .map_err(|e| format!("cannot read the system's resolver configuration: {e}"))?;
-    // Both families, as the system resolver answers: an endpoint is refused if any address
-    // its name has is internal, not only the first family's.
-    builder.options_mut().ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
-    builder
-        .build()
-        .map_err(|e| format!("cannot set up the name resolver: {e}"))
+    let resolver = TokioResolver::builder_tokio()
+        .map_err(|e| format!("cannot read the system's resolver configuration: {e}"))
+        .and_then(|mut builder| {
+            // Both families, as the system resolver answers: an endpoint is refused if any
+            // address its name has is internal, not only the first family's.
+            builder.options_mut().ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
+            builder
+                .build()
+                .map_err(|e| format!("cannot set up the name resolver: {e}"))
+        });
+    if let Err(e) = &resolver {
+        tracing::error!(error = %e, "webhook endpoint names cannot be resolved");
+    }
+    resolver
 });
 
 /// Why a name did not resolve.
@@ -38,10 +45,9 @@ pub enum LookupError {
 /// The addresses `host` (a name, not an address literal) resolves to now. Must run inside a
 /// Tokio runtime.
 pub async fn lookup(host: &str) -> Result<Vec<IpAddr>, LookupError> {
-    let resolver = RESOLVER.as_ref().map_err(|e| {
-        tracing::error!(error = %e, "webhook endpoint names cannot be resolved");
-        LookupError::Failed(e.clone())
-    })?;
+    let resolver = RESOLVER
+        .as_ref()
+        .map_err(|e| LookupError::Failed(e.clone()))?;
     match resolver.lookup_ip(host).await {
         Ok(found) => {
             let addrs: Vec<IpAddr> = found.iter().collect();
