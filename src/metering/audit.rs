@@ -339,12 +339,19 @@ pub struct AuditLog {
     queues: Arc<Queues>,
 }
 
+/// Audit records a thread's queue holds when the writer is told a batch is ready: it writes
+/// them then, without waiting for its interval.
+pub const AUDIT_BATCH: usize = 256;
+
 /// Records queued by the request path, per thread.
 #[derive(Default)]
 struct Queues {
     per_thread: ThreadLocal<Mutex<Vec<PendingAudit>>>,
     /// Set before the writer's last drain: a record queued after it would never be written.
     closed: AtomicBool,
+    /// Told when a thread's queue reaches [`AUDIT_BATCH`] (its permit kept if the writer is
+    /// not waiting).
+    batch_ready: tokio::sync::Notify,
 }
 
 impl Queues {
@@ -369,6 +376,11 @@ impl AuditLog {
             return;
         }
         queue.push(record);
+        let ready = queue.len() == AUDIT_BATCH;
+        drop(queue);
+        if ready {
+            self.queues.batch_ready.notify_one();
+        }
     }
 }
 
@@ -539,6 +551,12 @@ impl AuditWriter {
                 }
             }
         }
+    }
+
+    /// Resolves when a thread's queue has reached [`AUDIT_BATCH`] records since the last time
+    /// it did (at once if it had while nobody waited).
+    pub async fn batch_ready(&self) {
+        self.queues.batch_ready.notified().await;
     }
 
     /// Records queued by the request path or waiting in memory.
@@ -870,6 +888,34 @@ mod tests {
                 String::from_utf8(serde).unwrap()
             );
         }
+    }
+
+    #[tokio::test]
+    async fn the_writer_is_told_when_a_thread_has_queued_a_batch() {
+        use futures_util::FutureExt;
+        let spool = tempfile::tempdir().unwrap();
+        let (log, mut writer) = audit_log(Arc::new(MemoryStore::new()), spool.path().into(), 1000);
+        let key = key();
+        for i in 0..AUDIT_BATCH - 1 {
+            log.record(pending(&key, i));
+        }
+        assert!(writer.batch_ready().now_or_never().is_none(), "one short");
+        log.record(pending(&key, AUDIT_BATCH));
+        assert!(writer.batch_ready().now_or_never().is_some());
+        assert!(writer.batch_ready().now_or_never().is_none(), "told once");
+        // Another thread's queue counts for itself.
+        let other = std::thread::spawn({
+            let (log, key) = (log.clone(), key.clone());
+            move || (0..AUDIT_BATCH).for_each(|i| log.record(pending(&key, i)))
+        });
+        other.join().unwrap();
+        assert!(writer.batch_ready().now_or_never().is_some());
+        // Drained, a queue is told of again when it has refilled.
+        assert_eq!(writer.flush().await, 2 * AUDIT_BATCH);
+        for i in 0..AUDIT_BATCH {
+            log.record(pending(&key, i));
+        }
+        assert!(writer.batch_ready().now_or_never().is_some());
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit};
+use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit, AUDIT_BATCH};
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
 use super::spool;
@@ -98,11 +98,9 @@ const SPEND_SPOOL_LOOK_INTERVAL: Duration = Duration::from_secs(5);
 /// Flushes at shutdown, at most: a batch in flight goes alone, the spend behind it next.
 const CLOSING_FLUSHES: usize = 3;
 
-/// How often the flush task looks at how many audit records are waiting.
-const AUDIT_CHECK_INTERVAL: Duration = Duration::from_millis(20);
-
-/// Audit records written as soon as this many are waiting, without waiting for the interval.
-pub const AUDIT_BATCH: usize = 256;
+/// How soon the flush after one that left spend or rate counts behind
+/// ([`super::MAX_FLUSH_ENTRIES`]) goes.
+const DEFERRED_FLUSH_DELAY: Duration = Duration::from_millis(20);
 
 /// Keys without new requests whose global counts one flush refreshes, at most. Refreshing
 /// every active key on every flush made each flush (and its Redis script) grow with the
@@ -305,20 +303,19 @@ impl Meter {
 
     /// Flushes spend, rate counts and audit records every `flush_interval` until `shutdown`
     /// fires, then once more, spooling what the store will not take. In between, audit records
-    /// go out early whenever [`AUDIT_BATCH`] of them are waiting.
+    /// go out early whenever a request thread has queued [`AUDIT_BATCH`] of them.
     ///
     /// Rendering audit records is this task's main work: at 15,000 requests/s a 200 ms batch
     /// is a burst of several milliseconds of CPU, long enough to delay requests on a machine
     /// whose cores are all busy. Batches of [`AUDIT_BATCH`] are a fraction of a millisecond; a
-    /// quiet gateway still writes one batch per interval.
+    /// quiet gateway still writes one batch per interval. The task wakes for those, and
+    /// otherwise only for the interval: until session 26 it looked every 20 ms, 50 wakeups a
+    /// second on a core the request workers share, busy or idle.
     pub async fn run(
         self: Arc<Self>,
         mut writer: AuditWriter,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
-        let tick = AUDIT_CHECK_INTERVAL.min(self.config.flush_interval);
-        let mut ticker = tokio::time::interval(tick);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_usage = tokio::time::Instant::now();
         let mut last_spool_look = last_usage;
         let mut usage_ok = true;
@@ -329,9 +326,15 @@ impl Meter {
         loop {
             // A request that found totals unknown here (a workspace, key or project new to this
             // replica, or forgotten) waits for them: it is flushed for at once.
+            let next = match more {
+                true => tokio::time::Instant::now() + DEFERRED_FLUSH_DELAY,
+                false => last_usage + self.config.flush_interval,
+            };
             let wanted = tokio::select! {
-                _ = ticker.tick() => false,
+                _ = tokio::time::sleep_until(next) => false,
                 _ = self.usage.flush_wanted() => !failing,
+                // Early batches only while the store takes them; retries keep the interval.
+                _ = writer.batch_ready(), if !failing => false,
                 _ = shutdown.changed() => break,
             };
             if last_spool_look.elapsed() >= SPEND_SPOOL_LOOK_INTERVAL {
@@ -724,6 +727,69 @@ mod spool_tests {
             project_budgets: HashMap::new(),
         };
         Meter::new(Arc::new(MemoryStore::new()), config).0
+    }
+
+    /// A thread's batch of audit records is written when it is ready, not at the interval (an
+    /// hour here).
+    #[tokio::test]
+    async fn a_batch_of_audit_records_goes_out_without_waiting_for_the_interval() {
+        use crate::keys::{KeyStatus, Scopes};
+        use crate::metering::audit::AuditQuery;
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let config = MeterConfig {
+            flush_interval: Duration::from_secs(3600),
+            live_limit: Limit {
+                requests_per_minute: 60,
+                burst: 10,
+            },
+            test_limit: Limit {
+                requests_per_minute: 60,
+                burst: 10,
+            },
+            spool_dir: dir.path().to_path_buf(),
+            audit_backlog: 10_000,
+            project_budgets: HashMap::new(),
+        };
+        let (meter, writer) = Meter::new(store.clone(), config);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let run = tokio::spawn(meter.clone().run(writer, stopped));
+        let record = crate::keys::tests::record(KeyStatus::Active, None);
+        let key = Arc::new(CachedKey::new(
+            &record,
+            "ws_1".into(),
+            Arc::new(Scopes::default()),
+        ));
+        for i in 0..AUDIT_BATCH {
+            meter.audit.record(PendingAudit {
+                time_ms: i as u64,
+                request_id: crate::ids::request_id(),
+                key: key.clone(),
+                project: None,
+                method: http::Method::POST,
+                path: "/v1/chat/completions".into(),
+                model: None,
+                status: 200,
+                credits: crate::metering::Credits::ZERO,
+                client_ip: None,
+                latency_ms: 1,
+            });
+        }
+        let query = AuditQuery {
+            workspace: "ws_1".into(),
+            limit: 1000,
+            ..AuditQuery::default()
+        };
+        let written = async {
+            while store.audit(&query).await.unwrap().len() < AUDIT_BATCH {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), written)
+            .await
+            .expect("the batch was written before the interval");
+        stop.send(true).unwrap();
+        run.await.unwrap();
     }
 
     #[test]
