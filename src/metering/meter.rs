@@ -124,7 +124,6 @@ fn add_idle_refreshes(
     let (idle, passed) =
         limiter.keys_round_robin(from, IDLE_REFRESH_PER_FLUSH, |key| counted.contains(key));
     cursor.fetch_add(passed, std::sync::atomic::Ordering::Relaxed);
-    drop(counted);
     rate.extend(idle.iter().map(|key| RateFlush {
         key: key.to_string(),
         window,
@@ -321,19 +320,18 @@ impl Meter {
         let mut usage_ok = true;
         let mut failing = false;
         // The last flush left spend or rate counts behind (`MAX_FLUSH_ENTRIES`): the next goes
-        // at the next check, not a whole interval later.
+        // [`DEFERRED_FLUSH_DELAY`] later, not a whole interval later.
         let mut more = false;
         loop {
-            // A request that found totals unknown here (a workspace, key or project new to this
-            // replica, or forgotten) waits for them: it is flushed for at once.
             let next = match more {
                 true => tokio::time::Instant::now() + DEFERRED_FLUSH_DELAY,
                 false => last_usage + self.config.flush_interval,
             };
+            // A request that found totals unknown here (a workspace, key or project new to this
+            // replica, or forgotten) waits for them: it is flushed for at once.
             let wanted = tokio::select! {
                 _ = tokio::time::sleep_until(next) => false,
                 _ = self.usage.flush_wanted() => !failing,
-                // Early batches only while the store takes them; retries keep the interval.
                 _ = writer.batch_ready(), if !failing => false,
                 _ = shutdown.changed() => break,
             };

@@ -23,6 +23,6 @@ pub use meter::Meter;
 /// after 100,000 keys had spent (a spell of distinct keys, or spend kept through an outage)
 /// carried 9.5 MB and ran for 0.85 s, past the client's 500 ms timeout: it was sent again,
 /// under the same id, and ran again, every time, and Redis answered nothing else. Bounded, a
-/// flush ran for 10–25 ms there; the flush task goes on at its next check (20 ms) while
-/// anything is left.
+/// flush ran for 10–25 ms there; the flush task sends the next 20 ms later while anything is
+/// left.
 pub const MAX_FLUSH_ENTRIES: usize = 2_000;
