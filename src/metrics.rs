@@ -100,6 +100,22 @@ static CACHE_KEYS: LazyLock<IntGauge> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+static DIRECTORY_KEYS: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "svcgate_key_directory_keys",
+        "Key digests in the key directory: every key the store holds, cached or not."
+    )
+    .expect("metric registers once")
+});
+
+static DIRECTORY_COMPLETE: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "svcgate_key_directory_complete",
+        "1 once the key directory lists every key the store holds; 0 while it is being listed."
+    )
+    .expect("metric registers once")
+});
+
 static CACHE_SYNC_AGE: LazyLock<Gauge> = LazyLock::new(|| {
     register_gauge!(
         "svcgate_key_cache_sync_age_seconds",
@@ -288,9 +304,11 @@ pub fn record_pause_notices(pending: u64) {
 }
 
 /// Publishes the key cache's size and the age of its last successful sync.
-pub fn record_key_cache(entries: usize, sync_age: Duration) {
+pub fn record_key_cache(entries: usize, sync_age: Duration, directory: usize, complete: bool) {
     CACHE_KEYS.set(entries as i64);
     CACHE_SYNC_AGE.set(sync_age.as_secs_f64());
+    DIRECTORY_KEYS.set(directory as i64);
+    DIRECTORY_COMPLETE.set(i64::from(complete));
 }
 
 /// Counts one request refused by a rate limit or a budget.

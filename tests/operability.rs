@@ -558,6 +558,58 @@ async fn made_up_keys_from_everywhere_are_held_back_by_the_replicas_share() {
     );
 }
 
+/// Only keys the store does not hold are held back: a real key new to a replica is read
+/// through a flood of made-up ones, whether it was written before the replica started (found by
+/// the replica's listing of the store) or since, on another replica (named by the change log).
+/// Until session 27 both were refused with the made-up keys until the minute's end.
+#[tokio::test]
+async fn a_real_key_new_to_the_replica_is_read_through_a_flood_of_made_up_keys() {
+    let ns = TestNamespace::new();
+    let other = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .no_worker()
+        .start()
+        .await;
+    let ws = other.create_workspace().await;
+    let (_, before) = other.create_key_in(&ws, "live", &["models:read"]).await;
+    let gw = Gateway::builder()
+        .redis(&redis_url(), &ns.name)
+        .no_worker()
+        .toml("[limits]\nunknown_keys_per_minute_total = 3\n")
+        .start()
+        .await;
+    let (_, since) = other.create_key_in(&ws, "live", &["models:read"]).await;
+    let directory = |name: &'static str| {
+        let gw = &gw;
+        async move { sample(&scrape(gw).await, name, &[]) }
+    };
+    eventually(Duration::from_secs(10), || async {
+        directory("svcgate_key_directory_complete").await == Some(1.0)
+            && directory("svcgate_key_directory_keys").await == Some(2.0)
+    })
+    .await
+    .expect("the replica lists both keys");
+
+    let get = |key: String| {
+        let req = gw.request(Method::GET, "/v1/models").bearer_auth(key);
+        async move { req.send().await.unwrap() }
+    };
+    clear_of_a_minutes_end().await;
+    for _ in 0..3 {
+        assert_error(get(made_up_key()).await, 401, "authentication_error").await;
+    }
+    assert_held_back(get(made_up_key()).await).await;
+    let misses = key_cache_misses(&gw).await.unwrap_or(0.0);
+    assert_eq!(get(before).await.status(), 200, "written before the start");
+    assert_eq!(get(since).await.status(), 200, "written since, elsewhere");
+    assert_eq!(
+        key_cache_misses(&gw).await,
+        Some(misses + 2.0),
+        "each read once"
+    );
+    assert_held_back(get(made_up_key()).await).await;
+}
+
 /// Queue gauges stuck at 0 on every gateway would hide workers that are all down: only a
 /// process that runs a worker exports the webhook metrics.
 #[tokio::test]

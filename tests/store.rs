@@ -196,6 +196,29 @@ async fn keys_are_found_every_way(store: Arc<dyn Store>) {
     ));
 }
 
+/// Every key is listed by its digest, over as many pages as it takes, and nothing of another
+/// namespace (the Redis suite shares one Redis among its tests).
+async fn every_key_is_listed_by_digest(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let mut keys = std::collections::HashSet::new();
+    for n in 0..1_200 {
+        let k = key(&ws, n);
+        store.insert_key(&k).await.unwrap();
+        keys.insert(k.hash);
+    }
+    let (mut listed, mut cursor, mut pages) = (std::collections::HashSet::new(), 0, 0);
+    loop {
+        let (digests, next) = store.key_digests(cursor).await.unwrap();
+        listed.extend(digests);
+        pages += 1;
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    assert_eq!(listed, keys, "in {pages} pages");
+}
+
 async fn updates_keep_identity_and_are_seen_by_hash(store: Arc<dyn Store>) {
     let k = key(&new_id("ws"), 1);
     store.insert_key(&k).await.unwrap();
@@ -1933,6 +1956,7 @@ store_suite!(
     listen_slots_are_capped_leased_renewed_and_freed,
     workspace_changes_keep_identity_and_lose_none,
     keys_are_found_every_way,
+    every_key_is_listed_by_digest,
     updates_keep_identity_and_are_seen_by_hash,
     a_change_that_changes_nothing_emits_nothing,
     concurrent_updates_lose_nothing,

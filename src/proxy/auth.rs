@@ -227,21 +227,26 @@ impl Authenticator {
         })
     }
 
-    /// Asks the store for a key that is not cached, unless `client` has presented its share
-    /// of unknown keys this minute; counts an unknown one against it.
+    /// Asks the store for a key that is not cached. One the key directory lists is read at
+    /// once; any other only if `client` has not presented its share of unknown keys this
+    /// minute, and counts against it if the store does not know it either.
     async fn fetch(
         &self,
         hash: &KeyHash,
         now: u64,
         client: Option<IpAddr>,
     ) -> Result<Option<Arc<CachedKey>>, AuthFailure> {
-        let reservation = self
-            .unknown
-            .reserve(client, now)
-            .map_err(AuthFailure::TooManyUnknownKeys)?;
+        let reservation = if self.keys.listed(hash) {
+            None
+        } else {
+            let reserved = self.unknown.reserve(client, now);
+            Some(reserved.map_err(AuthFailure::TooManyUnknownKeys)?)
+        };
         let fetched = self.keys.fetch(hash).await;
-        if !matches!(fetched, Ok((None, _))) {
-            self.unknown.give_back(reservation);
+        if let Some(reservation) = reservation {
+            if !matches!(fetched, Ok((None, _))) {
+                self.unknown.give_back(reservation);
+            }
         }
         let (record, outcome) = fetched.map_err(|_| AuthFailure::StoreUnavailable)?;
         crate::metrics::record_key_lookup(outcome);

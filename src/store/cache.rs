@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::directory::KeyDirectory;
 use super::{Store, StoreError};
 use crate::keys::{CachedKey, KeyHash, KeyRecord, Scopes};
 
@@ -85,6 +86,8 @@ pub struct KeyCache {
     // SipHash, on every request's lookup.
     known: DashMap<KeyHash, Arc<CachedKey>, foldhash::fast::RandomState>,
     unknown: DashMap<KeyHash, Instant, foldhash::fast::RandomState>,
+    /// Every key the store holds, by digest, cached or not.
+    directory: KeyDirectory,
     /// One shared copy of each workspace id and each scope set: most keys share both.
     workspaces: DashSet<Arc<str>>,
     scope_sets: DashSet<Arc<Scopes>>,
@@ -126,6 +129,7 @@ impl KeyCache {
             store,
             known: DashMap::default(),
             unknown: DashMap::default(),
+            directory: KeyDirectory::new(),
             workspaces: DashSet::new(),
             scope_sets: DashSet::new(),
             position: Mutex::new((0, String::new())),
@@ -165,6 +169,14 @@ impl KeyCache {
             }
             _ => None,
         }
+    }
+
+    /// Whether the store holds a key with digest `hash`, as far as this replica knows without
+    /// asking it: a key written elsewhere since the last sync is not listed yet, nor, while the
+    /// replica lists the store (after its start, or a gap in the change log), one the listing
+    /// has not reached.
+    pub fn listed(&self, hash: &KeyHash) -> bool {
+        self.directory.listed(hash)
     }
 
     /// The key whose value hashes to `hash`, or `None` if there is none.
@@ -373,6 +385,7 @@ impl KeyCache {
                     false
                 });
                 self.unknown.clear();
+                self.directory.restart();
             }
             Some(hashes) if !hashes.is_empty() => {
                 self.generation.fetch_add(1, Ordering::AcqRel);
@@ -380,12 +393,20 @@ impl KeyCache {
                     self.forget(hash);
                     self.unknown.remove(hash);
                 }
+                self.directory.add(&hashes);
             }
             Some(_) => {}
         }
         *self.position() = (changes.epoch, changes.mark);
-        self.synced_at_ms
-            .store(self.now_ms().max(1), Ordering::Release);
+        let first = self
+            .synced_at_ms
+            .swap(self.now_ms().max(1), Ordering::AcqRel)
+            == 0;
+        if first {
+            // Every key written from here on is in the change log: the store's listing, which
+            // starts after this, finds the rest.
+            self.directory.restart();
+        }
         Ok(())
     }
 
@@ -413,9 +434,43 @@ impl KeyCache {
         self.next_expiry.store(next, Ordering::Release);
     }
 
+    /// Fills the key directory whenever a listing is due ([`KeyDirectory::restart`]): lists
+    /// the store page by page, and when it does not answer, tries the page again every
+    /// `poll_interval`. A listing overtaken by a restart of the change log starts over.
+    async fn fill_directory(self: Arc<Self>) {
+        loop {
+            let ticket = self.directory.listing_due().await;
+            let mut cursor = 0;
+            let listed = loop {
+                if self.directory.ticket() != ticket {
+                    break false;
+                }
+                match self.store.key_digests(cursor).await {
+                    Ok((digests, next)) => {
+                        self.directory.add(&digests);
+                        if next == 0 {
+                            break true;
+                        }
+                        cursor = next;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "listing the key directory; trying again");
+                        tokio::time::sleep(self.config.poll_interval).await;
+                    }
+                }
+            };
+            if listed {
+                self.directory.listed_all(ticket);
+                tracing::debug!(keys = self.directory.len(), "key directory listed");
+            }
+        }
+    }
+
     /// Follows the store's changes for the life of the process: syncs on every change signal
-    /// and at least every `poll_interval`, and sweeps out expired scoped tokens.
+    /// and at least every `poll_interval`, sweeps out expired scoped tokens, and keeps the key
+    /// directory filled.
     pub async fn follow(self: Arc<Self>) {
+        tokio::spawn(self.clone().fill_directory());
         let signal = self.store.key_change_signal();
         let mut failing = false;
         let mut last_sweep = Instant::now();
@@ -429,7 +484,12 @@ impl KeyCache {
                 _ = tokio::time::sleep(self.config.poll_interval) => {}
             }
             let sync = self.sync().await;
-            crate::metrics::record_key_cache(self.len(), self.sync_age());
+            crate::metrics::record_key_cache(
+                self.len(),
+                self.sync_age(),
+                self.directory.len(),
+                self.directory.is_complete(),
+            );
             match sync {
                 Ok(()) if failing => {
                     failing = false;
@@ -514,6 +574,57 @@ mod tests {
         let (r, outcome) = cache.get(&k.hash).await.unwrap();
         assert_eq!(outcome, CacheOutcome::Miss);
         assert_eq!(r.unwrap().status, KeyStatus::Revoked);
+    }
+
+    /// Waits (at most 5 s) until the cache's key directory is complete.
+    async fn directory_listed(cache: &KeyCache) {
+        for _ in 0..500 {
+            if cache.directory.is_complete() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the key directory was not listed");
+    }
+
+    #[tokio::test]
+    async fn the_directory_lists_keys_written_before_and_after_and_across_a_gap_in_the_log() {
+        let store = Arc::new(MemoryStore::new());
+        let before = new_key();
+        store.insert_key(&before).await.unwrap();
+        let cache = Arc::new(KeyCache::new(store.clone(), CacheConfig::default()));
+        tokio::spawn(cache.clone().fill_directory());
+        let made_up = KeyHash::of("svc_live_made_up");
+        assert!(!cache.listed(&before.hash));
+
+        // The first sync starts the listing of the store.
+        cache.sync().await.unwrap();
+        directory_listed(&cache).await;
+        assert!(cache.listed(&before.hash));
+        assert!(!cache.listed(&made_up));
+
+        // A key written since is in the change log, read by the next sync.
+        let since = new_key();
+        store.insert_key(&since).await.unwrap();
+        assert!(!cache.listed(&since.hash), "not before the next sync");
+        cache.sync().await.unwrap();
+        assert!(cache.listed(&since.hash));
+
+        // More changes than the log keeps: the keys in the gap are found by listing again, and
+        // until then a digest not listed may be a key's.
+        let mut gap = Vec::new();
+        for _ in 0..=super::super::memory::CHANGE_LOG_LEN {
+            let key = new_key();
+            store.insert_key(&key).await.unwrap();
+            gap.push(key.hash);
+        }
+        let ticket = cache.directory.ticket();
+        cache.sync().await.unwrap();
+        assert_eq!(cache.directory.ticket(), ticket + 1, "listed again");
+        directory_listed(&cache).await;
+        assert!(gap.iter().all(|hash| cache.listed(hash)));
+        assert!(!cache.listed(&made_up));
+        assert_eq!(cache.directory.len(), gap.len() + 2);
     }
 
     #[tokio::test]

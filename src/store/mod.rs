@@ -6,6 +6,7 @@
 //! chains several of them.
 
 mod cache;
+mod directory;
 mod memory;
 mod redis;
 
@@ -260,6 +261,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// A key by id.
     async fn key_by_id(&self, id: &str) -> Result<Option<Arc<KeyRecord>>, StoreError>;
+
+    /// A page of the digests of every key the store holds (scoped tokens may be among them),
+    /// from `cursor` (0 for the first page), and the cursor of the next page: 0 after the
+    /// last. A key held from the first page to the last is listed at least once; a page may
+    /// be empty, and a digest may be listed twice.
+    async fn key_digests(&self, cursor: u64) -> Result<(Vec<KeyHash>, u64), StoreError>;
 
     /// A workspace's keys, oldest first: at most `limit`, those after key `after` (which must
     /// be one of them) or from the first.

@@ -30,7 +30,7 @@ use std::time::Duration;
 pub const DEMO_WORKSPACE: &str = "ws_demo";
 
 /// How many key changes are remembered for [`Store::key_changes_since`].
-const CHANGE_LOG_LEN: usize = 10_000;
+pub(super) const CHANGE_LOG_LEN: usize = 10_000;
 
 #[derive(Default)]
 struct Inner {
@@ -281,6 +281,13 @@ impl Store for MemoryStore {
 
     async fn key_by_id(&self, id: &str) -> Result<Option<Arc<KeyRecord>>, StoreError> {
         Ok(self.read().keys.get(id).cloned())
+    }
+
+    /// All of them in one page (tokens left out).
+    async fn key_digests(&self, _cursor: u64) -> Result<(Vec<KeyHash>, u64), StoreError> {
+        let inner = self.read();
+        let keys = inner.keys.values().filter(|key| key.scoped.is_none());
+        Ok((keys.map(|key| key.hash).collect(), 0))
     }
 
     async fn keys_in_workspace(

@@ -130,7 +130,12 @@ impl Layout {
         format!("{{{}}}:workspaces:filling", self.ns)
     }
     fn key_by_hash(&self, hash: &KeyHash) -> String {
-        format!("{}:h:{}", self.registry, hash.to_hex())
+        format!("{}{}", self.key_by_hash_prefix(), hash.to_hex())
+    }
+    /// What every [`Layout::key_by_hash`] starts with; the namespace has no `SCAN` pattern
+    /// characters (`[A-Za-z0-9._-]`).
+    fn key_by_hash_prefix(&self) -> String {
+        format!("{}:h:", self.registry)
     }
     fn key_by_id(&self, id: &str) -> String {
         format!("{}:id:{id}", self.registry)
@@ -662,6 +667,9 @@ const AUDIT_AHEAD_MAX_MS: u64 = 10 * 60 * 1000;
 /// records' times; an entry written since has an id no earlier than its newest record
 /// ([`APPEND_AUDIT`]).
 const AUDIT_CLOCK_SKEW_MS: u64 = 2_000;
+
+/// Slots of the keyspace one `SCAN` for key digests walks ([`RedisStore::key_digests`]).
+const KEY_DIGESTS_SCAN: usize = 1_000;
 
 /// How long a workspace listing waits for another replica's fill.
 const INDEX_FILL_LISTING_WAIT: Duration = Duration::from_secs(5);
@@ -1499,6 +1507,25 @@ impl Store for RedisStore {
             Some(hash) => self.key_by_hash(&hash).await,
             None => Ok(None),
         }
+    }
+
+    /// `SCAN` for the records by digest, [`KEY_DIGESTS_SCAN`] slots of the keyspace a page.
+    async fn key_digests(&self, cursor: u64) -> Result<(Vec<KeyHash>, u64), StoreError> {
+        let prefix = self.layout.key_by_hash_prefix();
+        let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(KEY_DIGESTS_SCAN)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let digests = names
+            .iter()
+            .filter_map(|name| KeyHash::from_hex(name.strip_prefix(&prefix)?))
+            .collect();
+        Ok((digests, next))
     }
 
     async fn keys_in_workspace(
