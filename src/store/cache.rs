@@ -436,11 +436,14 @@ impl KeyCache {
 
     /// Fills the key directory whenever a listing is due ([`KeyDirectory::restart`]): lists
     /// the store page by page, and when it does not answer, tries the page again every
-    /// `poll_interval`. A listing overtaken by a restart of the change log starts over.
+    /// `poll_interval` (the first failure of a listing is logged: a Redis user not allowed
+    /// `SCAN` would leave the directory incomplete). A listing overtaken by a restart of the
+    /// change log starts over.
     async fn fill_directory(self: Arc<Self>) {
         loop {
             let ticket = self.directory.listing_due().await;
             let mut cursor = 0;
+            let mut failed = false;
             let listed = loop {
                 if self.directory.ticket() != ticket {
                     break false;
@@ -454,14 +457,22 @@ impl KeyCache {
                         cursor = next;
                     }
                     Err(e) => {
-                        tracing::debug!(error = %e, "listing the key directory; trying again");
+                        if !failed {
+                            failed = true;
+                            tracing::warn!(error = %e, "cannot list the keys for the key directory; trying again");
+                        }
                         tokio::time::sleep(self.config.poll_interval).await;
                     }
                 }
             };
             if listed {
                 self.directory.listed_all(ticket);
-                tracing::debug!(keys = self.directory.len(), "key directory listed");
+                let keys = self.directory.len();
+                if failed {
+                    tracing::info!(keys, "key directory listed");
+                } else {
+                    tracing::debug!(keys, "key directory listed");
+                }
             }
         }
     }

@@ -6,7 +6,7 @@
 //! such a flood off the store, then holds up made-up keys only).
 //!
 //! Eight bytes of each digest are kept (SHA-256 output is uniform, and a client cannot aim at a
-//! digest it does not know): about 16 bytes a key, 16 MB for a million. Filled by listing the
+//! digest it does not know): 24 MB of resident memory for a million keys. Filled by listing the
 //! store once (in pages, in the background) and from the change log the cache follows, which
 //! names every key written; filled again whenever the cache must start over on the change log
 //! (the store lost writes, or the log no longer reaches back), since the keys written in the gap
