@@ -610,6 +610,57 @@ async fn a_real_key_new_to_the_replica_is_read_through_a_flood_of_made_up_keys()
     assert_held_back(get(made_up_key()).await).await;
 }
 
+/// A listing of the key directory that fails (here a Redis user not allowed `SCAN`) is logged
+/// and tried again until it succeeds; meanwhile the directory shows itself incomplete.
+#[tokio::test]
+async fn a_key_directory_that_cannot_be_listed_says_so_and_is_listed_once_it_can() {
+    let redis = RedisServer::start().await;
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    ::redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "gateway", "on", ">pw", "~*", "&*", "+@all", "-scan",
+        ])
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let other = Gateway::builder()
+        .redis(&redis.url(), "acl")
+        .no_worker()
+        .start()
+        .await;
+    let ws = other.create_workspace().await;
+    other.create_key_in(&ws, "live", &["models:read"]).await;
+    let gw = Gateway::builder()
+        .redis(&format!("{}?user=gateway&pass=pw", redis.url()), "acl")
+        .no_worker()
+        .start()
+        .await;
+    let directory = |name: &'static str| {
+        let gw = &gw;
+        async move { sample(&scrape(gw).await, name, &[]) }
+    };
+    eventually(Duration::from_secs(10), || async {
+        gw.logs()
+            .contains("cannot list the keys for the key directory")
+    })
+    .await
+    .expect("the failure is logged");
+    assert_eq!(directory("svcgate_key_directory_complete").await, Some(0.0));
+    ::redis::cmd("ACL")
+        .arg(&["SETUSER", "gateway", "+scan"])
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), || async {
+        directory("svcgate_key_directory_complete").await == Some(1.0)
+            && directory("svcgate_key_directory_keys").await == Some(1.0)
+    })
+    .await
+    .expect("listed once it may");
+    assert!(gw.logs().contains("key directory listed"), "{}", gw.logs());
+}
+
 /// Queue gauges stuck at 0 on every gateway would hide workers that are all down: only a
 /// process that runs a worker exports the webhook metrics.
 #[tokio::test]

@@ -435,10 +435,10 @@ impl KeyCache {
     }
 
     /// Fills the key directory whenever a listing is due ([`KeyDirectory::restart`]): lists
-    /// the store page by page, and when it does not answer, tries the page again every
-    /// `poll_interval` (the first failure of a listing is logged: a Redis user not allowed
-    /// `SCAN` would leave the directory incomplete). A listing overtaken by a restart of the
-    /// change log starts over.
+    /// the store page by page. When the store does not answer, the listing starts over after
+    /// `poll_interval` (a cursor may mean nothing to the master after a failover), and the
+    /// first failure of a listing is logged (a Redis user not allowed `SCAN` would leave the
+    /// directory incomplete). A listing overtaken by a restart of the change log starts over.
     async fn fill_directory(self: Arc<Self>) {
         loop {
             let ticket = self.directory.listing_due().await;
@@ -462,6 +462,7 @@ impl KeyCache {
                             tracing::warn!(error = %e, "cannot list the keys for the key directory; trying again");
                         }
                         tokio::time::sleep(self.config.poll_interval).await;
+                        cursor = 0;
                     }
                 }
             };

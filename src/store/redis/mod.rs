@@ -130,7 +130,7 @@ impl Layout {
         format!("{{{}}}:workspaces:filling", self.ns)
     }
     fn key_by_hash(&self, hash: &KeyHash) -> String {
-        format!("{}{}", self.key_by_hash_prefix(), hash.to_hex())
+        format!("{}:h:{}", self.registry, hash.to_hex())
     }
     /// What every [`Layout::key_by_hash`] starts with; the namespace has no `SCAN` pattern
     /// characters (`[A-Za-z0-9._-]`).
