@@ -108,6 +108,14 @@ static DIRECTORY_KEYS: LazyLock<IntGauge> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+static DIRECTORY_TOKENS: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "svcgate_key_directory_tokens",
+        "Scoped tokens minted on any replica, not yet expired, that the key directory lists."
+    )
+    .expect("metric registers once")
+});
+
 static DIRECTORY_COMPLETE: LazyLock<IntGauge> = LazyLock::new(|| {
     register_int_gauge!(
         "svcgate_key_directory_complete",
@@ -304,11 +312,22 @@ pub fn record_pause_notices(pending: u64) {
 }
 
 /// Publishes the key cache's size and the age of its last successful sync.
-pub fn record_key_cache(entries: usize, sync_age: Duration, directory: usize, complete: bool) {
+pub fn record_key_cache(entries: usize, sync_age: Duration, directory: DirectorySize) {
     CACHE_KEYS.set(entries as i64);
     CACHE_SYNC_AGE.set(sync_age.as_secs_f64());
-    DIRECTORY_KEYS.set(directory as i64);
-    DIRECTORY_COMPLETE.set(i64::from(complete));
+    DIRECTORY_KEYS.set(directory.keys as i64);
+    DIRECTORY_TOKENS.set(directory.tokens as i64);
+    DIRECTORY_COMPLETE.set(i64::from(directory.complete));
+}
+
+/// What the key directory holds, for [`record_key_cache`].
+pub struct DirectorySize {
+    /// Key digests.
+    pub keys: usize,
+    /// Scoped tokens heard of, not yet swept out.
+    pub tokens: usize,
+    /// Whether it lists every key the store holds.
+    pub complete: bool,
 }
 
 /// Counts one request refused by a rate limit or a budget.

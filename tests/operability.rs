@@ -560,8 +560,9 @@ async fn made_up_keys_from_everywhere_are_held_back_by_the_replicas_share() {
 
 /// Only keys the store does not hold are held back: a real key new to a replica is read
 /// through a flood of made-up ones, whether it was written before the replica started (found by
-/// the replica's listing of the store) or since, on another replica (named by the change log).
-/// Until session 27 both were refused with the made-up keys until the minute's end.
+/// the replica's listing of the store) or since, on another replica (named by the change log),
+/// and so is a scoped token minted on another replica (heard of on the tokens channel). Until
+/// session 27 all three were refused with the made-up keys until the minute's end.
 #[tokio::test]
 async fn a_real_key_new_to_the_replica_is_read_through_a_flood_of_made_up_keys() {
     let ns = TestNamespace::new();
@@ -578,7 +579,12 @@ async fn a_real_key_new_to_the_replica_is_read_through_a_flood_of_made_up_keys()
         .toml("[limits]\nunknown_keys_per_minute_total = 3\n")
         .start()
         .await;
-    let (_, since) = other.create_key_in(&ws, "live", &["models:read"]).await;
+    let (_, since) = other
+        .create_key_in(&ws, "live", &["models:read", "tokens:create"])
+        .await;
+    let token = other
+        .mint_token(&since, json!({"scopes": ["models:read"]}))
+        .await;
     let directory = |name: &'static str| {
         let gw = &gw;
         async move { sample(&scrape(gw).await, name, &[]) }
@@ -586,9 +592,10 @@ async fn a_real_key_new_to_the_replica_is_read_through_a_flood_of_made_up_keys()
     eventually(Duration::from_secs(10), || async {
         directory("svcgate_key_directory_complete").await == Some(1.0)
             && directory("svcgate_key_directory_keys").await == Some(2.0)
+            && directory("svcgate_key_directory_tokens").await == Some(1.0)
     })
     .await
-    .expect("the replica lists both keys");
+    .expect("the replica lists both keys and the token");
 
     let get = |key: String| {
         let req = gw.request(Method::GET, "/v1/models").bearer_auth(key);
@@ -602,9 +609,10 @@ async fn a_real_key_new_to_the_replica_is_read_through_a_flood_of_made_up_keys()
     let misses = key_cache_misses(&gw).await.unwrap_or(0.0);
     assert_eq!(get(before).await.status(), 200, "written before the start");
     assert_eq!(get(since).await.status(), 200, "written since, elsewhere");
+    assert_eq!(get(token).await.status(), 200, "minted elsewhere");
     assert_eq!(
         key_cache_misses(&gw).await,
-        Some(misses + 2.0),
+        Some(misses + 3.0),
         "each read once"
     );
     assert_held_back(get(made_up_key()).await).await;

@@ -219,6 +219,46 @@ async fn every_key_is_listed_by_digest(store: Arc<dyn Store>) {
     assert_eq!(listed, keys, "in {pages} pages");
 }
 
+/// A scoped token minted is heard of by the store's replica (on Redis, through the tokens
+/// channel every replica subscribes to), until it expires; a key is no token.
+async fn a_minted_token_is_heard_of_until_it_expires(store: Arc<dyn Store>) {
+    let parent = key(&new_id("ws"), 1);
+    store.insert_key(&parent).await.unwrap();
+    // Subscribed: on Redis the key-change signal fires once the subscription is up (and for
+    // the key written, if it was up then).
+    tokio::time::timeout(Duration::from_secs(5), store.key_change_signal().notified())
+        .await
+        .expect("subscribed");
+    let cached = keys::CachedKey::new(
+        &parent,
+        parent.workspace.as_str().into(),
+        Arc::new(parent.scopes.clone()),
+    );
+    let now = unix_now();
+    let (_, token) = keys::mint(
+        &cached,
+        parent.hash,
+        Scopes::new(["models:read"]),
+        900,
+        Default::default(),
+        now,
+    );
+    let expires_at = token.scoped.as_ref().unwrap().expires_at;
+    store.insert_token(&token, 960).await.unwrap();
+    let minted = store.minted_tokens();
+    let mut heard = false;
+    for _ in 0..500 {
+        heard = minted.listed(&token.hash, now);
+        if heard {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(heard, "the token is heard of");
+    assert!(!minted.listed(&token.hash, expires_at), "not once expired");
+    assert!(!minted.listed(&parent.hash, now), "a key is no token");
+}
+
 async fn updates_keep_identity_and_are_seen_by_hash(store: Arc<dyn Store>) {
     let k = key(&new_id("ws"), 1);
     store.insert_key(&k).await.unwrap();
@@ -1957,6 +1997,7 @@ store_suite!(
     workspace_changes_keep_identity_and_lose_none,
     keys_are_found_every_way,
     every_key_is_listed_by_digest,
+    a_minted_token_is_heard_of_until_it_expires,
     updates_keep_identity_and_are_seen_by_hash,
     a_change_that_changes_nothing_emits_nothing,
     concurrent_updates_lose_nothing,
@@ -2514,6 +2555,61 @@ async fn redis_a_user_without_channel_rights_still_writes_keys() {
         .expect("the update is answered")
         .unwrap();
     assert_eq!(revoked.status, KeyStatus::Revoked);
+}
+
+/// A Redis user allowed the key-change channel and not the tokens channel still hears of key
+/// changes (the two are subscribed to apart), and still mints tokens.
+#[tokio::test]
+async fn redis_a_user_allowed_only_the_key_change_channel_hears_of_changes() {
+    let redis = RedisServer::start().await;
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    ::redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "keys-only",
+            "on",
+            ">pw",
+            "resetchannels",
+            "&partial:keys:changed",
+            "~*",
+            "+@all",
+        ])
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let url = format!("{}?user=keys-only&pass=pw", redis.url());
+    let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&url, "partial").unwrap());
+    let writer: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis.url(), "partial").unwrap());
+    let signal = store.key_change_signal();
+    tokio::time::timeout(Duration::from_secs(5), signal.notified())
+        .await
+        .expect("subscribed to key changes");
+    writer.insert_key(&key(&new_id("ws"), 1)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), signal.notified())
+        .await
+        .expect("told of the change");
+
+    let parent = key(&new_id("ws"), 1);
+    store.insert_key(&parent).await.unwrap();
+    let cached = keys::CachedKey::new(
+        &parent,
+        parent.workspace.as_str().into(),
+        Arc::new(parent.scopes.clone()),
+    );
+    let (_, token) = keys::mint(
+        &cached,
+        parent.hash,
+        Scopes::new(["models:read"]),
+        900,
+        Default::default(),
+        unix_now(),
+    );
+    store
+        .insert_token(&token, 960)
+        .await
+        .expect("minted without the tokens channel");
+    assert!(store.key_by_hash(&token.hash).await.unwrap().is_some());
 }
 
 /// A TCP relay to a Redis that can stop carrying the connections it has, keeping their

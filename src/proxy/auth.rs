@@ -236,7 +236,7 @@ impl Authenticator {
         now: u64,
         client: Option<IpAddr>,
     ) -> Result<Option<Arc<CachedKey>>, AuthFailure> {
-        let reservation = if self.keys.listed(hash) {
+        let reservation = if self.keys.listed(hash, now) {
             None
         } else {
             let reserved = self.unknown.reserve(client, now);

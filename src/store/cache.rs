@@ -126,10 +126,10 @@ impl KeyCache {
     /// [`KeyCache::follow`] in the background.
     pub fn new(store: Arc<dyn Store>, config: CacheConfig) -> Self {
         Self {
+            directory: KeyDirectory::new(store.minted_tokens()),
             store,
             known: DashMap::default(),
             unknown: DashMap::default(),
-            directory: KeyDirectory::new(),
             workspaces: DashSet::new(),
             scope_sets: DashSet::new(),
             position: Mutex::new((0, String::new())),
@@ -171,12 +171,13 @@ impl KeyCache {
         }
     }
 
-    /// Whether the store holds a key with digest `hash`, as far as this replica knows without
-    /// asking it: a key written elsewhere since the last sync is not listed yet, nor, while the
-    /// replica lists the store (after its start, or a gap in the change log), one the listing
-    /// has not reached.
-    pub fn listed(&self, hash: &KeyHash) -> bool {
-        self.directory.listed(hash)
+    /// Whether the store holds a key with digest `hash`, or a scoped token valid at unix second
+    /// `now`, as far as this replica knows without asking it: a key written elsewhere since the
+    /// last sync is not listed yet, nor, while the replica lists the store (after its start, or
+    /// a gap in the change log), one the listing has not reached, nor a token minted elsewhere
+    /// whose news has not arrived.
+    pub fn listed(&self, hash: &KeyHash, now: u64) -> bool {
+        self.directory.listed(hash, now)
     }
 
     /// The key whose value hashes to `hash`, or `None` if there is none.
@@ -416,8 +417,9 @@ impl KeyCache {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Drops scoped tokens that expired before unix second `now`.
+    /// Drops scoped tokens that expired before unix second `now`, and the key directory's.
     pub fn evict_expired(&self, now: u64) {
+        self.directory.sweep_tokens(now);
         #[cfg(test)]
         self.sweeps.fetch_add(1, Ordering::AcqRel);
         let mut next = u64::MAX;
@@ -496,12 +498,7 @@ impl KeyCache {
                 _ = tokio::time::sleep(self.config.poll_interval) => {}
             }
             let sync = self.sync().await;
-            crate::metrics::record_key_cache(
-                self.len(),
-                self.sync_age(),
-                self.directory.len(),
-                self.directory.is_complete(),
-            );
+            crate::metrics::record_key_cache(self.len(), self.sync_age(), self.directory.size());
             match sync {
                 Ok(()) if failing => {
                     failing = false;
@@ -607,20 +604,20 @@ mod tests {
         let cache = Arc::new(KeyCache::new(store.clone(), CacheConfig::default()));
         tokio::spawn(cache.clone().fill_directory());
         let made_up = KeyHash::of("svc_live_made_up");
-        assert!(!cache.listed(&before.hash));
+        assert!(!cache.listed(&before.hash, 0));
 
         // The first sync starts the listing of the store.
         cache.sync().await.unwrap();
         directory_listed(&cache).await;
-        assert!(cache.listed(&before.hash));
-        assert!(!cache.listed(&made_up));
+        assert!(cache.listed(&before.hash, 0));
+        assert!(!cache.listed(&made_up, 0));
 
         // A key written since is in the change log, read by the next sync.
         let since = new_key();
         store.insert_key(&since).await.unwrap();
-        assert!(!cache.listed(&since.hash), "not before the next sync");
+        assert!(!cache.listed(&since.hash, 0), "not before the next sync");
         cache.sync().await.unwrap();
-        assert!(cache.listed(&since.hash));
+        assert!(cache.listed(&since.hash, 0));
 
         // More changes than the log keeps: the keys in the gap are found by listing again, and
         // until then a digest not listed may be a key's.
@@ -634,8 +631,8 @@ mod tests {
         cache.sync().await.unwrap();
         assert_eq!(cache.directory.ticket(), ticket + 1, "listed again");
         directory_listed(&cache).await;
-        assert!(gap.iter().all(|hash| cache.listed(hash)));
-        assert!(!cache.listed(&made_up));
+        assert!(gap.iter().all(|hash| cache.listed(hash, 0)));
+        assert!(!cache.listed(&made_up, 0));
         assert_eq!(cache.directory.len(), gap.len() + 2);
     }
 

@@ -10,18 +10,58 @@
 //! store once (in pages, in the background) and from the change log the cache follows, which
 //! names every key written; filled again whenever the cache must start over on the change log
 //! (the store lost writes, or the log no longer reaches back), since the keys written in the gap
-//! are named nowhere else. Keys are never deleted, so nothing leaves it. Scoped tokens are not
-//! in the change log; those the listing finds stay until the process ends.
+//! are named nowhere else. Keys are never deleted, so nothing leaves it.
+//!
+//! Scoped tokens are not in the change log (they are minted at up to their parents' rate
+//! limits, and live 15 minutes at most): the store tells every replica of each one minted, best
+//! effort ([`MintedTokens`], over Redis pub/sub), and they are listed until they expire. Those a
+//! listing finds stay until the process ends.
 
-use dashmap::DashSet;
+use dashmap::{DashMap, DashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::keys::KeyHash;
 
+/// Scoped tokens minted lately, on any replica, that this one has heard of: filled by the
+/// store, read by the key directory. Best effort: a token it missed is read from the store as
+/// any key not listed is.
+#[derive(Default)]
+pub struct MintedTokens {
+    /// Short digest → when the token expires (unix seconds).
+    expiries: DashMap<u64, u64, foldhash::fast::RandomState>,
+}
+
+impl MintedTokens {
+    /// A token with digest `hash` was minted, valid until `expires_at`.
+    pub fn add(&self, hash: &KeyHash, expires_at: u64) {
+        self.expiries.insert(short(hash), expires_at);
+    }
+
+    /// Whether a token with digest `hash` was minted and is valid at unix second `now`.
+    pub fn listed(&self, hash: &KeyHash, now: u64) -> bool {
+        self.expiries
+            .get(&short(hash))
+            .is_some_and(|expires_at| *expires_at > now)
+    }
+
+    /// Forgets the tokens expired at `now`.
+    pub fn sweep(&self, now: u64) {
+        self.expiries.retain(|_, expires_at| *expires_at > now);
+    }
+
+    /// Tokens held.
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        self.expiries.len()
+    }
+}
+
 /// Key digests, as the store holds them (see the module's documentation).
 pub struct KeyDirectory {
     digests: DashSet<u64, foldhash::fast::RandomState>,
+    tokens: Arc<MintedTokens>,
     /// Times the change log was started over, doubled, plus one once a listing that began after
     /// the last of them has ended (the directory is complete). One word, so that a listing that
     /// overlaps a restart cannot mark the directory complete after the restart cleared it.
@@ -30,26 +70,28 @@ pub struct KeyDirectory {
     due: Notify,
 }
 
-impl Default for KeyDirectory {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl KeyDirectory {
     /// An empty directory, to be filled: [`KeyDirectory::restart`] asks for the first listing.
-    pub fn new() -> Self {
+    /// Lists the scoped tokens of `tokens` too.
+    pub fn new(tokens: Arc<MintedTokens>) -> Self {
         Self {
             digests: DashSet::default(),
+            tokens,
             state: AtomicU64::new(0),
             due: Notify::new(),
         }
     }
 
-    /// Whether `hash` is a key's. A key written since the cache last synced is not listed yet,
-    /// nor, until the directory is complete, one the listing has not reached.
-    pub fn listed(&self, hash: &KeyHash) -> bool {
-        self.digests.contains(&short(hash))
+    /// Whether `hash` is a key's, or a scoped token's valid at unix second `now`. A key written
+    /// since the cache last synced is not listed yet, nor, until the directory is complete, one
+    /// the listing has not reached.
+    pub fn listed(&self, hash: &KeyHash, now: u64) -> bool {
+        self.digests.contains(&short(hash)) || self.tokens.listed(hash, now)
+    }
+
+    /// Forgets the scoped tokens expired at `now`.
+    pub fn sweep_tokens(&self, now: u64) {
+        self.tokens.sweep(now);
     }
 
     /// Adds keys the store holds: the change log's, or a listing's page.
@@ -104,6 +146,15 @@ impl KeyDirectory {
     pub fn len(&self) -> usize {
         self.digests.len()
     }
+
+    /// What it holds, for the metrics.
+    pub fn size(&self) -> crate::metrics::DirectorySize {
+        crate::metrics::DirectorySize {
+            keys: self.digests.len(),
+            tokens: self.tokens.len(),
+            complete: self.is_complete(),
+        }
+    }
 }
 
 /// The part of a digest kept.
@@ -124,10 +175,10 @@ mod tests {
 
     #[test]
     fn a_digest_not_listed_is_unknown_only_once_a_listing_has_ended() {
-        let directory = KeyDirectory::new();
+        let directory = KeyDirectory::new(Arc::default());
         directory.add([&hash(1)]);
-        assert!(directory.listed(&hash(1)));
-        assert!(!directory.listed(&hash(2)) && !directory.is_complete());
+        assert!(directory.listed(&hash(1), 0));
+        assert!(!directory.listed(&hash(2), 0) && !directory.is_complete());
 
         directory.restart();
         let ticket = directory
@@ -137,14 +188,14 @@ mod tests {
         directory.add([&hash(2)]);
         directory.listed_all(ticket);
         assert!(directory.is_complete());
-        assert!(directory.listed(&hash(2)));
-        assert!(!directory.listed(&hash(3)));
+        assert!(directory.listed(&hash(2), 0));
+        assert!(!directory.listed(&hash(3), 0));
         assert_eq!(directory.len(), 2);
     }
 
     #[test]
     fn a_restart_during_a_listing_leaves_the_directory_incomplete_and_asks_for_another() {
-        let directory = KeyDirectory::new();
+        let directory = KeyDirectory::new(Arc::default());
         directory.restart();
         let ticket = directory
             .listing_due()
@@ -166,5 +217,19 @@ mod tests {
         // Once complete, a restart makes it incomplete again.
         directory.restart();
         assert!(!directory.is_complete());
+    }
+
+    #[test]
+    fn minted_tokens_are_listed_until_they_expire() {
+        let tokens = Arc::new(MintedTokens::default());
+        let directory = KeyDirectory::new(tokens.clone());
+        tokens.add(&hash(1), 1_000);
+        tokens.add(&hash(2), 2_000);
+        assert!(directory.listed(&hash(1), 999));
+        assert!(!directory.listed(&hash(1), 1_000), "expired");
+        assert!(!directory.listed(&hash(3), 0));
+        directory.sweep_tokens(1_500);
+        assert_eq!(tokens.len(), 1);
+        assert!(directory.listed(&hash(2), 1_500));
     }
 }

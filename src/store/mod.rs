@@ -25,6 +25,7 @@ use crate::webhooks::endpoint::Endpoint;
 use crate::webhooks::notice::PauseNotice;
 
 pub use cache::{CacheConfig, CacheOutcome, KeyCache};
+pub use directory::MintedTokens;
 pub use memory::MemoryStore;
 pub use redis::{sentinel_address, IndexFillTiming, RedisStore, Sentinels};
 
@@ -261,6 +262,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// A key by id.
     async fn key_by_id(&self, id: &str) -> Result<Option<Arc<KeyRecord>>, StoreError>;
+
+    /// Scoped tokens minted lately, on any replica, that this one has heard of (best effort),
+    /// for the key directory; the store keeps it filled.
+    fn minted_tokens(&self) -> Arc<MintedTokens>;
 
     /// A page of the digests of every key the store holds (scoped tokens may be among them),
     /// from `cursor` (0 for the first page), and the cursor of the next page: 0 after the

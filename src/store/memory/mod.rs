@@ -10,8 +10,8 @@ use tokio::sync::Notify;
 
 use super::{
     too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
-    EventFeed, EventPage, KeyChange, KeyChanges, QueueStats, Rotation, Saved, Store, StoreError,
-    UsageReport, WorkspaceChange,
+    EventFeed, EventPage, KeyChange, KeyChanges, MintedTokens, QueueStats, Rotation, Saved, Store,
+    StoreError, UsageReport, WorkspaceChange,
 };
 use crate::events::Event;
 use crate::ids::unix_now;
@@ -90,6 +90,7 @@ impl Inner {
 pub struct MemoryStore {
     inner: Arc<RwLock<Inner>>,
     changed: Arc<Notify>,
+    minted: Arc<MintedTokens>,
     /// Woken whenever an event is logged.
     logged: Arc<Notify>,
 }
@@ -283,6 +284,10 @@ impl Store for MemoryStore {
         Ok(self.read().keys.get(id).cloned())
     }
 
+    fn minted_tokens(&self) -> Arc<MintedTokens> {
+        self.minted.clone()
+    }
+
     /// All of them in one page (tokens left out).
     async fn key_digests(&self, _cursor: u64) -> Result<(Vec<KeyHash>, u64), StoreError> {
         let inner = self.read();
@@ -473,6 +478,9 @@ impl Store for MemoryStore {
         }
         inner.ids_by_hash.insert(token.hash, token.id.clone());
         inner.keys.insert(token.id.clone(), Arc::new(token.clone()));
+        if let Some(grant) = &token.scoped {
+            self.minted.add(&token.hash, grant.expires_at);
+        }
         inner
             .tokens
             .push_back((now.saturating_add(ttl_secs), token.id.clone()));

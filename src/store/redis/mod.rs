@@ -62,8 +62,8 @@ use tokio::sync::Notify;
 
 use super::{
     too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
-    EventFeed, EventPage, KeyChange, KeyChanges, QueueStats, Rotation, Saved, Store, StoreError,
-    UsageReport, WorkspaceChange,
+    EventFeed, EventPage, KeyChange, KeyChanges, MintedTokens, QueueStats, Rotation, Saved, Store,
+    StoreError, UsageReport, WorkspaceChange,
 };
 use crate::events::Event;
 use crate::keys::Environment;
@@ -177,6 +177,9 @@ impl Layout {
     fn channel(&self) -> String {
         format!("{}:keys:changed", self.ns)
     }
+    fn tokens_channel(&self) -> String {
+        format!("{}:tokens:minted", self.ns)
+    }
 }
 
 /// Inserts a key record and its indexes, then records the change.
@@ -193,6 +196,22 @@ local e = redis.call('INCR', KEYS[4])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], e .. '-0', 'h', ARGV[2], 'm', ARGV[7])
 redis.pcall('PUBLISH', ARGV[5], e)
 return e
+",
+    )
+});
+
+/// Stores a scoped token by digest, and by id (so a token can be shown and revoked like a key),
+/// for `ttl` seconds, unless its digest is taken (0), and tells every replica of it on the
+/// tokens channel (best effort: a Redis user not allowed the channel still mints). KEYS: by
+/// digest, by id. ARGV: record JSON, digest hex, ttl, the tokens channel, its expiry (unix
+/// seconds).
+static INSERT_TOKEN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[3]) then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+redis.pcall('PUBLISH', ARGV[4], ARGV[2] .. ' ' .. ARGV[5])
+return 1
 ",
     )
 });
@@ -815,6 +834,8 @@ pub struct RedisStore {
     connections: Arc<Connections>,
     layout: Layout,
     changed: Arc<Notify>,
+    /// Tokens minted on any replica, heard of on the tokens channel.
+    minted: Arc<MintedTokens>,
     audit_retention_secs: u64,
     /// Behind Sentinels: a master with replicas, any of which a failover may promote.
     replicated: bool,
@@ -1041,15 +1062,21 @@ impl RedisStore {
         };
         let layout = Layout::new(namespace);
         let changed = Arc::new(Notify::new());
+        let minted = Arc::new(MintedTokens::default());
         tokio::spawn(listen_for_changes(
             Arc::downgrade(&connections),
-            layout.channel(),
+            Channels {
+                changed: layout.channel(),
+                minted: layout.tokens_channel(),
+            },
             changed.clone(),
+            minted.clone(),
         ));
         Ok(Self {
             connections,
             layout,
             changed,
+            minted,
             audit_retention_secs: 30 * 86_400,
             replicated: sentinels.is_some(),
             filling: tokio::sync::Mutex::new(()),
@@ -1234,22 +1261,44 @@ impl RedisStore {
     }
 }
 
+/// Notes a token minted, from a tokens-channel message (`<digest hex> <expires_at>`); anything
+/// else is ignored.
+fn heard_of_token(minted: &MintedTokens, payload: &[u8]) {
+    let text = std::str::from_utf8(payload).unwrap_or_default();
+    let mut parts = text.split(' ');
+    let hash = parts.next().and_then(KeyHash::from_hex);
+    let expires_at = parts.next().and_then(|e| e.parse().ok());
+    if let (Some(hash), Some(expires_at)) = (hash, expires_at) {
+        minted.add(&hash, expires_at);
+    }
+}
+
 /// How often the key-change subscription is asked whether it still answers.
 const SUBSCRIPTION_CHECK: Duration = Duration::from_secs(5);
 /// How long that answer may take before the subscription is opened anew.
 const SUBSCRIPTION_PING_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// The channels [`listen_for_changes`] subscribes to.
+struct Channels {
+    /// Key changes: the new epoch.
+    changed: String,
+    /// Tokens minted: `<digest hex> <expires_at>`.
+    minted: String,
+}
+
 /// Subscribes to the change channel and wakes the key cache for every message, and once after
-/// every (re)subscription so anything missed while disconnected is caught up. Resubscribes on
-/// the new master when Sentinel moves it, and when the subscription stops answering a PING;
-/// ends with the store.
+/// every (re)subscription so anything missed while disconnected is caught up; and to the tokens
+/// channel, whose messages go to `minted` (a refusal is logged once). Resubscribes on the new master when Sentinel moves
+/// it, and when the subscription stops answering a PING; ends with the store.
 async fn listen_for_changes(
     connections: std::sync::Weak<Connections>,
-    channel: String,
+    channels: Channels,
     changed: Arc<Notify>,
+    minted: Arc<MintedTokens>,
 ) {
     use futures_util::StreamExt;
     let mut backoff = Duration::from_millis(100);
+    let mut tokens_refused = false;
     loop {
         let Some((client, mut moved)) = connections.upgrade().map(|c| (c.client(), c.moved()))
         else {
@@ -1259,9 +1308,16 @@ async fn listen_for_changes(
         match client.get_async_pubsub().await {
             Ok(pubsub) => {
                 let (mut sink, mut messages) = pubsub.split();
-                match sink.subscribe(&channel).await {
+                match sink.subscribe(&channels.changed).await {
                     Ok(()) => {
                         backoff = Duration::from_millis(100);
+                        // Apart: a Redis user may be allowed one channel and not the other.
+                        if let Err(e) = sink.subscribe(&channels.minted).await {
+                            if !tokens_refused {
+                                tokens_refused = true;
+                                tracing::warn!(error = %e, "cannot subscribe to scoped tokens minted; the key directory lists none");
+                            }
+                        }
                         changed.notify_one();
                         // A subscriber only reads: a connection that stays open and carries
                         // nothing (a NAT or proxy that dropped the flow) would go unnoticed.
@@ -1272,6 +1328,9 @@ async fn listen_for_changes(
                         loop {
                             tokio::select! {
                                 message = messages.next() => match message {
+                                    Some(m) if m.get_channel_name() == channels.minted => {
+                                        heard_of_token(&minted, m.get_payload_bytes());
+                                    }
                                     Some(_) => changed.notify_one(),
                                     None => {
                                         tracing::warn!("key change subscription lost; reconnecting");
@@ -1762,27 +1821,23 @@ impl Store for RedisStore {
     }
 
     async fn insert_token(&self, token: &KeyRecord, ttl_secs: u64) -> Result<(), StoreError> {
-        let created: Option<String> = redis::cmd("SET")
-            .arg(self.layout.key_by_hash(&token.hash))
+        let expires_at = token.scoped.as_ref().map_or(0, |grant| grant.expires_at);
+        let created: i64 = INSERT_TOKEN
+            .key(self.layout.key_by_hash(&token.hash))
+            .key(self.layout.key_by_id(&token.id))
             .arg(encode(token))
-            .arg("NX")
-            .arg("EX")
+            .arg(token.hash.to_hex())
             .arg(ttl_secs.max(1))
-            .query_async(&mut self.conn())
+            .arg(self.layout.tokens_channel())
+            .arg(expires_at)
+            .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        created_or_conflict(created.is_some(), "token", &token.id)?;
-        // By id too, for as long, so a token can be shown and revoked like a key.
-        let _: () = self
-            .conn()
-            .set_ex(
-                self.layout.key_by_id(&token.id),
-                token.hash.to_hex(),
-                ttl_secs.max(1),
-            )
-            .await
-            .map_err(unavailable)?;
-        Ok(())
+        created_or_conflict(created == 1, "token", &token.id)
+    }
+
+    fn minted_tokens(&self) -> Arc<MintedTokens> {
+        self.minted.clone()
     }
 
     async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError> {
