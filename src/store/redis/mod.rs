@@ -36,6 +36,7 @@
 //! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array) |
 //! | `ns:audit:{<ws>}:once:<id>` | string | an audit spool write already appended (a day) |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
+//! | channel `ns:tokens:minted` | pub/sub | `<digest hex> <expires_at>` of every scoped token minted (the key directory) |
 //!
 //! The event log is consumed by the consumer group `webhooks`; see [`webhooks`] for the entry
 //! format backends may add.
