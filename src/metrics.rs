@@ -311,7 +311,8 @@ pub fn record_pause_notices(pending: u64) {
     PAUSE_NOTICES.set(pending as i64);
 }
 
-/// Publishes the key cache's size and the age of its last successful sync.
+/// Publishes the key cache's size and the age of its last successful sync, and what the key
+/// directory holds.
 pub fn record_key_cache(entries: usize, sync_age: Duration, directory: DirectorySize) {
     CACHE_KEYS.set(entries as i64);
     CACHE_SYNC_AGE.set(sync_age.as_secs_f64());
