@@ -623,15 +623,9 @@ async fn a_real_key_new_to_the_replica_is_read_through_a_flood_of_made_up_keys()
 #[tokio::test]
 async fn a_key_directory_that_cannot_be_listed_says_so_and_is_listed_once_it_can() {
     let redis = RedisServer::start().await;
-    let client = ::redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    ::redis::cmd("ACL")
-        .arg(&[
-            "SETUSER", "gateway", "on", ">pw", "~*", "&*", "+@all", "-scan",
-        ])
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    let url = redis
+        .set_user("gateway", &["~*", "&*", "+@all", "-scan"])
+        .await;
     let other = Gateway::builder()
         .redis(&redis.url(), "acl")
         .no_worker()
@@ -640,7 +634,7 @@ async fn a_key_directory_that_cannot_be_listed_says_so_and_is_listed_once_it_can
     let ws = other.create_workspace().await;
     other.create_key_in(&ws, "live", &["models:read"]).await;
     let gw = Gateway::builder()
-        .redis(&format!("{}?user=gateway&pass=pw", redis.url()), "acl")
+        .redis(&url, "acl")
         .no_worker()
         .start()
         .await;
@@ -655,11 +649,7 @@ async fn a_key_directory_that_cannot_be_listed_says_so_and_is_listed_once_it_can
     .await
     .expect("the failure is logged");
     assert_eq!(directory("svcgate_key_directory_complete").await, Some(0.0));
-    ::redis::cmd("ACL")
-        .arg(&["SETUSER", "gateway", "+scan"])
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    redis.set_user("gateway", &["+scan"]).await;
     eventually(Duration::from_secs(10), || async {
         directory("svcgate_key_directory_complete").await == Some(1.0)
             && directory("svcgate_key_directory_keys").await == Some(1.0)

@@ -219,6 +219,17 @@ async fn every_key_is_listed_by_digest(store: Arc<dyn Store>) {
     assert_eq!(listed, keys, "in {pages} pages");
 }
 
+/// A scoped token of `parent`, for 900 s from `now`.
+fn token_of(parent: &KeyRecord, now: u64) -> KeyRecord {
+    let cached = keys::CachedKey::new(
+        parent,
+        parent.workspace.as_str().into(),
+        Arc::new(parent.scopes.clone()),
+    );
+    let scopes = Scopes::new(["models:read"]);
+    keys::mint(&cached, parent.hash, scopes, 900, Default::default(), now).1
+}
+
 /// A scoped token minted is heard of by the store's replica (on Redis, through the tokens
 /// channel every replica subscribes to), until it expires; a key is no token.
 async fn a_minted_token_is_heard_of_until_it_expires(store: Arc<dyn Store>) {
@@ -229,20 +240,8 @@ async fn a_minted_token_is_heard_of_until_it_expires(store: Arc<dyn Store>) {
     tokio::time::timeout(Duration::from_secs(5), store.key_change_signal().notified())
         .await
         .expect("subscribed");
-    let cached = keys::CachedKey::new(
-        &parent,
-        parent.workspace.as_str().into(),
-        Arc::new(parent.scopes.clone()),
-    );
     let now = unix_now();
-    let (_, token) = keys::mint(
-        &cached,
-        parent.hash,
-        Scopes::new(["models:read"]),
-        900,
-        Default::default(),
-        now,
-    );
+    let token = token_of(&parent, now);
     let expires_at = token.scoped.as_ref().unwrap().expires_at;
     store.insert_token(&token, 960).await.unwrap();
     let minted = store.minted_tokens();
@@ -2522,22 +2521,9 @@ async fn redis_a_recreated_group_still_reads_entries_that_were_pending_when_it_w
 #[tokio::test]
 async fn redis_a_user_without_channel_rights_still_writes_keys() {
     let redis = RedisServer::start().await;
-    let client = ::redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    ::redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "writer",
-            "on",
-            ">pw",
-            "resetchannels",
-            "~*",
-            "+@all",
-        ])
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
-    let url = format!("{}?user=writer&pass=pw", redis.url());
+    let url = redis
+        .set_user("writer", &["resetchannels", "~*", "+@all"])
+        .await;
     let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&url, "acl").unwrap());
     let ws = new_id("ws");
     let k = key(&ws, 1);
@@ -2562,23 +2548,12 @@ async fn redis_a_user_without_channel_rights_still_writes_keys() {
 #[tokio::test]
 async fn redis_a_user_allowed_only_the_key_change_channel_hears_of_changes() {
     let redis = RedisServer::start().await;
-    let client = ::redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    ::redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
+    let url = redis
+        .set_user(
             "keys-only",
-            "on",
-            ">pw",
-            "resetchannels",
-            "&partial:keys:changed",
-            "~*",
-            "+@all",
-        ])
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
-    let url = format!("{}?user=keys-only&pass=pw", redis.url());
+            &["resetchannels", "&partial:keys:changed", "~*", "+@all"],
+        )
+        .await;
     let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&url, "partial").unwrap());
     let writer: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis.url(), "partial").unwrap());
     let signal = store.key_change_signal();
@@ -2592,19 +2567,7 @@ async fn redis_a_user_allowed_only_the_key_change_channel_hears_of_changes() {
 
     let parent = key(&new_id("ws"), 1);
     store.insert_key(&parent).await.unwrap();
-    let cached = keys::CachedKey::new(
-        &parent,
-        parent.workspace.as_str().into(),
-        Arc::new(parent.scopes.clone()),
-    );
-    let (_, token) = keys::mint(
-        &cached,
-        parent.hash,
-        Scopes::new(["models:read"]),
-        900,
-        Default::default(),
-        unix_now(),
-    );
+    let token = token_of(&parent, unix_now());
     store
         .insert_token(&token, 960)
         .await

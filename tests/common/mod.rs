@@ -777,6 +777,20 @@ impl RedisServer {
         )
     }
 
+    /// Sets up (or changes) the ACL user `user`, password `pw`, with `rules` (`ACL SETUSER`);
+    /// the URL that connects as it.
+    pub async fn set_user(&self, user: &str, rules: &[&str]) -> String {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        redis::cmd("ACL")
+            .arg(&["SETUSER", user, "on", ">pw"])
+            .arg(rules)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+        format!("{}?user={user}&pass=pw", self.url())
+    }
+
     /// How many times it has run `command` (lower case), from `INFO commandstats`: every
     /// client's, the commands scripts run included.
     pub async fn command_calls(&self, command: &str) -> usize {
