@@ -103,7 +103,7 @@ static CACHE_KEYS: LazyLock<IntGauge> = LazyLock::new(|| {
 static DIRECTORY_KEYS: LazyLock<IntGauge> = LazyLock::new(|| {
     register_int_gauge!(
         "svcgate_key_directory_keys",
-        "Key digests in the key directory: every key the store holds, cached or not."
+        "Digests in the key directory: every key the store holds, cached or not, and the scoped tokens its listings found."
     )
     .expect("metric registers once")
 });

@@ -558,6 +558,30 @@ async fn made_up_keys_from_everywhere_are_held_back_by_the_replicas_share() {
     );
 }
 
+/// A figure of the gateway's key directory, from its metrics.
+async fn directory(gw: &Gateway, name: &str) -> Option<f64> {
+    sample(&scrape(gw).await, name, &[])
+}
+
+/// `GET /v1/models` with `key`.
+async fn models(gw: &Gateway, key: String) -> reqwest::Response {
+    gw.request(Method::GET, "/v1/models")
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Spends a gateway's `unknown_keys_per_minute_total` of 3 on made-up keys, in a minute with
+/// time left: the next key not cached is held back unless the key directory lists it.
+async fn spend_the_unknown_key_total(gw: &Gateway) {
+    clear_of_a_minutes_end().await;
+    for _ in 0..3 {
+        assert_error(models(gw, made_up_key()).await, 401, "authentication_error").await;
+    }
+    assert_held_back(models(gw, made_up_key()).await).await;
+}
+
 /// Only keys the store does not hold are held back: a real key new to a replica is read
 /// through a flood of made-up ones, whether it was written before the replica started (found by
 /// the replica's listing of the store) or since, on another replica (named by the change log),
@@ -585,27 +609,20 @@ async fn a_real_key_new_to_the_replica_is_read_through_a_flood_of_made_up_keys()
     let token = other
         .mint_token(&since, json!({"scopes": ["models:read"]}))
         .await;
-    let directory = |name: &'static str| {
-        let gw = &gw;
-        async move { sample(&scrape(gw).await, name, &[]) }
-    };
     eventually(Duration::from_secs(10), || async {
-        directory("svcgate_key_directory_complete").await == Some(1.0)
-            && directory("svcgate_key_directory_keys").await == Some(2.0)
-            && directory("svcgate_key_directory_tokens").await == Some(1.0)
+        // Both keys; the token too, if a listing began after it was minted (the replica's
+        // first subscription asks for one).
+        directory(&gw, "svcgate_key_directory_complete").await == Some(1.0)
+            && directory(&gw, "svcgate_key_directory_keys")
+                .await
+                .is_some_and(|keys| keys >= 2.0)
+            && directory(&gw, "svcgate_key_directory_tokens").await == Some(1.0)
     })
     .await
     .expect("the replica lists both keys and the token");
 
-    let get = |key: String| {
-        let req = gw.request(Method::GET, "/v1/models").bearer_auth(key);
-        async move { req.send().await.unwrap() }
-    };
-    clear_of_a_minutes_end().await;
-    for _ in 0..3 {
-        assert_error(get(made_up_key()).await, 401, "authentication_error").await;
-    }
-    assert_held_back(get(made_up_key()).await).await;
+    let get = |key: String| models(&gw, key);
+    spend_the_unknown_key_total(&gw).await;
     let misses = key_cache_misses(&gw).await.unwrap_or(0.0);
     assert_eq!(get(before).await.status(), 200, "written before the start");
     assert_eq!(get(since).await.status(), 200, "written since, elsewhere");
@@ -615,6 +632,77 @@ async fn a_real_key_new_to_the_replica_is_read_through_a_flood_of_made_up_keys()
         Some(misses + 3.0),
         "each read once"
     );
+    assert_held_back(get(made_up_key()).await).await;
+}
+
+/// Pub/sub keeps no backlog: a scoped token minted while a replica was not subscribed to the
+/// tokens channel (here its Redis user was not allowed it) was never announced to it. Its next
+/// subscription has it list Redis again, which finds the token, so the token is read through a
+/// flood of made-up keys.
+#[tokio::test]
+async fn a_token_minted_while_a_replica_was_not_subscribed_is_listed_once_it_is_again() {
+    let redis = RedisServer::start().await;
+    let url = redis
+        .set_user(
+            "gateway",
+            &["~*", "resetchannels", "&unheard:keys:changed", "+@all"],
+        )
+        .await;
+    let other = Gateway::builder()
+        .redis(&redis.url(), "unheard")
+        .no_worker()
+        .start()
+        .await;
+    let ws = other.create_workspace().await;
+    let gw = Gateway::builder()
+        .redis(&url, "unheard")
+        .no_worker()
+        .toml("[limits]\nunknown_keys_per_minute_total = 3\n")
+        .start()
+        .await;
+    eventually(Duration::from_secs(10), || async {
+        gw.logs()
+            .contains("cannot subscribe to scoped tokens minted")
+            && directory(&gw, "svcgate_key_directory_complete").await == Some(1.0)
+    })
+    .await
+    .expect("subscribed to key changes only, and listed");
+    let (_, parent) = other
+        .create_key_in(&ws, "live", &["models:read", "tokens:create"])
+        .await;
+    let token = other
+        .mint_token(&parent, json!({"scopes": ["models:read"]}))
+        .await;
+    eventually(Duration::from_secs(10), || async {
+        directory(&gw, "svcgate_key_directory_keys").await == Some(1.0)
+    })
+    .await
+    .expect("the parent key, from the change log");
+    assert_eq!(
+        directory(&gw, "svcgate_key_directory_tokens").await,
+        Some(0.0)
+    );
+
+    // Allowed the channel, and subscribed anew.
+    redis.set_user("gateway", &["allchannels"]).await;
+    let admin = redis::Client::open(redis.url()).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let killed: usize = redis::cmd("CLIENT")
+        .arg(&["KILL", "USER", "gateway", "TYPE", "pubsub"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1, "the replica's subscription");
+    eventually(Duration::from_secs(10), || async {
+        directory(&gw, "svcgate_key_directory_keys").await == Some(2.0)
+            && directory(&gw, "svcgate_key_directory_complete").await == Some(1.0)
+    })
+    .await
+    .expect("listed again: the token's digest found");
+
+    let get = |key: String| models(&gw, key);
+    spend_the_unknown_key_total(&gw).await;
+    assert_eq!(get(token).await.status(), 200, "minted unheard of");
     assert_held_back(get(made_up_key()).await).await;
 }
 
@@ -638,21 +726,20 @@ async fn a_key_directory_that_cannot_be_listed_says_so_and_is_listed_once_it_can
         .no_worker()
         .start()
         .await;
-    let directory = |name: &'static str| {
-        let gw = &gw;
-        async move { sample(&scrape(gw).await, name, &[]) }
-    };
     eventually(Duration::from_secs(10), || async {
         gw.logs()
             .contains("cannot list the keys for the key directory")
     })
     .await
     .expect("the failure is logged");
-    assert_eq!(directory("svcgate_key_directory_complete").await, Some(0.0));
+    assert_eq!(
+        directory(&gw, "svcgate_key_directory_complete").await,
+        Some(0.0)
+    );
     redis.set_user("gateway", &["+scan"]).await;
     eventually(Duration::from_secs(10), || async {
-        directory("svcgate_key_directory_complete").await == Some(1.0)
-            && directory("svcgate_key_directory_keys").await == Some(1.0)
+        directory(&gw, "svcgate_key_directory_complete").await == Some(1.0)
+            && directory(&gw, "svcgate_key_directory_keys").await == Some(1.0)
     })
     .await
     .expect("listed once it may");

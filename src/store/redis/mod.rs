@@ -1289,8 +1289,10 @@ struct Channels {
 
 /// Subscribes to the change channel and wakes the key cache for every message, and once after
 /// every (re)subscription so anything missed while disconnected is caught up; and to the tokens
-/// channel, whose messages go to `minted` (a refusal is logged once). Resubscribes on the new master when Sentinel moves
-/// it, and when the subscription stops answering a PING; ends with the store.
+/// channel, whose messages go to `minted`, told of every subscription so that the key cache
+/// lists the tokens minted before it (a run of refusals is logged once). Resubscribes on the
+/// new master when Sentinel moves it, and when the subscription stops answering a PING; ends
+/// with the store.
 async fn listen_for_changes(
     connections: std::sync::Weak<Connections>,
     channels: Channels,
@@ -1313,11 +1315,17 @@ async fn listen_for_changes(
                     Ok(()) => {
                         backoff = Duration::from_millis(100);
                         // Apart: a Redis user may be allowed one channel and not the other.
-                        if let Err(e) = sink.subscribe(&channels.minted).await {
-                            if !tokens_refused {
-                                tokens_refused = true;
-                                tracing::warn!(error = %e, "cannot subscribe to scoped tokens minted; the key directory lists none");
+                        match sink.subscribe(&channels.minted).await {
+                            // Nothing minted before this was heard of: listed again.
+                            Ok(()) => {
+                                tokens_refused = false;
+                                minted.hearing_again();
                             }
+                            Err(e) if !tokens_refused => {
+                                tokens_refused = true;
+                                tracing::warn!(error = %e, "cannot subscribe to scoped tokens minted; the key directory lists those its listings find");
+                            }
+                            Err(_) => {}
                         }
                         changed.notify_one();
                         // A subscriber only reads: a connection that stays open and carries
