@@ -2545,6 +2545,35 @@ async fn redis_a_user_without_channel_rights_still_writes_keys() {
 
 /// A Redis user allowed the key-change channel and not the tokens channel still hears of key
 /// changes (the two are subscribed to apart), and still mints tokens.
+/// Pub/sub keeps no backlog: a replica reads the tokens still live when it subscribes, so those
+/// minted before (while it was not subscribed) are heard of too, and expired ones are not.
+#[tokio::test]
+async fn redis_tokens_minted_before_a_replica_subscribed_are_heard_of() {
+    let ns = TestNamespace::new();
+    let writer = RedisStore::connect(&redis_url(), &ns.name).unwrap();
+    let parent = key(&new_id("ws"), 1);
+    writer.insert_key(&parent).await.unwrap();
+    let now = unix_now();
+    let live = token_of(&parent, now);
+    writer.insert_token(&live, 960).await.unwrap();
+    // Expired 100 s ago; its record is still held.
+    let expired = token_of(&parent, now - 1_000);
+    writer.insert_token(&expired, 60).await.unwrap();
+
+    let replica = RedisStore::connect(&redis_url(), &ns.name).unwrap();
+    // The signal fires once subscribed, after the live tokens were read.
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        replica.key_change_signal().notified(),
+    )
+    .await
+    .expect("subscribed");
+    let minted = replica.minted_tokens();
+    assert!(minted.listed(&live.hash, now), "minted before, heard of");
+    assert!(!minted.listed(&expired.hash, now));
+    assert_eq!(minted.len(), 1, "the expired one is not held");
+}
+
 #[tokio::test]
 async fn redis_a_user_allowed_only_the_key_change_channel_hears_of_changes() {
     let redis = RedisServer::start().await;

@@ -403,11 +403,9 @@ impl KeyCache {
             .synced_at_ms
             .swap(self.now_ms().max(1), Ordering::AcqRel)
             == 0;
-        // Asked every time, so that a first sync takes a new subscription's word too.
-        let tokens_missed = self.directory.tokens_missed();
-        if first || tokens_missed {
-            // Every key written from here on is in the change log, and every token minted is
-            // heard of: the store's listing, which starts after this, finds the rest.
+        if first {
+            // Every key written from here on is in the change log: the store's listing, which
+            // starts after this, finds the rest.
             self.directory.restart();
         }
         Ok(())
@@ -443,7 +441,7 @@ impl KeyCache {
     /// `poll_interval` (a cursor may mean nothing to the master after a failover), and the
     /// first of a run of failures is logged, as is the listing that ends it (a Redis user not
     /// allowed `SCAN` would leave the directory incomplete). A listing overtaken by a restart
-    /// (of the change log, or of the tokens subscription) starts over.
+    /// of the change log starts over.
     async fn fill_directory(self: Arc<Self>) {
         // Since the last listing that ended: a listing overtaken by another is not the end of
         // its failures.
@@ -639,31 +637,6 @@ mod tests {
         assert!(gap.iter().all(|hash| cache.listed(hash, 0)));
         assert!(!cache.listed(&made_up, 0));
         assert_eq!(cache.directory.len(), gap.len() + 2);
-    }
-
-    /// Tokens minted while the store did not hear of them (pub/sub keeps no backlog) are found
-    /// by the listing a new subscription asks for, at the next sync.
-    #[tokio::test]
-    async fn a_new_subscription_to_minted_tokens_has_the_store_listed_again() {
-        let store = Arc::new(MemoryStore::new());
-        let cache = Arc::new(KeyCache::new(store.clone(), CacheConfig::default()));
-        tokio::spawn(cache.clone().fill_directory());
-        store.minted_tokens().hearing_again();
-        cache.sync().await.unwrap();
-        directory_listed(&cache).await;
-        let ticket = cache.directory.ticket();
-        assert_eq!(
-            ticket, 1,
-            "the first sync takes the subscription's word too"
-        );
-        cache.sync().await.unwrap();
-        assert_eq!(cache.directory.ticket(), ticket, "no news, no listing");
-
-        store.minted_tokens().hearing_again();
-        cache.sync().await.unwrap();
-        assert_eq!(cache.directory.ticket(), ticket + 1, "listed again");
-        assert!(!cache.directory.is_complete());
-        directory_listed(&cache).await;
     }
 
     #[tokio::test]

@@ -15,12 +15,12 @@
 //! Scoped tokens are not in the change log (they are minted at up to their parents' rate
 //! limits, and live 15 minutes at most): the store tells every replica of each one minted, best
 //! effort ([`MintedTokens`], over Redis pub/sub), and they are listed until they expire. Those a
-//! listing finds stay until the process ends. Pub/sub keeps no backlog: a replica that was not
-//! subscribed (disconnected, or its Redis user not allowed the channel) did not hear of the
-//! tokens minted meanwhile, so every new subscription has the store listed again.
+//! listing finds stay until the process ends. Pub/sub keeps no backlog: on every subscription
+//! the store also reads which tokens are live, so that those minted while a replica was not
+//! subscribed (disconnected, or its Redis user not allowed the channel) are heard of too.
 
 use dashmap::{DashMap, DashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
 
@@ -33,9 +33,6 @@ use crate::keys::KeyHash;
 pub struct MintedTokens {
     /// Short digest → when the token expires (unix seconds).
     expiries: DashMap<u64, u64, foldhash::fast::RandomState>,
-    /// Set when the store began hearing of tokens anew: those minted before may not have been
-    /// heard of. Taken by the key cache, which has the store listed then.
-    resumed: AtomicBool,
 }
 
 impl MintedTokens {
@@ -60,17 +57,6 @@ impl MintedTokens {
     #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         self.expiries.len()
-    }
-
-    /// The store hears of tokens minted from now on (it has subscribed, again): whatever was
-    /// minted before is found only by listing the store.
-    pub fn hearing_again(&self) {
-        self.resumed.store(true, Ordering::Release);
-    }
-
-    /// Whether the store began hearing of tokens anew since the last call.
-    fn take_resumed(&self) -> bool {
-        self.resumed.swap(false, Ordering::AcqRel)
     }
 }
 
@@ -117,9 +103,9 @@ impl KeyDirectory {
         }
     }
 
-    /// The change log cannot name what changed since the cache last read it, or tokens may
-    /// have been minted unheard of: whatever was written meanwhile is found only by listing the
-    /// store again. Until that listing ends, a digest not listed may be a key's.
+    /// The change log cannot name what changed since the cache last read it: whatever keys
+    /// were written meanwhile are found only by listing the store again. Until that listing
+    /// ends, a digest not listed may be a key's.
     pub fn restart(&self) {
         let _ = self
             .state
@@ -127,12 +113,6 @@ impl KeyDirectory {
                 Some(((state >> 1) + 1) << 1)
             });
         self.due.notify_one();
-    }
-
-    /// Whether tokens may have been minted unheard of since this was last asked (see
-    /// [`MintedTokens::hearing_again`]): if so, the store must be listed again.
-    pub fn tokens_missed(&self) -> bool {
-        self.tokens.take_resumed()
     }
 
     /// Waits until a listing is due, then returns its ticket for [`KeyDirectory::listed_all`].

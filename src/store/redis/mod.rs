@@ -37,6 +37,7 @@
 //! | `ns:audit:{<ws>}:once:<id>` | string | an audit spool write already appended (a day) |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
 //! | channel `ns:tokens:minted` | pub/sub | `<digest hex> <expires_at>` of every scoped token minted (the key directory) |
+//! | `{ns}:keys:tokens` | sorted set | digest hex of every scoped token minted, scored by its expiry (unix seconds): read by each replica when it subscribes to the tokens channel (pub/sub keeps no backlog); expired ones go at the next mint |
 //!
 //! The event log is consumed by the consumer group `webhooks`; see [`webhooks`] for the entry
 //! format backends may add.
@@ -138,6 +139,9 @@ impl Layout {
     fn key_by_hash_prefix(&self) -> String {
         format!("{}:h:", self.registry)
     }
+    fn live_tokens(&self) -> String {
+        format!("{}:tokens", self.registry)
+    }
     fn key_by_id(&self, id: &str) -> String {
         format!("{}:id:{id}", self.registry)
     }
@@ -202,15 +206,20 @@ return e
 });
 
 /// Stores a scoped token by digest, and by id (so a token can be shown and revoked like a key),
-/// for `ttl` seconds, unless its digest is taken (0), and tells every replica of it on the
-/// tokens channel (best effort: a Redis user not allowed the channel still mints). KEYS: by
-/// digest, by id. ARGV: record JSON, digest hex, ttl, the tokens channel, its expiry (unix
-/// seconds).
+/// for `ttl` seconds, unless its digest is taken (0), and tells every replica of it: on the
+/// tokens channel (best effort: a Redis user not allowed the channel still mints), and in the
+/// set of live tokens, which a replica reads when it subscribes (pub/sub keeps no backlog; the
+/// set drops the expired, and lives as long as its longest-lived token). KEYS: by digest, by
+/// id, the live tokens. ARGV: record JSON, digest hex, ttl, the tokens channel, its expiry, the
+/// time (unix seconds).
 static INSERT_TOKEN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[3]) then return 0 end
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[6])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
+if redis.call('TTL', KEYS[3]) < tonumber(ARGV[3]) then redis.call('EXPIRE', KEYS[3], ARGV[3]) end
 redis.pcall('PUBLISH', ARGV[4], ARGV[2] .. ' ' .. ARGV[5])
 return 1
 ",
@@ -1069,6 +1078,7 @@ impl RedisStore {
             Channels {
                 changed: layout.channel(),
                 minted: layout.tokens_channel(),
+                live_tokens: layout.live_tokens(),
             },
             changed.clone(),
             minted.clone(),
@@ -1285,14 +1295,50 @@ struct Channels {
     changed: String,
     /// Tokens minted: `<digest hex> <expires_at>`.
     minted: String,
+    /// Not a channel: the set of live tokens, read after subscribing to `minted`.
+    live_tokens: String,
+}
+
+/// Live tokens read by one `ZSCAN` ([`read_live_tokens`]).
+const LIVE_TOKENS_SCAN: usize = 1_000;
+
+/// Adds to `minted` the scoped tokens in the set of live tokens `key` that have not expired:
+/// read after subscribing to the tokens channel, it finds every token minted before (while this
+/// replica was not subscribed: pub/sub keeps no backlog), and the channel every token after.
+async fn read_live_tokens(
+    conn: &mut ConnectionManager,
+    key: &str,
+    minted: &MintedTokens,
+) -> Result<(), redis::RedisError> {
+    let now = crate::ids::unix_now();
+    let mut cursor = 0u64;
+    loop {
+        let (next, page): (u64, Vec<(String, f64)>) = redis::cmd("ZSCAN")
+            .arg(key)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(LIVE_TOKENS_SCAN)
+            .query_async(conn)
+            .await?;
+        for (hex, expires_at) in page {
+            let expires_at = expires_at as u64;
+            match KeyHash::from_hex(&hex) {
+                Some(hash) if expires_at > now => minted.add(&hash, expires_at),
+                _ => {}
+            }
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
 }
 
 /// Subscribes to the change channel and wakes the key cache for every message, and once after
 /// every (re)subscription so anything missed while disconnected is caught up; and to the tokens
-/// channel, whose messages go to `minted`, told of every subscription so that the key cache
-/// lists the tokens minted before it (a run of refusals is logged once). Resubscribes on the
-/// new master when Sentinel moves it, and when the subscription stops answering a PING; ends
-/// with the store.
+/// channel, whose messages go to `minted`, as do the live tokens, read after each subscription
+/// to it (a run of refusals is logged once). Resubscribes on the new master when Sentinel moves
+/// it, and when the subscription stops answering a PING; ends with the store.
 async fn listen_for_changes(
     connections: std::sync::Weak<Connections>,
     channels: Channels,
@@ -1303,7 +1349,9 @@ async fn listen_for_changes(
     let mut backoff = Duration::from_millis(100);
     let mut tokens_refused = false;
     loop {
-        let Some((client, mut moved)) = connections.upgrade().map(|c| (c.client(), c.moved()))
+        let Some((client, mut conn, mut moved)) = connections
+            .upgrade()
+            .map(|c| (c.client(), c.manager(), c.moved()))
         else {
             return;
         };
@@ -1316,10 +1364,14 @@ async fn listen_for_changes(
                         backoff = Duration::from_millis(100);
                         // Apart: a Redis user may be allowed one channel and not the other.
                         match sink.subscribe(&channels.minted).await {
-                            // Nothing minted before this was heard of: listed again.
                             Ok(()) => {
                                 tokens_refused = false;
-                                minted.hearing_again();
+                                // Subscribed first: a token minted meanwhile is in one or both.
+                                let read =
+                                    read_live_tokens(&mut conn, &channels.live_tokens, &minted);
+                                if let Err(e) = read.await {
+                                    tracing::warn!(error = %e, "cannot read the scoped tokens minted before subscribing; the key directory lists those its listings find");
+                                }
                             }
                             Err(e) if !tokens_refused => {
                                 tokens_refused = true;
@@ -1834,11 +1886,13 @@ impl Store for RedisStore {
         let created: i64 = INSERT_TOKEN
             .key(self.layout.key_by_hash(&token.hash))
             .key(self.layout.key_by_id(&token.id))
+            .key(self.layout.live_tokens())
             .arg(encode(token))
             .arg(token.hash.to_hex())
             .arg(ttl_secs.max(1))
             .arg(self.layout.tokens_channel())
             .arg(expires_at)
+            .arg(crate::ids::unix_now())
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
