@@ -1334,11 +1334,47 @@ async fn read_live_tokens(
     }
 }
 
+/// The tokens channel's part of [`listen_for_changes`].
+struct TokensFeed<'a> {
+    channels: &'a Channels,
+    minted: &'a MintedTokens,
+    /// Whether the current subscription includes the channel.
+    hearing: bool,
+    /// Whether the channel was refused last time: a run of refusals is logged once.
+    refused: bool,
+}
+
+impl TokensFeed<'_> {
+    /// Subscribes `sink` (a subscription already up) to the tokens channel, then reads the
+    /// live tokens over `conn` (a token minted meanwhile is in one or both).
+    async fn subscribe(&mut self, sink: &mut redis::aio::PubSubSink, conn: &mut ConnectionManager) {
+        self.hearing = match sink.subscribe(&self.channels.minted).await {
+            Ok(()) => true,
+            Err(e) => {
+                if !std::mem::replace(&mut self.refused, true) {
+                    tracing::warn!(error = %e, "cannot subscribe to scoped tokens minted; trying again every 5 s; meanwhile the key directory lists those its listings find");
+                }
+                false
+            }
+        };
+        if !self.hearing {
+            return;
+        }
+        if std::mem::take(&mut self.refused) {
+            tracing::info!("subscribed to scoped tokens minted");
+        }
+        if let Err(e) = read_live_tokens(conn, &self.channels.live_tokens, self.minted).await {
+            tracing::warn!(error = %e, "cannot read the scoped tokens minted before subscribing; the key directory lists those its listings find");
+        }
+    }
+}
+
 /// Subscribes to the change channel and wakes the key cache for every message, and once after
 /// every (re)subscription so anything missed while disconnected is caught up; and to the tokens
 /// channel, whose messages go to `minted`, as do the live tokens, read after each subscription
-/// to it (a run of refusals is logged once). Resubscribes on the new master when Sentinel moves
-/// it, and when the subscription stops answering a PING; ends with the store.
+/// to it (a channel refused is asked for again at every PING below). Resubscribes on the new
+/// master when Sentinel moves it, and when the subscription stops answering a PING; ends with
+/// the store.
 async fn listen_for_changes(
     connections: std::sync::Weak<Connections>,
     channels: Channels,
@@ -1347,7 +1383,12 @@ async fn listen_for_changes(
 ) {
     use futures_util::StreamExt;
     let mut backoff = Duration::from_millis(100);
-    let mut tokens_refused = false;
+    let mut tokens = TokensFeed {
+        channels: &channels,
+        minted: &minted,
+        hearing: false,
+        refused: false,
+    };
     loop {
         let Some((client, mut conn, mut moved)) = connections
             .upgrade()
@@ -1363,22 +1404,7 @@ async fn listen_for_changes(
                     Ok(()) => {
                         backoff = Duration::from_millis(100);
                         // Apart: a Redis user may be allowed one channel and not the other.
-                        match sink.subscribe(&channels.minted).await {
-                            Ok(()) => {
-                                tokens_refused = false;
-                                // Subscribed first: a token minted meanwhile is in one or both.
-                                let read =
-                                    read_live_tokens(&mut conn, &channels.live_tokens, &minted);
-                                if let Err(e) = read.await {
-                                    tracing::warn!(error = %e, "cannot read the scoped tokens minted before subscribing; the key directory lists those its listings find");
-                                }
-                            }
-                            Err(e) if !tokens_refused => {
-                                tokens_refused = true;
-                                tracing::warn!(error = %e, "cannot subscribe to scoped tokens minted; the key directory lists those its listings find");
-                            }
-                            Err(_) => {}
-                        }
+                        tokens.subscribe(&mut sink, &mut conn).await;
                         changed.notify_one();
                         // A subscriber only reads: a connection that stays open and carries
                         // nothing (a NAT or proxy that dropped the flow) would go unnoticed.
@@ -1408,6 +1434,10 @@ async fn listen_for_changes(
                                             "key change subscription stopped answering; reconnecting"
                                         );
                                         break;
+                                    }
+                                    // A channel refused may have been allowed since.
+                                    if !tokens.hearing {
+                                        tokens.subscribe(&mut sink, &mut conn).await;
                                     }
                                 }
                                 // The master moved, or the store is gone.
