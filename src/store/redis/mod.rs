@@ -1352,7 +1352,8 @@ impl TokensFeed<'_> {
             Ok(()) => true,
             Err(e) => {
                 if !std::mem::replace(&mut self.refused, true) {
-                    tracing::warn!(error = %e, "cannot subscribe to scoped tokens minted; trying again every 5 s; meanwhile the key directory lists those its listings find");
+                    let again_in_secs = SUBSCRIPTION_CHECK.as_secs();
+                    tracing::warn!(error = %e, again_in_secs, "cannot subscribe to scoped tokens minted; meanwhile the key directory lists those its listings find");
                 }
                 false
             }
