@@ -348,7 +348,7 @@ pub struct AuditLog {
 /// millisecond once a batch: a latency trace at 10,000 requests/s showed svcgate's slow
 /// requests recurring every 25.6 ms, one batch's worth, and none of that rhythm at 64, where
 /// svcgate's p99 came out as bare Pingora's. Four times the batches cost two Redis commands
-/// each: about 0.03 a request.
+/// each (about 0.03 a request) and no throughput (`benches/ab.sh`: 102.8% of 256's).
 pub const AUDIT_BATCH: usize = 64;
 
 /// Records queued by the request path, per thread.
