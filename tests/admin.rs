@@ -436,9 +436,11 @@ async fn serve_indexes_workspaces_of_an_earlier_version_at_start() {
         .redis(&redis_url(), &ns.name)
         .start()
         .await;
+    // The fill indexes what it finds, then marks the index filled: both, in that order.
     let indexed = eventually(std::time::Duration::from_secs(10), || {
         let mut conn = conn.clone();
         let index = format!("{{{}}}:workspaces", ns.name);
+        let filled = format!("{{{}}}:workspaces:filled", ns.name);
         async move {
             let rank: Option<f64> = redis::cmd("ZSCORE")
                 .arg(index)
@@ -446,17 +448,19 @@ async fn serve_indexes_workspaces_of_an_earlier_version_at_start() {
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            rank.is_some()
+            let filled: bool = redis::cmd("EXISTS")
+                .arg(filled)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            rank.is_some() && filled
         }
     })
     .await;
-    assert!(indexed.is_some(), "indexed with no listing");
-    let filled: bool = redis::cmd("EXISTS")
-        .arg(format!("{{{}}}:workspaces:filled", ns.name))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(filled);
+    assert!(
+        indexed.is_some(),
+        "indexed and marked filled with no listing"
+    );
 }
 
 #[tokio::test]
