@@ -7,8 +7,8 @@
 # (auth, scope, rate limit, budget, spend, audit). Drives each with wrk at a fixed concurrency,
 # alternating the targets round by round, and prints requests/s, latency percentiles, added p99
 # latency versus the backend alone, CPU time per request (the target's own, the backend's, the
-# whole machine's), throughput ratios, Redis commands per request (from INFO commandstats
-# deltas) and svcgate's resident memory. Then it drives the backend, bare
+# whole machine's), throughput ratios, Redis commands and Redis CPU time per request (from INFO
+# commandstats and INFO cpu deltas) and svcgate's resident memory. Then it drives the backend, bare
 # Pingora and svcgate at constant rates (examples/loadgen.rs: half and a quarter of svcgate's
 # maximum) and prints the latency each adds, and the time svcgate and bare Pingora each take
 # before a request goes to the backend, by their own clocks. Between the two, it measures the
@@ -107,6 +107,8 @@ ms() { # wrk latency like 512.00us / 1.20ms / 1.01s → milliseconds
   awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n += 0; else if (v ~ /s$/) n *= 1000; printf "%.3f", n }'
 }
 commands() { redis_cli info commandstats | awk -F'calls=' '/calls=/ { split($2, a, ","); s += a[1] } END { print s + 0 }'; }
+# CPU time (user + system) Redis has used, in µs: on a sidecar's node it shares the cores.
+redis_cpu() { redis_cli info cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.0f", s * 1e6 }'; }
 
 # CPU time (user + system) a process has used, in clock ticks.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
@@ -114,10 +116,10 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 machine_ticks() { awk 'NR == 1 { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
 tick=$(getconf CLK_TCK)
 
-declare -A RPS P50 P99 P999 REQS CMDS CPU BACKEND MACHINE
+declare -A RPS P50 P99 P999 REQS CMDS REDIS_CPU CPU BACKEND MACHINE
 run() { # name url
   local out
-  [ "$1" = svcgate ] && local before=$(commands)
+  [ "$1" = svcgate ] && local before=$(commands) redis_before=$(redis_cpu)
   local cpu0 up0 m0; cpu0=$(cpu_ticks "${PID[$1]}"); up0=$(cpu_ticks "$up_pid"); m0=$(machine_ticks)
   out=$(wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DURATION}s" --latency -s "$work/post.lua" "$2")
   local cpu1 up1 m1; cpu1=$(cpu_ticks "${PID[$1]}"); up1=$(cpu_ticks "$up_pid"); m1=$(machine_ticks)
@@ -126,7 +128,9 @@ run() { # name url
   CPU[$1]+="$(per_request $((cpu1 - cpu0))) "
   BACKEND[$1]+="$(per_request $((up1 - up0))) "
   MACHINE[$1]+="$(per_request $((m1 - m0))) "
-  if [ "$1" = svcgate ]; then sleep 0.5; CMDS[$1]+="$(( $(commands) - before )) "; fi
+  if [ "$1" = svcgate ]; then
+    sleep 0.5; CMDS[$1]+="$(( $(commands) - before )) "; REDIS_CPU[$1]+="$(( $(redis_cpu) - redis_before )) "
+  fi
   RPS[$1]+="$(awk '/Requests\/sec/ { print $2 }' <<<"$out") "
   P50[$1]+="$(ms "$(awk '$1 == "50%" { print $2 }' <<<"$out")") "
   P99[$1]+="$(ms "$(awk '$1 == "99%" { print $2 }' <<<"$out")") "
@@ -159,6 +163,7 @@ if phase saturation; then
   rss_mb=$(awk '/VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$gw_pid/status")
   total_reqs=0; for r in ${REQS[svcgate]}; do total_reqs=$((total_reqs + r)); done
   total_cmds=0; for c in ${CMDS[svcgate]}; do total_cmds=$((total_cmds + c)); done
+  total_redis_cpu=0; for c in ${REDIS_CPU[svcgate]}; do total_redis_cpu=$((total_redis_cpu + c)); done
   direct_p99=$(median "${P99[direct]}")
   printf '\n%s on %s cores, %s connections, %s rounds of %ss (medians)\n' "$(uname -m)" "$(nproc --all)" "$CONNS" "$ROUNDS" "$DURATION"
   printf '%-12s %12s %10s %10s %10s %14s %12s %12s %12s\n' target 'requests/s' 'p50 ms' 'p99 ms' 'p999 ms' \
@@ -176,6 +181,7 @@ if phase saturation; then
     -v ms="$(median "${MACHINE[svcgate]}")" -v mp="$(median "${MACHINE[passthrough]}")" \
     'BEGIN { printf "CPU time per request, svcgate / bare Pingora: %.0f%% (its own), %.0f%% (the whole machine)\n", 100 * s / p, 100 * ms / mp }'
   awk -v c="$total_cmds" -v r="$total_reqs" 'BEGIN { printf "Redis commands per request (svcgate): %.4f\n", c / r }'
+  awk -v c="$total_redis_cpu" -v r="$total_reqs" 'BEGIN { printf "Redis CPU time per request (svcgate): %.2f us\n", c / r }'
   echo "svcgate resident memory: ${rss_mb} MB"
 fi
 
