@@ -33,7 +33,7 @@
 //! | `{ns}:wh:paused` | set | `<ws> <endpoint id>` of paused endpoints |
 //! | `{ns}:wh:notices` | hash | pause notice id → notice JSON: an e-mail owed to a workspace's admins, queued with the pause, removed once sent |
 //! | `{ns}:wh:notices:due` | sorted set | pause notice ids, scored by when the next try is due (ms); a claimed one by its lease's end |
-//! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array) |
+//! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array, zstd-compressed; written uncompressed before session 30) |
 //! | `ns:audit:{<ws>}:once:<id>` | string | an audit spool write already appended (a day) |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
 //! | channel `ns:tokens:minted` | pub/sub | `<digest hex> <expires_at>` of every scoped token minted (the key directory) |
@@ -47,6 +47,7 @@
 //! script, atomically, on Redis Cluster too. At about 500 bytes a key, one slot holds millions
 //! of keys; high-volume counters go to other slots.
 
+mod audit_codec;
 mod connection;
 mod streams;
 mod webhooks;
@@ -701,7 +702,8 @@ struct AuditBatch<'a> {
     stream: String,
     /// The arrival time (Unix ms) of its newest record.
     newest: u64,
-    json: Vec<u8>,
+    /// The records, as the entry holds them ([`audit_codec`]).
+    records: Vec<u8>,
 }
 
 /// The time (Unix ms) in a stream entry's id (`<ms>-<seq>`).
@@ -871,6 +873,8 @@ pub struct RedisStore {
     /// Tokens minted on any replica, heard of on the tokens channel.
     minted: Arc<MintedTokens>,
     audit_retention_secs: u64,
+    /// Compresses audit batches for their stream entries.
+    audit_codec: audit_codec::AuditCodec,
     /// Behind Sentinels: a master with replicas, any of which a failover may promote.
     replicated: bool,
     /// Held while this replica fills the workspace index or waits for a fill, so a listing
@@ -1113,6 +1117,7 @@ impl RedisStore {
             changed,
             minted,
             audit_retention_secs: 30 * 86_400,
+            audit_codec: audit_codec::AuditCodec::new(),
             replicated: sentinels.is_some(),
             filling: tokio::sync::Mutex::new(()),
             runtime: tokio::runtime::Handle::current(),
@@ -2072,7 +2077,7 @@ impl Store for RedisStore {
                     workspace: ws,
                     stream: self.layout.audit(ws),
                     newest: batch.iter().map(|r| r.time_ms).max().unwrap_or(0),
-                    json,
+                    records: self.audit_codec.encode(json),
                 }
             })
             .collect();
@@ -2086,7 +2091,7 @@ impl Store for RedisStore {
                     .arg(&b.stream)
                     .arg(self.layout.audit_once(b.workspace, once))
                     .arg(min_id)
-                    .arg(&b.json)
+                    .arg(&b.records)
                     .arg(b.newest)
                     .arg(AUDIT_AHEAD_MAX_MS)
                     .ignore();
@@ -2102,7 +2107,7 @@ impl Store for RedisStore {
                 .arg(min_id)
                 .arg("*")
                 .arg("records")
-                .arg(&b.json);
+                .arg(&b.records);
         }
         let ids: Vec<String> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
         // Entries dated earlier than their newest record: moved, and if that fails the batch
@@ -2116,7 +2121,7 @@ impl Store for RedisStore {
                     .arg(1)
                     .arg(&b.stream)
                     .arg(min_id)
-                    .arg(&b.json)
+                    .arg(&b.records)
                     .arg(b.newest)
                     .arg(AUDIT_AHEAD_MAX_MS)
                     .arg(id)
@@ -2160,8 +2165,10 @@ impl Store for RedisStore {
                 {
                     break 'pages;
                 }
-                let json: String = entry.get("records").unwrap_or_default();
-                let batch: Vec<AuditRecord> = serde_json::from_str(&json).unwrap_or_default();
+                let raw: Vec<u8> = entry.get("records").unwrap_or_default();
+                let batch: Vec<AuditRecord> = audit_codec::decode(&raw)
+                    .and_then(|json| serde_json::from_slice(&json).ok())
+                    .unwrap_or_default();
                 // A batch whose acknowledgement was lost is written again: show it once.
                 out.extend(
                     batch
