@@ -229,10 +229,10 @@ return 1
 
 /// Appends a batch of audit records to a workspace's stream, unless a batch of its id was
 /// appended (when given one), or moves a batch appended under too early an id. KEYS: stream[,
-/// marker]. ARGV: the oldest id kept, the records as JSON, the arrival time (Unix ms) of the
-/// newest record in the batch, how far ahead of Redis's clock an id may be dated (ms)[, the
-/// id of the entry the batch was appended under, deleted once it is appended again]. Returns 1,
-/// or 0 for a batch seen.
+/// marker]. ARGV: the oldest id kept, the records (as the entry holds them: [`audit_codec`]),
+/// the arrival time (Unix ms) of the newest record in the batch, how far ahead of Redis's
+/// clock an id may be dated (ms)[, the id of the entry the batch was appended under, deleted
+/// once it is appended again]. Returns 1, or 0 for a batch seen.
 ///
 /// An entry's id is not earlier than the newest record it holds: records carry their
 /// gateway's clock, the entry id Redis's, and a query `since` a time stops at the first entry
