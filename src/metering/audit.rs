@@ -342,13 +342,14 @@ pub struct AuditLog {
 /// Audit records a thread's queue holds when the writer is told a batch is ready: it writes
 /// them then, without waiting for its interval.
 ///
-/// Each batch is a short burst of work next to the request path: rendering it on the store
-/// thread, and the script that appends it in Redis (a ~17 KB entry at 64). At 256 (sessions 26
-/// to 28) the burst was long enough to stall a busy gateway's requests for about half a
+/// Each batch is a short burst of work next to the request path: rendering and compressing it
+/// on the store thread, and its append in Redis. At 256 (sessions 26 to 28, each batch a ~70 KB
+/// script call) the burst was long enough to stall a busy gateway's requests for about half a
 /// millisecond once a batch: a latency trace at 10,000 requests/s showed svcgate's slow
 /// requests recurring every 25.6 ms, one batch's worth, and none of that rhythm at 64, where
-/// svcgate's p99 came out as bare Pingora's. Four times the batches cost two Redis commands
-/// each (about 0.03 a request) and no throughput (`benches/ab.sh`: 102.8% of 256's).
+/// svcgate's p99 came out as bare Pingora's. Four times the batches cost no throughput
+/// (`benches/ab.sh`: 102.8% of 256's) and about 0.02 Redis commands a request (one bare
+/// `XADD` a batch since session 30; two, counting the script, before).
 pub const AUDIT_BATCH: usize = 64;
 
 /// Records queued by the request path, per thread.
