@@ -343,14 +343,18 @@ pub struct AuditLog {
 /// them then, without waiting for its interval.
 ///
 /// Each batch is a short burst of work next to the request path: rendering and compressing it
-/// on the store thread, and its append in Redis. At 256 (sessions 26 to 28, each batch a ~70 KB
-/// script call) the burst was long enough to stall a busy gateway's requests for about half a
-/// millisecond once a batch: a latency trace at 10,000 requests/s showed svcgate's slow
-/// requests recurring every 25.6 ms, one batch's worth, and none of that rhythm at 64, where
-/// svcgate's p99 came out as bare Pingora's. Four times the batches cost no throughput
-/// (`benches/ab.sh`: 102.8% of 256's) and about 0.02 Redis commands a request (one bare
-/// `XADD` a batch since session 30; two, counting the script, before).
-pub const AUDIT_BATCH: usize = 64;
+/// on the store thread, and its append in Redis. At 256 in sessions 26 to 28, each batch a
+/// ~70 KB script call, the burst stalled a busy gateway's requests for about half a millisecond
+/// once a batch (a latency trace at 10,000 requests/s showed slow requests recurring every
+/// 25.6 ms), so session 29 went to 64. Since session 30 a batch is compressed and appended with
+/// a bare `XADD`, and what each batch costs besides its records dominates instead: waking the
+/// store thread, the write to Redis and waiting for its answer, Redis's own command (about
+/// 100 µs a batch on a 2-core machine, profiled in session 31). Side by side on one core
+/// (session 31, 8 alternating rounds each), svcgate reached 76.0% of bare Pingora's throughput
+/// at 64, 79.0% at 256, 80.9% at 1,024 and 82.9% writing no audit at all. At 256 the p99 at
+/// half and a quarter of svcgate's maximum stayed at bare Pingora's (`benches/load.sh`); at
+/// 1,024 the bursts came back (p99 4.6–5.1 ms in two rounds of three at half load, p999 20 ms).
+pub const AUDIT_BATCH: usize = 256;
 
 /// Records queued by the request path, per thread.
 #[derive(Default)]

@@ -306,7 +306,7 @@ impl Meter {
     ///
     /// Rendering audit records is this task's main work: at 15,000 requests/s a 200 ms batch
     /// is a burst of several milliseconds of CPU, long enough to delay requests on a machine
-    /// whose cores are all busy. Batches of [`AUDIT_BATCH`] are about a tenth of a millisecond; a
+    /// whose cores are all busy. Batches of [`AUDIT_BATCH`] are a few tenths of a millisecond; a
     /// quiet gateway still writes one batch per interval. The task wakes for those, and
     /// otherwise only for the interval: until session 26 it looked every 20 ms, 50 wakeups a
     /// second on a core the request workers share, busy or idle.
