@@ -351,9 +351,11 @@ pub struct AuditLog {
 /// store thread, the write to Redis and waiting for its answer, Redis's own command (about
 /// 100 µs a batch on a 2-core machine, profiled in session 31). Side by side on one core
 /// (session 31, 8 alternating rounds each), svcgate reached 76.0% of bare Pingora's throughput
-/// at 64, 79.0% at 256, 80.9% at 1,024 and 82.9% writing no audit at all. At 256 the p99 at
-/// half and a quarter of svcgate's maximum stayed at bare Pingora's (`benches/load.sh`); at
-/// 1,024 the bursts came back (p99 4.6–5.1 ms in two rounds of three at half load, p999 20 ms).
+/// at 64, 79.0% at 256, 80.9% at 1,024 and 82.9% writing no audit at all. At half of
+/// svcgate's maximum, the p99 of rounds the machine left alone read as bare Pingora's at 256;
+/// rounds of several milliseconds came to builds of 64, 128 and 256 and to bare Pingora alike.
+/// 1,024 was left: its one `benches/load.sh` run read 4.6 and 5.1 ms at half load, a burst of
+/// a millisecond a batch is too long to rule out, and most of the gain is had at 256.
 pub const AUDIT_BATCH: usize = 256;
 
 /// Records queued by the request path, per thread.
