@@ -354,8 +354,8 @@ pub struct AuditLog {
 /// at 64, 79.0% at 256, 80.9% at 1,024 and 82.9% writing no audit at all. At half of
 /// svcgate's maximum, the p99 of rounds the machine left alone read as bare Pingora's at 256;
 /// rounds of several milliseconds came to builds of 64, 128 and 256 and to bare Pingora alike.
-/// 1,024 was left: its one `benches/load.sh` run read 4.6 and 5.1 ms at half load, a burst of
-/// a millisecond a batch is too long to rule out, and most of the gain is had at 256.
+/// 1,024 was not taken: its one `benches/load.sh` run read 4.6 and 5.1 ms at half load, which
+/// one run cannot tell from the machine's spells, and most of the gain is had at 256.
 pub const AUDIT_BATCH: usize = 256;
 
 /// Records queued by the request path, per thread.
