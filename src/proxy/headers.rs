@@ -82,6 +82,22 @@ pub fn id_value(id: &str) -> pingora::Result<HeaderValue> {
     })
 }
 
+/// `n` as a header value: for the seconds of a minute window (`RateLimit-Reset`, on every
+/// forwarded answer), a static one, which costs no allocation, and for any other number a new
+/// one.
+pub fn seconds_value(n: u64) -> HeaderValue {
+    const SECONDS: [&str; 61] = [
+        "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+        "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31",
+        "32", "33", "34", "35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "45", "46",
+        "47", "48", "49", "50", "51", "52", "53", "54", "55", "56", "57", "58", "59", "60",
+    ];
+    match usize::try_from(n).ok().and_then(|i| SECONDS.get(i)) {
+        Some(s) => HeaderValue::from_static(s),
+        None => HeaderValue::from(n),
+    }
+}
+
 /// Inserts `added` into `headers`, grown once.
 fn insert(headers: &mut HeaderMap, added: Added) {
     let (least, most) = added.size_hint();
@@ -168,6 +184,13 @@ mod tests {
             wire(&req),
             "X-Custom: a\r\nX-Custom: b\r\nservice-workspace: ws_1\r\n"
         );
+    }
+
+    #[test]
+    fn seconds_are_written_as_numbers() {
+        for n in [0, 1, 9, 10, 59, 60, 61, 3_600, u64::MAX] {
+            assert_eq!(seconds_value(n), n.to_string().as_str());
+        }
     }
 
     #[test]

@@ -507,7 +507,10 @@ impl Gateway {
 
 #[async_trait]
 impl ProxyHttp for Gateway {
-    type CTX = RequestCtx;
+    /// Boxed: Pingora keeps the context in the request's future, which it moves whole several
+    /// times a request; a pointer moves instead of the context's ~300 bytes. 1,300 instructions
+    /// a request fewer, for one allocation (`benches/instructions.sh`, session 32).
+    type CTX = Box<RequestCtx>;
 
     /// No downstream modules. Pingora adds its response compression by default, disabled; the
     /// gateway never compresses (a backend's body goes out as it came), and the disabled module
@@ -515,8 +518,8 @@ impl ProxyHttp for Gateway {
     /// filter).
     fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {}
 
-    fn new_ctx(&self) -> RequestCtx {
-        RequestCtx {
+    fn new_ctx(&self) -> Box<RequestCtx> {
+        Box::new(RequestCtx {
             request_id: request_id(),
             probe: false,
             started: Instant::now(),
@@ -534,10 +537,14 @@ impl ProxyHttp for Gateway {
             upstream_sent: None,
             cors_origin: None,
             refused_key: None,
-        }
+        })
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut Box<RequestCtx>,
+    ) -> Result<bool> {
         // Pingora keeps an idle client connection open for good (`Some(0)`), each holding a
         // socket; it gets the configured idle timeout instead.
         if self.draining.is_draining() {
@@ -563,7 +570,7 @@ impl ProxyHttp for Gateway {
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> Result<Box<HttpPeer>> {
         self.upstreams
             .peer(ctx.target)
@@ -576,7 +583,7 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
         // The body goes to the backend as it is; its first bytes find the model. A body that
         // comes whole in one chunk (the common case) is read where it is, without a copy.
@@ -603,7 +610,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         upstream_request: &mut RequestHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
         let caller = ctx
             .caller
@@ -639,7 +646,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         upstream_response: &mut ResponseHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
         if session.req_header().version == http::Version::HTTP_10
             && framing::for_http10_client(upstream_response)
@@ -693,7 +700,7 @@ impl ProxyHttp for Gateway {
                     id,
                     (&RATELIMIT_LIMIT, HeaderValue::from(d.limit)),
                     (&RATELIMIT_REMAINING, HeaderValue::from(d.remaining)),
-                    (&RATELIMIT_RESET, HeaderValue::from(d.reset_secs)),
+                    (&RATELIMIT_RESET, headers::seconds_value(d.reset_secs)),
                 ]
                 .into_iter()
                 .chain(cors),
@@ -710,7 +717,7 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         _peer: &HttpPeer,
-        _ctx: &mut RequestCtx,
+        _ctx: &mut Box<RequestCtx>,
         mut e: Box<Error>,
     ) -> Box<Error> {
         // A refused or timed-out connect to a local backend will not succeed a moment later;
@@ -723,7 +730,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         e: &Error,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> FailToProxy {
         let gone = FailToProxy {
             error_code: 0,
@@ -785,12 +792,12 @@ impl ProxyHttp for Gateway {
 
     /// How Pingora names a request in its own log lines: method and path, any key in the path
     /// cut to its last four.
-    fn request_summary(&self, session: &Session, _ctx: &RequestCtx) -> String {
+    fn request_summary(&self, session: &Session, _ctx: &Box<RequestCtx>) -> String {
         let req = session.req_header();
         format!("{} {}", req.method, redact(req.uri.path()))
     }
 
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
         let mut status = session
             .response_written()
             .map_or(0, |resp| resp.status.as_u16());
