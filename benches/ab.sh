@@ -14,7 +14,8 @@
 # median of B − A over 16 pairs read −1.3 µs per request, and +2% requests/s.
 #
 # Knobs (environment): ROUNDS (8), SLICE (s per run, 4), CONNS (32), REDIS_URL (by default a
-# redis-server of the run's own).
+# redis-server of the run's own), PIN (set: every proxy on CPU 1 with one worker thread, the
+# backend, Redis and wrk on CPU 0, as `benches/load.sh` runs them with PIN).
 set -euo pipefail
 A=$(realpath "${1:?usage: benches/ab.sh A B}"); B=$(realpath "${2:?usage: benches/ab.sh A B}")
 cd "$(dirname "$0")/.."
@@ -23,6 +24,7 @@ bash .ci/install  # cmake for the build, redis-server for the store
 ROUNDS=${ROUNDS:-8}
 SLICE=${SLICE:-4}
 CONNS=${CONNS:-32}
+PIN=${PIN:-}
 NS="abbench-$$"
 UPSTREAM=127.0.0.1:19020 PASS=127.0.0.1:18190
 TOKEN=ab-bench-admin
@@ -33,10 +35,19 @@ cargo build --release --quiet --example upstream --example passthrough
 rel=${CARGO_TARGET_DIR:-target}/release  # where cargo put the binaries
 
 . benches/common.sh
+proxy=()  # the command the proxies start under
+WRK_THREADS=2
+if [ -n "$PIN" ]; then
+  [ "$(nproc)" -ge 2 ] || { echo "PIN needs two CPUs" >&2; exit 1; }
+  taskset -pc 0 $$ >/dev/null  # this script and all it starts from here on, but the proxies
+  proxy=(taskset -c 1)
+  export THREADS=1  # examples/passthrough.rs's worker threads
+  WRK_THREADS=1
+fi
 bench_redis
 
 "$rel"/examples/upstream "$UPSTREAM" >/dev/null 2>&1 & pids+=($!)
-"$rel"/examples/passthrough "$PASS" "$UPSTREAM" >/dev/null 2>&1 & pass_pid=$!; pids+=($pass_pid)
+"${proxy[@]}" "$rel"/examples/passthrough "$PASS" "$UPSTREAM" >/dev/null 2>&1 & pass_pid=$!; pids+=($pass_pid)
 # start_gateway BINARY PORT: svcgate on PORT, its admin API on PORT + 1, its metrics on PORT + 2.
 start_gateway() {
   SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
@@ -45,7 +56,8 @@ start_gateway() {
   SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
   SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
   SVCGATE_METERING_SPOOL_DIR="$work/spool-$2" SVCGATE_LOG_LEVEL=warn \
-    "$1" serve 2>"$work/svcgate-$2.log" &
+  SVCGATE_SERVER_THREADS="$([ -n "$PIN" ] && echo 1 || echo 0)" \
+    "${proxy[@]}" "$1" serve 2>"$work/svcgate-$2.log" &
 }
 start_gateway "$A" 18180; a_pid=$!; pids+=($a_pid)
 start_gateway "$B" 18184; b_pid=$!; pids+=($b_pid)
@@ -69,14 +81,14 @@ declare -A NAME=([P]="bare Pingora" [A]="A" [B]="B")
 cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'; }
 tick=$(getconf CLK_TCK)
 
-for t in P A B; do wrk -t2 -c"$CONNS" -d2s -s "$work/post.lua" "${URL[$t]}" >/dev/null; done
+for t in P A B; do wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$work/post.lua" "${URL[$t]}" >/dev/null; done
 declare -A RPS CPU
 for round in $(seq 1 "$ROUNDS"); do
   order="P A B B A P"
   (( round % 2 )) || order="P B A A B P"
   for t in $order; do
     c0=$(cpu_ticks "${PID[$t]}")
-    out=$(wrk -t2 -c"$CONNS" -d"${SLICE}s" -s "$work/post.lua" "${URL[$t]}")
+    out=$(wrk -t"$WRK_THREADS" -c"$CONNS" -d"${SLICE}s" -s "$work/post.lua" "${URL[$t]}")
     c1=$(cpu_ticks "${PID[$t]}")
     n=$(awk '/requests in/ { print $1 }' <<<"$out")
     RPS[$t]+="$(awk '/Requests\/sec/ { print $2 }' <<<"$out") "

@@ -80,7 +80,8 @@ impl ProxyHttp for AuthOnly {
                     .and_then(|a| a.as_inet())
                     .map(|a| a.ip());
                 let forwarded_for = TrustedProxies::default().forwarded_for(peer, &req.headers);
-                upstream::set_identity_headers(req, &caller.key, request_id, forwarded_for)
+                let identity = upstream::Identity::new(&caller.key, request_id)?;
+                upstream::set_identity_headers(req, identity, forwarded_for)
             }
             None => Ok(()),
         }

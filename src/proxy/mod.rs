@@ -55,7 +55,7 @@ use http::header::{
     ORIGIN, VARY,
 };
 use routes::{Handler, Route, RouteId, RouteTable};
-use upstream::{Target, Upstreams};
+use upstream::{Identity, Target, Upstreams};
 
 // Header names read on every request, parsed once rather than on each lookup.
 static SERVICE_PROJECT: http::HeaderName = http::HeaderName::from_static("service-project");
@@ -103,6 +103,16 @@ pub struct RequestCtx {
     cors_origin: Option<HeaderValue>,
     /// A key that exists but was refused (revoked, past grace, expired): audited, not served.
     refused_key: Option<Arc<CachedKey>>,
+    /// Header values for a forwarded request's answer, made with its identity's.
+    answer_values: Option<AnswerValues>,
+}
+
+/// A forwarded request's answer's header values, made with the request's identity header
+/// values in one allocation ([`headers::joint_values`]): its id, and `RateLimit-Limit` and
+/// `RateLimit-Remaining` once the rate limit has decided.
+struct AnswerValues {
+    request_id: HeaderValue,
+    rate: Option<(HeaderValue, HeaderValue)>,
 }
 
 impl RequestCtx {
@@ -537,6 +547,7 @@ impl ProxyHttp for Gateway {
             upstream_sent: None,
             cors_origin: None,
             refused_key: None,
+            answer_values: None,
         })
     }
 
@@ -619,12 +630,25 @@ impl ProxyHttp for Gateway {
         let forwarded_for = self
             .trusted_proxies
             .forwarded_for(peer_ip(session), &upstream_request.headers);
-        upstream::set_identity_headers(
-            upstream_request,
-            &caller.key,
-            &ctx.request_id,
-            forwarded_for,
-        )?;
+        let (mut limit, mut remaining) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (limit, remaining) = match &ctx.rate {
+            Some(d) => (
+                limit.format(d.limit).as_bytes(),
+                remaining.format(d.remaining).as_bytes(),
+            ),
+            None => (&b""[..], &b""[..]),
+        };
+        let [workspace, key_id, request_id, token_id] =
+            Identity::parts(&caller.key, &ctx.request_id);
+        let [workspace, key_id, request_id, token_id, limit, remaining] =
+            headers::joint_values([workspace, key_id, request_id, token_id, limit, remaining])?;
+        let identity =
+            Identity::from_values(&caller.key, [workspace, key_id, request_id, token_id]);
+        ctx.answer_values = Some(AnswerValues {
+            request_id: identity.request_id.clone(),
+            rate: ctx.rate.as_ref().map(|_| (limit, remaining)),
+        });
+        upstream::set_identity_headers(upstream_request, identity, forwarded_for)?;
         if let Some(backend) = self.upstreams.host(ctx.target) {
             framing::for_backend(upstream_request, session.req_header().version, backend)?;
         }
@@ -691,21 +715,31 @@ impl ProxyHttp for Gateway {
             ]
         });
         let cors = cors.into_iter().flatten();
-        let id = (&respond::REQUEST_ID, headers::id_value(&ctx.request_id)?);
-        match &ctx.rate {
-            // Integers become header values directly, without an intermediate String.
-            Some(d) => headers::insert_response_headers(
+        // Made with the request's identity values; taken, so an answer after an informational
+        // one makes its own.
+        let (id, rate) = match ctx.answer_values.take() {
+            Some(values) => (values.request_id, values.rate),
+            None => (
+                headers::id_value(&ctx.request_id)?,
+                ctx.rate
+                    .as_ref()
+                    .map(|d| (HeaderValue::from(d.limit), HeaderValue::from(d.remaining))),
+            ),
+        };
+        let id = (&respond::REQUEST_ID, id);
+        match (&ctx.rate, rate) {
+            (Some(d), Some((limit, remaining))) => headers::insert_response_headers(
                 upstream_response,
                 &mut [
                     id,
-                    (&RATELIMIT_LIMIT, HeaderValue::from(d.limit)),
-                    (&RATELIMIT_REMAINING, HeaderValue::from(d.remaining)),
+                    (&RATELIMIT_LIMIT, limit),
+                    (&RATELIMIT_REMAINING, remaining),
                     (&RATELIMIT_RESET, headers::seconds_value(d.reset_secs)),
                 ]
                 .into_iter()
                 .chain(cors),
             ),
-            None => headers::insert_response_headers(
+            _ => headers::insert_response_headers(
                 upstream_response,
                 &mut [id].into_iter().chain(cors),
             ),

@@ -11,7 +11,7 @@ use pingora::upstreams::peer::{HttpPeer, Peer};
 use std::time::Duration;
 
 use super::client_ip::X_FORWARDED_FOR;
-use super::headers::{edit_request_headers, id_value};
+use super::headers::{edit_request_headers, joint_values};
 use crate::config::{resolve, UpstreamConfig};
 use crate::keys::{CachedKey, Environment};
 
@@ -96,30 +96,76 @@ impl Upstreams {
     }
 }
 
+/// A forwarded request's identity header values: the key's workspace, the key billed and its
+/// environment, the request's id and, for a scoped token, the token's id.
+pub struct Identity {
+    /// `Service-Workspace`.
+    pub workspace: HeaderValue,
+    /// `Service-Key-Id`: the key billed (a scoped token's parent).
+    pub key_id: HeaderValue,
+    /// `Service-Environment`.
+    pub environment: HeaderValue,
+    /// `Service-Request-Id`.
+    pub request_id: HeaderValue,
+    /// `Service-Token-Id`, for a scoped token.
+    pub token_id: Option<HeaderValue>,
+}
+
+impl Identity {
+    /// The values for `key`'s request `request_id`, made together ([`joint_values`]).
+    pub fn new(key: &CachedKey, request_id: &str) -> pingora::Result<Self> {
+        let [workspace, key_id, request_id, token_id] = joint_values(Self::parts(key, request_id))?;
+        Ok(Self::from_values(
+            key,
+            [workspace, key_id, request_id, token_id],
+        ))
+    }
+
+    /// What the values are made of, in order: workspace, billed key, request id, token id
+    /// (empty for a key).
+    pub fn parts<'a>(key: &'a CachedKey, request_id: &'a str) -> [&'a [u8]; 4] {
+        let token_id = match &key.scoped {
+            Some(_) => key.id.as_bytes(),
+            None => b"",
+        };
+        [
+            key.workspace.as_bytes(),
+            key.billed_key_id().as_bytes(),
+            request_id.as_bytes(),
+            token_id,
+        ]
+    }
+
+    /// The identity of values made from [`Identity::parts`].
+    pub fn from_values(key: &CachedKey, values: [HeaderValue; 4]) -> Self {
+        let [workspace, key_id, request_id, token_id] = values;
+        Self {
+            workspace,
+            key_id,
+            environment: HeaderValue::from_static(key.effective_environment().as_str()),
+            request_id,
+            token_id: key.scoped.as_ref().map(|_| token_id),
+        }
+    }
+}
+
 /// Rewrites the request for the backend: drops the credential, states who is calling. For a
 /// scoped token, `Service-Key-Id` names the parent key (the one billed) and `Service-Token-Id`
 /// the token. `X-Forwarded-For` becomes `forwarded_for` ([`super::client_ip`]), or goes.
 /// Header names go out without the client's capitalization ([`super::headers`]).
 pub fn set_identity_headers(
     req: &mut RequestHeader,
-    key: &CachedKey,
-    request_id: &str,
+    identity: Identity,
     forwarded_for: Option<HeaderValue>,
 ) -> pingora::Result<()> {
     let [workspace, key_id, environment, request, token] = &IDENTITY_HEADERS;
     drop_lookalikes(req);
-    let token_id = match &key.scoped {
-        Some(_) => Some(id_value(&key.id)?),
-        None => None,
-    };
+    let token_id = identity.token_id;
     let identity = [
-        (workspace, id_value(&key.workspace)?),
-        (key_id, id_value(key.billed_key_id())?),
-        (
-            environment,
-            HeaderValue::from_static(key.effective_environment().as_str()),
-        ),
-        (request, id_value(request_id)?),
+        (workspace, identity.workspace),
+        (key_id, identity.key_id),
+        (environment, identity.environment),
+        (request, identity.request_id),
     ];
     // A client's own `Service-Token-Id` goes; a token's is replaced by the insert. So does
     // `X-Forwarded-For`, unless the gateway has one to send. The gateway's `X-Forwarded-For`
