@@ -114,10 +114,9 @@ pub struct Identity {
 impl Identity {
     /// The values for `key`'s request `request_id`, made together ([`joint_values`]).
     pub fn new(key: &CachedKey, request_id: &str) -> pingora::Result<Self> {
-        let [workspace, key_id, request_id, token_id] = joint_values(Self::parts(key, request_id))?;
         Ok(Self::from_values(
             key,
-            [workspace, key_id, request_id, token_id],
+            joint_values(Self::parts(key, request_id))?,
         ))
     }
 
