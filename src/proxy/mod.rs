@@ -109,10 +109,11 @@ pub struct RequestCtx {
 
 /// A forwarded request's answer's header values, made with the request's identity header
 /// values in one allocation ([`headers::joint_values`]): its id, and `RateLimit-Limit` and
-/// `RateLimit-Remaining` once the rate limit has decided.
+/// `RateLimit-Remaining` (empty, and not sent, while the rate limit has not decided).
 struct AnswerValues {
     request_id: HeaderValue,
-    rate: Option<(HeaderValue, HeaderValue)>,
+    limit: HeaderValue,
+    remaining: HeaderValue,
 }
 
 impl RequestCtx {
@@ -646,7 +647,8 @@ impl ProxyHttp for Gateway {
             Identity::from_values(&caller.key, [workspace, key_id, request_id, token_id]);
         ctx.answer_values = Some(AnswerValues {
             request_id: identity.request_id.clone(),
-            rate: ctx.rate.as_ref().map(|_| (limit, remaining)),
+            limit,
+            remaining,
         });
         upstream::set_identity_headers(upstream_request, identity, forwarded_for)?;
         if let Some(backend) = self.upstreams.host(ctx.target) {
@@ -717,29 +719,29 @@ impl ProxyHttp for Gateway {
         let cors = cors.into_iter().flatten();
         // Made with the request's identity values; taken, so an answer after an informational
         // one makes its own.
-        let (id, rate) = match ctx.answer_values.take() {
-            Some(values) => (values.request_id, values.rate),
-            None => (
-                headers::id_value(&ctx.request_id)?,
-                ctx.rate
-                    .as_ref()
-                    .map(|d| (HeaderValue::from(d.limit), HeaderValue::from(d.remaining))),
-            ),
+        let (id, made_rate) = match ctx.answer_values.take() {
+            Some(made) => (made.request_id, Some((made.limit, made.remaining))),
+            None => (headers::id_value(&ctx.request_id)?, None),
         };
         let id = (&respond::REQUEST_ID, id);
-        match (&ctx.rate, rate) {
-            (Some(d), Some((limit, remaining))) => headers::insert_response_headers(
-                upstream_response,
-                &mut [
-                    id,
-                    (&RATELIMIT_LIMIT, limit),
-                    (&RATELIMIT_REMAINING, remaining),
-                    (&RATELIMIT_RESET, headers::seconds_value(d.reset_secs)),
-                ]
-                .into_iter()
-                .chain(cors),
-            ),
-            _ => headers::insert_response_headers(
+        match &ctx.rate {
+            Some(d) => {
+                let (limit, remaining) = made_rate.unwrap_or_else(|| {
+                    (HeaderValue::from(d.limit), HeaderValue::from(d.remaining))
+                });
+                headers::insert_response_headers(
+                    upstream_response,
+                    &mut [
+                        id,
+                        (&RATELIMIT_LIMIT, limit),
+                        (&RATELIMIT_REMAINING, remaining),
+                        (&RATELIMIT_RESET, headers::seconds_value(d.reset_secs)),
+                    ]
+                    .into_iter()
+                    .chain(cors),
+                )
+            }
+            None => headers::insert_response_headers(
                 upstream_response,
                 &mut [id].into_iter().chain(cors),
             ),
