@@ -27,7 +27,9 @@
 # CPU 1 alone, with one worker thread unless THREADS says otherwise, and everything else, the
 # backend, Redis, wrk and the generator, on CPU 0, as a sidecar with a core of its own; unset:
 # every process anywhere), QUIET (set: the machine's DAMON memory reclaim paused for the run, if
-# it has one running), WRK_THREADS (2; 1 with PIN).
+# it has one running), WRK_THREADS (2; 1 with PIN), PGO (set: the three proxies measured are
+# profile-guided builds, made with one profile by benches/pgo.sh first; a directory: the ones
+# benches/pgo.sh made before, in the directory it printed; unset: the usual release build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/install  # cmake for the build, redis-server for the store
@@ -53,6 +55,13 @@ SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 command -v wrk >/dev/null || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq wrk; }
 cargo build --release --quiet --bin svcgate --example upstream --example passthrough --example auth_only --example loadgen --example seed_keys
 rel=${CARGO_TARGET_DIR:-target}/release  # where cargo put the binaries
+measured=$rel  # where the three proxies measured come from
+if [ -d "${PGO:-}" ]; then
+  measured=$(realpath "$PGO")
+elif [ -n "${PGO:-}" ]; then
+  measured=$(bash benches/pgo.sh | tail -1)
+fi
+[ -z "${PGO:-}" ] || echo "PGO: svcgate, bare Pingora and auth alone from $measured" >&2
 
 . benches/common.sh
 proxy=()  # the command the proxies start under
@@ -75,22 +84,22 @@ redis_cli() { redis-cli -u "$REDIS_URL" "$@"; }
 redis_cli ping >/dev/null
 
 "$rel"/examples/upstream "$UPSTREAM" & up_pid=$!; pids+=($up_pid)
-"${proxy[@]}" "$rel"/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pass_pid=$!; pids+=($pass_pid)
+"${proxy[@]}" "$measured"/examples/passthrough "$PASS" "$UPSTREAM" 2>/dev/null & pass_pid=$!; pids+=($pass_pid)
 # Bare Pingora timing its own time before forwarding, as svcgate does: the constant-rate runs'.
-"${proxy[@]}" "$rel"/examples/passthrough "$PASS_TIMED" "$UPSTREAM" "$PASS_METRICS" 2>/dev/null & pass_timed_pid=$!
+"${proxy[@]}" "$measured"/examples/passthrough "$PASS_TIMED" "$UPSTREAM" "$PASS_METRICS" 2>/dev/null & pass_timed_pid=$!
 pids+=($pass_timed_pid)
 SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
 SVCGATE_SERVER_LISTEN="$GW" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
 SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
 SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
 SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn SVCGATE_SERVER_THREADS="$THREADS" \
-  "${proxy[@]}" "$rel"/svcgate serve 2>"$work/svcgate.log" & gw_pid=$!
+  "${proxy[@]}" "$measured"/svcgate serve 2>"$work/svcgate.log" & gw_pid=$!
 pids+=($gw_pid)
 
 wait_http "http://$ADMIN/healthz"
 ws=$(bench_workspace "$ADMIN" "$TOKEN")
 key=$(bench_key "$ADMIN" "$TOKEN" "$ws")
-"${proxy[@]}" "$rel"/examples/auth_only "$AUTH" "$UPSTREAM" "$REDIS_URL" "$NS" 2>/dev/null & auth_pid=$!; pids+=($auth_pid)
+"${proxy[@]}" "$measured"/examples/auth_only "$AUTH" "$UPSTREAM" "$REDIS_URL" "$NS" 2>/dev/null & auth_pid=$!; pids+=($auth_pid)
 sleep 1
 
 cat > "$work/post.lua" <<LUA

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Profile-guided builds of svcgate and of the load benchmark's proxies, one command:
+# `benches/pgo.sh`
+#
+# 1. Builds `svcgate`, bare Pingora (examples/passthrough.rs) and svcgate's authentication alone
+#    (examples/auth_only.rs) instrumented (`-Cprofile-generate`), in a target directory of
+#    their own.
+# 2. Trains them on the load benchmark's request: starts the backend (examples/upstream.rs), a
+#    Redis of the run's own, and each instrumented proxy in turn, sends TRAIN_SECONDS of
+#    authenticated POSTs through it at a constant rate (examples/loadgen.rs), and stops it with
+#    SIGTERM, so it writes its profile as it exits.
+# 3. Merges the profiles (`llvm-profdata`, from rustup's `llvm-tools` component, added if
+#    missing) and builds the three again with them (`-Cprofile-use`), into `$PGO_DIR/use`.
+#
+# The three are built with one merged profile: Pingora's code, which all three run, is laid
+# out by the same counts in each, so bare Pingora, the ceiling svcgate is measured against,
+# gets the same optimization as svcgate. Each build is a whole fat-LTO release build with its
+# own flags: the script takes about 20 minutes on two cores. `target/release` is not touched.
+#
+# Prints the directory of the optimized binaries last. `benches/load.sh` with `PGO=1` runs
+# this first and measures those binaries.
+#
+# Knobs (environment): PGO_DIR (`${CARGO_TARGET_DIR:-target}/pgo`), TRAIN_SECONDS (15), TRAIN_RATE
+# (4000 requests/s), ONLY_SVCGATE (set: svcgate alone is built and trained, for a build to
+# deploy rather than to measure; not `SVCGATE_…`, which svcgate would take for its own setting).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash .ci/install  # cmake for the build, redis-server for the training's store
+
+TRAIN_SECONDS=${TRAIN_SECONDS:-15}
+TRAIN_RATE=${TRAIN_RATE:-4000}
+PGO_DIR=$(realpath -m "${PGO_DIR:-${CARGO_TARGET_DIR:-target}/pgo}")
+NS="pgo-$$"
+UPSTREAM=127.0.0.1:19030 PROXY=127.0.0.1:18197 ADMIN=127.0.0.1:18198 METRICS=127.0.0.1:19198
+TOKEN=pgo-admin
+PROXIES=(--bin svcgate)
+[ -n "${ONLY_SVCGATE:-}" ] || PROXIES+=(--example passthrough --example auth_only)
+
+profdata=$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | awk '/^host:/ { print $2 }')/bin/llvm-profdata
+[ -x "$profdata" ] || rustup component add llvm-tools
+[ -x "$profdata" ] || { echo "no llvm-profdata at $profdata" >&2; exit 1; }
+
+# The backend and the load generator are not measured: the usual build.
+cargo build --release --quiet --example upstream --example loadgen
+rel=${CARGO_TARGET_DIR:-target}/release
+rm -rf "$PGO_DIR/profiles"
+mkdir -p "$PGO_DIR/profiles"
+echo "pgo: instrumented build" >&2
+RUSTFLAGS="-Cprofile-generate=$PGO_DIR/profiles" \
+  cargo build --release --quiet "${PROXIES[@]}" --target-dir "$PGO_DIR/gen"
+gen=$PGO_DIR/gen/release
+
+. benches/common.sh
+bench_redis
+"$rel"/examples/upstream "$UPSTREAM" >/dev/null 2>&1 & pids+=($!)
+
+# train NAME KEY COMMAND…: runs the instrumented proxy, drives it, and waits for it to exit.
+train() {
+  local name=$1 key=$2; shift 2
+  "$@" 2>"$work/$name.log" & local pid=$!; pids+=($pid)
+  for _ in $(seq 1 100); do curl -s -o /dev/null "http://$PROXY/" && break; sleep 0.2; done
+  out=$("$rel"/examples/loadgen "http://$PROXY/v1/chat/completions" "$TRAIN_RATE" "$TRAIN_SECONDS" 32 "$key")
+  grep -q "errors=0" <<<"$out" || { echo "pgo: training $name failed: $out" >&2; exit 1; }
+  kill -TERM "$pid"
+  wait "$pid" || true
+  echo "pgo: trained $name: $out" >&2
+}
+
+SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
+SVCGATE_SERVER_LISTEN="$PROXY" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
+SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
+SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
+SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn SVCGATE_SERVER_SHUTDOWN_GRACE_SECONDS=0 \
+  "$gen"/svcgate serve 2>"$work/svcgate-setup.log" & setup_pid=$!; pids+=($setup_pid)
+wait_http "http://$ADMIN/healthz"
+ws=$(bench_workspace "$ADMIN" "$TOKEN")
+key=$(bench_key "$ADMIN" "$TOKEN" "$ws")
+# The workspace and key are made through svcgate's admin API; its proxy is driven next.
+out=$("$rel"/examples/loadgen "http://$PROXY/v1/chat/completions" "$TRAIN_RATE" "$TRAIN_SECONDS" 32 "$key")
+grep -q "errors=0" <<<"$out" || { echo "pgo: training svcgate failed: $out" >&2; exit 1; }
+kill -TERM "$setup_pid"
+wait "$setup_pid" || true
+echo "pgo: trained svcgate: $out" >&2
+if [ -z "${ONLY_SVCGATE:-}" ]; then
+  train passthrough "$key" "$gen"/examples/passthrough "$PROXY" "$UPSTREAM"
+  train auth_only "$key" "$gen"/examples/auth_only "$PROXY" "$UPSTREAM" "$REDIS_URL" "$NS"
+fi
+
+shopt -s nullglob
+raw=("$PGO_DIR"/profiles/*.profraw)
+[ "${#raw[@]}" -ge $(( ${#PROXIES[@]} / 2 )) ] ||
+  { echo "pgo: expected a profile from each binary, found ${#raw[@]}" >&2; exit 1; }
+"$profdata" merge -o "$PGO_DIR/merged.profdata" "${raw[@]}"
+echo "pgo: optimized build" >&2
+# From scratch: cargo does not know the profile changed, and would keep what it built with the last.
+rm -rf "$PGO_DIR/use"
+RUSTFLAGS="-Cprofile-use=$PGO_DIR/merged.profdata" \
+  cargo build --release --quiet "${PROXIES[@]}" --target-dir "$PGO_DIR/use"
+echo "$PGO_DIR/use/release"
