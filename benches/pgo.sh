@@ -54,42 +54,51 @@ gen=$PGO_DIR/gen/release
 bench_redis
 "$rel"/examples/upstream "$UPSTREAM" >/dev/null 2>&1 & pids+=($!)
 
-# train NAME KEY COMMAND…: runs the instrumented proxy, drives it, and waits for it to exit.
-train() {
-  local name=$1 key=$2; shift 2
-  "$@" 2>"$work/$name.log" & local pid=$!; pids+=($pid)
-  for _ in $(seq 1 100); do curl -s -o /dev/null "http://$PROXY/" && break; sleep 0.2; done
-  out=$("$rel"/examples/loadgen "http://$PROXY/v1/chat/completions" "$TRAIN_RATE" "$TRAIN_SECONDS" 32 "$key")
-  grep -q "errors=0" <<<"$out" || { echo "pgo: training $name failed: $out" >&2; exit 1; }
-  kill -TERM "$pid"
-  wait "$pid" || true
-  echo "pgo: trained $name: $out" >&2
+# drive NAME PID KEY: sends the training requests through the proxy process PID, then stops
+# it (SIGTERM: it writes its profile as it exits) and waits for it.
+drive() {
+  local out
+  out=$("$rel"/examples/loadgen "http://$PROXY/v1/chat/completions" "$TRAIN_RATE" "$TRAIN_SECONDS" 32 "$3")
+  grep -q "errors=0" <<<"$out" || { echo "pgo: training $1 failed: $out" >&2; exit 1; }
+  kill -TERM "$2"
+  wait "$2" || true
+  echo "pgo: trained $1: $out" >&2
 }
 
+# answers URL: waits until URL gives any HTTP answer (a minute at most): bare Pingora passes the
+# probe on, auth alone refuses it unauthenticated.
+answers() {
+  for _ in $(seq 1 300); do curl -s -o /dev/null "$1" && return; sleep 0.2; done
+  echo "pgo: no answer from $1" >&2
+  exit 1
+}
+
+# svcgate first: its admin API makes the workspace and key every proxy is sent.
 SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
 SVCGATE_SERVER_LISTEN="$PROXY" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
 SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
 SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
 SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn SVCGATE_SERVER_SHUTDOWN_GRACE_SECONDS=0 \
-  "$gen"/svcgate serve 2>"$work/svcgate-setup.log" & setup_pid=$!; pids+=($setup_pid)
+  "$gen"/svcgate serve 2>"$work/svcgate.log" & pid=$!; pids+=($pid)
 wait_http "http://$ADMIN/healthz"
 ws=$(bench_workspace "$ADMIN" "$TOKEN")
 key=$(bench_key "$ADMIN" "$TOKEN" "$ws")
-# The workspace and key are made through svcgate's admin API; its proxy is driven next.
-out=$("$rel"/examples/loadgen "http://$PROXY/v1/chat/completions" "$TRAIN_RATE" "$TRAIN_SECONDS" 32 "$key")
-grep -q "errors=0" <<<"$out" || { echo "pgo: training svcgate failed: $out" >&2; exit 1; }
-kill -TERM "$setup_pid"
-wait "$setup_pid" || true
-echo "pgo: trained svcgate: $out" >&2
+drive svcgate "$pid" "$key"
 if [ -z "${ONLY_SVCGATE:-}" ]; then
-  train passthrough "$key" "$gen"/examples/passthrough "$PROXY" "$UPSTREAM"
-  train auth_only "$key" "$gen"/examples/auth_only "$PROXY" "$UPSTREAM" "$REDIS_URL" "$NS"
+  # auth alone reads the key from Redis, where svcgate left it.
+  "$gen"/examples/passthrough "$PROXY" "$UPSTREAM" 2>"$work/passthrough.log" & pid=$!; pids+=($pid)
+  answers "http://$PROXY/"
+  drive passthrough "$pid" "$key"
+  "$gen"/examples/auth_only "$PROXY" "$UPSTREAM" "$REDIS_URL" "$NS" 2>"$work/auth_only.log" & pid=$!; pids+=($pid)
+  answers "http://$PROXY/"
+  drive auth_only "$pid" "$key"
 fi
 
 shopt -s nullglob
 raw=("$PGO_DIR"/profiles/*.profraw)
-[ "${#raw[@]}" -ge $(( ${#PROXIES[@]} / 2 )) ] ||
-  { echo "pgo: expected a profile from each binary, found ${#raw[@]}" >&2; exit 1; }
+binaries=$(( ${#PROXIES[@]} / 2 ))  # PROXIES holds pairs: --bin svcgate, --example …
+[ "${#raw[@]}" -ge "$binaries" ] ||
+  { echo "pgo: expected a profile from each of $binaries binaries, found ${#raw[@]}" >&2; exit 1; }
 "$profdata" merge -o "$PGO_DIR/merged.profdata" "${raw[@]}"
 echo "pgo: optimized build" >&2
 # From scratch: cargo does not know the profile changed, and would keep what it built with the last.
