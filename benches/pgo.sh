@@ -41,13 +41,13 @@ profdata=$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | awk '/^host:/ { prin
 [ -x "$profdata" ] || { echo "no llvm-profdata at $profdata" >&2; exit 1; }
 
 # The backend and the load generator are not measured: the usual build.
-cargo build --release --quiet --example upstream --example loadgen
+cargo build --release --locked --quiet --example upstream --example loadgen
 rel=${CARGO_TARGET_DIR:-target}/release
 rm -rf "$PGO_DIR/profiles"
 mkdir -p "$PGO_DIR/profiles"
 echo "pgo: instrumented build" >&2
 RUSTFLAGS="-Cprofile-generate=$PGO_DIR/profiles" \
-  cargo build --release --quiet "${PROXIES[@]}" --target-dir "$PGO_DIR/gen"
+  cargo build --release --locked --quiet "${PROXIES[@]}" --target-dir "$PGO_DIR/gen"
 gen=$PGO_DIR/gen/release
 
 . benches/common.sh
@@ -104,5 +104,5 @@ echo "pgo: optimized build" >&2
 # From scratch: cargo does not know the profile changed, and would keep what it built with the last.
 rm -rf "$PGO_DIR/use"
 RUSTFLAGS="-Cprofile-use=$PGO_DIR/merged.profdata" \
-  cargo build --release --quiet "${PROXIES[@]}" --target-dir "$PGO_DIR/use"
+  cargo build --release --locked --quiet "${PROXIES[@]}" --target-dir "$PGO_DIR/use"
 echo "$PGO_DIR/use/release"
