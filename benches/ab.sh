@@ -50,14 +50,9 @@ bench_redis
 "${proxy[@]}" "$rel"/examples/passthrough "$PASS" "$UPSTREAM" >/dev/null 2>&1 & pass_pid=$!; pids+=($pass_pid)
 # start_gateway BINARY PORT: svcgate on PORT, its admin API on PORT + 1, its metrics on PORT + 2.
 start_gateway() {
-  SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
-  SVCGATE_SERVER_LISTEN="127.0.0.1:$2" SVCGATE_SERVER_ADMIN_LISTEN="127.0.0.1:$(($2 + 1))" \
-  SVCGATE_SERVER_METRICS_LISTEN="127.0.0.1:$(($2 + 2))" \
-  SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
-  SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
-  SVCGATE_METERING_SPOOL_DIR="$work/spool-$2" SVCGATE_LOG_LEVEL=warn \
   SVCGATE_SERVER_THREADS="$([ -n "$PIN" ] && echo 1 || echo 0)" \
-    "${proxy[@]}" "$1" serve 2>"$work/svcgate-$2.log" &
+    bench_svcgate "127.0.0.1:$2" "127.0.0.1:$(($2 + 1))" "127.0.0.1:$(($2 + 2))" "$work/spool-$2" \
+    "${proxy[@]}" "$1" serve 2>"$work/svcgate-$2.log"
 }
 start_gateway "$A" 18180; a_pid=$!; pids+=($a_pid)
 start_gateway "$B" 18184; b_pid=$!; pids+=($b_pid)

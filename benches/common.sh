@@ -1,6 +1,7 @@
 # Shared by the benchmark scripts (sourced, not run). Expects NS (the Redis key namespace of
 # this run) to be set; provides a work directory, process cleanup, a Redis of the run's own if
-# REDIS_URL is not set, and the benchmark's workspace and key.
+# REDIS_URL is not set, svcgate started as every benchmark runs it, and the benchmark's workspace
+# and key.
 
 work=$(mktemp -d)
 pids=()
@@ -66,4 +67,22 @@ bench_key() {
     -H 'Content-Type: application/json' \
     -d "{\"workspace\":\"$3\",\"environment\":\"live\",\"scopes\":[\"chat.completions:create\"],\"monthly_budget\":1000000000}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])'
+}
+
+# bench_svcgate LISTEN ADMIN METRICS SPOOL_DIR COMMAND...: starts COMMAND (`svcgate serve`, under
+# whatever runs it: taskset, valgrind) in the background, set up as every benchmark runs it: the
+# Redis store at REDIS_URL under NS, the backend at UPSTREAM, the admin token TOKEN, limits too
+# high to refuse anything, logging at warn. Its process id is in $! after the call; a script's
+# own settings (worker threads, shutdown grace) go before the call, as the caller's redirections
+# go after it.
+bench_svcgate() {
+  local listen=$1 admin=$2 metrics=$3 spool=$4
+  shift 4
+  SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
+  SVCGATE_SERVER_LISTEN="$listen" SVCGATE_SERVER_ADMIN_LISTEN="$admin" \
+  SVCGATE_SERVER_METRICS_LISTEN="$metrics" SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" \
+  SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
+  SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
+  SVCGATE_METERING_SPOOL_DIR="$spool" SVCGATE_LOG_LEVEL=warn \
+    "$@" &
 }

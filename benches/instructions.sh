@@ -60,13 +60,10 @@ count() {
   done
 }
 
-SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
-SVCGATE_SERVER_LISTEN="$PROXY" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
-SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
-SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
-SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn \
+bench_svcgate "$PROXY" "$ADMIN" "$METRICS" "$work/spool" \
   valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$work/cg.%p" \
-  "$SVCGATE" serve >/dev/null 2>"$work/svcgate.log" & vg_pid=$!; pids+=($vg_pid)
+  "$SVCGATE" serve >/dev/null 2>"$work/svcgate.log"
+vg_pid=$!; pids+=($vg_pid)
 wait_http "http://$ADMIN/healthz"
 ws=$(bench_workspace "$ADMIN" "$TOKEN")
 key=$(bench_key "$ADMIN" "$TOKEN" "$ws")

@@ -88,12 +88,9 @@ redis_cli ping >/dev/null
 # Bare Pingora timing its own time before forwarding, as svcgate does: the constant-rate runs'.
 "${proxy[@]}" "$measured"/examples/passthrough "$PASS_TIMED" "$UPSTREAM" "$PASS_METRICS" 2>/dev/null & pass_timed_pid=$!
 pids+=($pass_timed_pid)
-SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
-SVCGATE_SERVER_LISTEN="$GW" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
-SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
-SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
-SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn SVCGATE_SERVER_THREADS="$THREADS" \
-  "${proxy[@]}" "$measured"/svcgate serve 2>"$work/svcgate.log" & gw_pid=$!
+SVCGATE_SERVER_THREADS="$THREADS" bench_svcgate "$GW" "$ADMIN" "$METRICS" "$work/spool" \
+  "${proxy[@]}" "$measured"/svcgate serve 2>"$work/svcgate.log"
+gw_pid=$!
 pids+=($gw_pid)
 
 wait_http "http://$ADMIN/healthz"

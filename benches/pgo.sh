@@ -74,12 +74,9 @@ answers() {
 }
 
 # svcgate first: its admin API makes the workspace and key every proxy is sent.
-SVCGATE_STORE_KIND=redis SVCGATE_STORE_URL="$REDIS_URL" SVCGATE_STORE_NAMESPACE="$NS" \
-SVCGATE_SERVER_LISTEN="$PROXY" SVCGATE_SERVER_ADMIN_LISTEN="$ADMIN" SVCGATE_SERVER_METRICS_LISTEN="$METRICS" \
-SVCGATE_SERVER_ADMIN_TOKEN="$TOKEN" SVCGATE_UPSTREAM_LIVE="$UPSTREAM" \
-SVCGATE_LIMITS_LIVE_REQUESTS_PER_MINUTE=1000000000 SVCGATE_LIMITS_LIVE_BURST=1000000000 \
-SVCGATE_METERING_SPOOL_DIR="$work/spool" SVCGATE_LOG_LEVEL=warn SVCGATE_SERVER_SHUTDOWN_GRACE_SECONDS=0 \
-  "$gen"/svcgate serve 2>"$work/svcgate.log" & pid=$!; pids+=($pid)
+SVCGATE_SERVER_SHUTDOWN_GRACE_SECONDS=0 bench_svcgate "$PROXY" "$ADMIN" "$METRICS" "$work/spool" \
+  "$gen"/svcgate serve 2>"$work/svcgate.log"
+pid=$!; pids+=($pid)
 wait_http "http://$ADMIN/healthz"
 ws=$(bench_workspace "$ADMIN" "$TOKEN")
 key=$(bench_key "$ADMIN" "$TOKEN" "$ws")
