@@ -10,8 +10,8 @@
 # per request, and their medians. Build the binaries first, e.g. `cargo build --release --bin
 # svcgate && cp target/release/svcgate /tmp/svcgate.a`, change, build and copy again.
 #
-# Run it once with the same binary as A and B to see this machine's noise: on session 18's, the
-# median of B − A over 16 pairs read −1.3 µs per request, and +2% requests/s.
+# Run it once with the same binary as A and B to see the machine's noise: on a 2-vCPU machine
+# the median of B − A over 16 pairs read −1.3 µs per request, and +2% requests/s.
 #
 # Knobs (environment): ROUNDS (8), SLICE (s per run, 4), CONNS (32), REDIS_URL (by default a
 # redis-server of the run's own), PIN (set: every proxy on CPU 1 with one worker thread, the

@@ -226,7 +226,7 @@ fi
 
 if phase half && phase saturation; then
   # Latency at a constant rate (examples/loadgen.rs), at FRACTIONS of svcgate's maximum
-  # throughput (half, by the issue's definition, and a quarter): the load a gateway is
+  # throughput (half and a quarter): the load a gateway is
   # provisioned for, where the added latency is what callers feel. "busy" is how much of the
   # machine's two cores (with PIN: CPU 1, the proxies') was in use during the runs: a constant rate costs more CPU per request
   # than saturation (fewer requests per wakeup), so half of the maximum rate is not half of the
@@ -303,10 +303,9 @@ fi
 if phase many; then
   # Resident memory with KEYS cached keys. The keys are used in order, round and round, each wrk
   # thread taking every WRK_THREADS-th one from where the previous run stopped, until every key is
-  # cached (first uses are cache misses, served from Redis). (Until session 19 each run started
-  # at the cache's size, as if the keys were cached in order; but the key cache's follower,
-  # catching up on the seeding's changes, drops keys it cached before their change came, and
-  # those were never used again: the cache stayed at 99,711 of 100,000.)
+  # cached (first uses are cache misses, served from Redis). A run does not start at the cache's
+  # size: the key cache's follower, catching up on the seeding's changes, drops keys it cached
+  # before their change came, and those must be used again to be cached.
   "$rel"/examples/seed_keys "$REDIS_URL" "$NS" "$ws" "$KEYS" > "$work/keys.txt"
   cat > "$work/many.lua" <<LUA
 local keys = {}
