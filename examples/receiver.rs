@@ -11,7 +11,7 @@
 //!
 //! ```sh
 //! SVCGATE_WEBHOOK_SECRET=whsec_… cargo run --example receiver -- 127.0.0.1:4000
-//! svcgate listen --api-key $KEY --forward-to http://127.0.0.1:4000/   # (coming with webhooks)
+//! svcgate listen --api-key $KEY --forward-to http://127.0.0.1:4000/
 //! ```
 
 use axum::body::Bytes;
