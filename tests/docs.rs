@@ -251,6 +251,14 @@ fn unquote(cell: &str) -> &str {
         .unwrap_or(cell)
 }
 
+/// Every default, as the TOML the configuration file would hold.
+fn defaults() -> toml::Table {
+    match toml::Value::try_from(Config::default()) {
+        Ok(toml::Value::Table(t)) => t,
+        other => panic!("defaults do not serialize to a table: {other:?}"),
+    }
+}
+
 /// The default of `section.key` as a TOML value, or `None` when it has none.
 fn default_of(defaults: &toml::Table, key: &str) -> Option<String> {
     let (section, key) = key.split_once('.')?;
@@ -266,10 +274,7 @@ fn the_configuration_reference_has_one_row_per_setting() {
         "the walk found only {:?}",
         settings.keys
     );
-    let defaults = match toml::Value::try_from(Config::default()) {
-        Ok(toml::Value::Table(t)) => t,
-        other => panic!("defaults do not serialize to a table: {other:?}"),
-    };
+    let defaults = defaults();
     let rows = table_rows(CONFIGURATION, "| key | default | environment | meaning |");
     let mut documented = BTreeSet::new();
     let mut problems = Vec::new();
@@ -316,10 +321,7 @@ fn the_configuration_reference_has_one_row_per_setting() {
 #[test]
 fn every_documented_variable_is_accepted_by_the_loader() {
     let settings = settings();
-    let defaults = match toml::Value::try_from(Config::default()) {
-        Ok(toml::Value::Table(t)) => t,
-        other => panic!("defaults do not serialize to a table: {other:?}"),
-    };
+    let defaults = defaults();
     for key in &settings.keys {
         let env = format!("SVCGATE_{}", key.replace('.', "_").to_ascii_uppercase());
         // The default, as the variable would give it (strings bare), or empty: unset.
