@@ -308,6 +308,24 @@ def check_rendered(out):
             assert wanted <= kinds, f"chart ({scenario}) renders no {sorted(wanted - kinds)}"
 
 
+def check_values_documented():
+    """docs/helm.md's table lists every value that values.yaml documents (`# --`)."""
+    doc = Path("docs/helm.md").read_text()
+    path = []
+    documented = False
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        if line.lstrip().startswith("# --"):
+            documented = True
+            continue
+        m = re.match(r"^( *)([A-Za-z]\w*):", line)
+        if m:
+            path = path[: len(m.group(1)) // 2] + [m.group(2)]
+            if documented:
+                key = ".".join(path)
+                assert f"| `{key}` |" in doc, f"docs/helm.md's values table lacks `{key}`"
+            documented = False
+
+
 def check():
     out = sys.argv[2]
     # The ServiceMonitor, a custom resource, for YAML syntax; kubernetes-validate has done the
@@ -322,6 +340,7 @@ def check():
         check_set(f"deploy/kubernetes/{layout} with worker.yaml",
                   load(MANIFESTS / layout, MANIFESTS / "worker.yaml", MANIFESTS / "servicemonitor.yaml"))
     check_rendered(out)
+    check_values_documented()
     print(f"deploy/: manifests, chart ({len(SCENARIOS)} renders) and dashboard check out")
 
 
