@@ -556,7 +556,7 @@ async fn a_body_cut_short_is_answered_400_not_dropped() {
 #[tokio::test]
 async fn an_idle_client_connection_is_closed_after_the_keepalive_timeout() {
     let gw = Gateway::builder()
-        .server("keepalive_timeout_seconds = 1")
+        .config(|c| c.server.keepalive_timeout_seconds = 1)
         .start()
         .await;
     let addr = gw.base.trim_start_matches("http://").to_string();
@@ -874,7 +874,7 @@ async fn a_401_carries_a_bearer_challenge_and_two_authorization_headers_are_refu
     // An admin token of any length, sent with the scheme in any case.
     let token = "t".repeat(96);
     let gw = Gateway::builder()
-        .server(&format!("admin_token = \"{token}\""))
+        .config(|c| c.server.admin_token = token.to_string())
         .start()
         .await;
     let resp = reqwest::Client::new()

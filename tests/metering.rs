@@ -7,6 +7,8 @@ use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::Duration;
+use svcgate::config::{Config, ProjectBudgetConfig, RouteConfig};
+use svcgate::metering::Credits;
 
 async fn usage(gw: &Gateway, ws: &str) -> Value {
     gw.admin_request(Method::GET, &format!("/admin/v1/usage?workspace={ws}"))
@@ -141,17 +143,17 @@ async fn behind_a_trusted_proxy_the_audited_address_is_the_forwarded_client() {
     // (trusted proxies, audited client, X-Forwarded-For the backend gets)
     for (trusted, expected, forwarded) in [
         (
-            "[\"127.0.0.1/32\"]",
+            vec!["127.0.0.1/32".to_string()],
             "203.0.113.7",
             "198.51.100.9, 203.0.113.7, 127.0.0.1",
         ),
         // An untrusted peer's list is its own claim: the backend gets the peer alone.
-        ("[]", "127.0.0.1", "127.0.0.1"),
+        (vec![], "127.0.0.1", "127.0.0.1"),
     ] {
         let live = RecordingUpstream::start("live").await;
         let gw = Gateway::builder()
             .live(live.addr)
-            .server(&format!("trusted_proxies = {trusted}"))
+            .config(|c| c.server.trusted_proxies = trusted.clone())
             .start()
             .await;
         let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;
@@ -167,7 +169,7 @@ async fn behind_a_trusted_proxy_the_audited_address_is_the_forwarded_client() {
         assert_eq!(resp.status(), 200);
         let seen = &live.requests()[0].headers;
         let values: Vec<_> = seen.get_all("x-forwarded-for").iter().collect();
-        assert_eq!(values, [forwarded], "trusted_proxies = {trusted}");
+        assert_eq!(values, [forwarded], "trusted_proxies = {trusted:?}");
         let query = format!("workspace={DEMO_WS}&key_id={id}");
         eventually(Duration::from_secs(5), || async {
             audit(&gw, &query).await.len() == 1
@@ -177,7 +179,7 @@ async fn behind_a_trusted_proxy_the_audited_address_is_the_forwarded_client() {
         assert_eq!(
             audit(&gw, &query).await[0]["client_ip"],
             expected,
-            "trusted_proxies = {trusted}"
+            "trusted_proxies = {trusted:?}"
         );
     }
 }
@@ -277,7 +279,13 @@ async fn project_budgets_from_the_admin_api_apply() {
 #[tokio::test]
 async fn project_budgets_are_read_back_with_where_they_come_from() {
     let gw = Gateway::builder()
-        .toml("[[metering.project_budgets]]\nworkspace = \"ws_demo\"\nproject = \"team-a\"\nmonthly_budget = 5")
+        .config(|c| {
+            c.metering.project_budgets = vec![ProjectBudgetConfig {
+                workspace: "ws_demo".to_string(),
+                project: "team-a".to_string(),
+                monthly_budget: Credits::from_micros(5_000_000),
+            }]
+        })
         .start()
         .await;
     let budget = |project: &str| {
@@ -411,7 +419,7 @@ async fn a_replica_new_to_a_spent_key_refuses_its_first_request() {
     // for the request: unknown is not zero.
     let b = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .metering("flush_interval_ms = 60000")
+        .config(|c| c.metering.flush_interval_ms = 60000)
         .start()
         .await;
     assert_error(b.chat(&key).await, 402, "budget_exceeded").await;
@@ -429,7 +437,7 @@ async fn a_workspace_new_to_a_replica_is_held_to_its_credits_from_its_first_requ
     // Scheduled flushes 2 s apart: only the first request's own flush can stop the fourth.
     let gw = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .metering("flush_interval_ms = 2000")
+        .config(|c| c.metering.flush_interval_ms = 2000)
         .start()
         .await;
     let ws = workspace_with(
@@ -539,15 +547,18 @@ async fn credits_low_fires_once_per_crossing_however_many_replicas_see_it() {
 #[tokio::test]
 async fn rate_limits_answer_429_with_headers_and_are_shared_by_replicas() {
     let ns = TestNamespace::new();
-    let limits = "[limits]\nlive_requests_per_minute = 6\nlive_burst = 6\n";
+    let limits = |c: &mut Config| {
+        c.limits.live_requests_per_minute = 6;
+        c.limits.live_burst = 6;
+    };
     let a = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .toml(limits)
+        .config(limits)
         .start()
         .await;
     let b = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .toml(limits)
+        .config(limits)
         .start()
         .await;
     let ws = a.create_workspace().await;
@@ -582,10 +593,12 @@ async fn rate_limits_answer_429_with_headers_and_are_shared_by_replicas() {
 #[tokio::test]
 async fn test_keys_have_limits_of_their_own() {
     let gw = Gateway::builder()
-        .toml(
-            "[limits]\nlive_requests_per_minute = 2\nlive_burst = 2\n\
-             test_requests_per_minute = 4\ntest_burst = 4\n",
-        )
+        .config(|c| {
+            c.limits.live_requests_per_minute = 2;
+            c.limits.live_burst = 2;
+            c.limits.test_requests_per_minute = 4;
+            c.limits.test_burst = 4;
+        })
         .start()
         .await;
     let (_, live) = gw.create_key("live", &["chat.completions:create"]).await;
@@ -605,10 +618,14 @@ async fn test_keys_have_limits_of_their_own() {
 #[tokio::test]
 async fn a_head_request_is_not_charged_the_routes_price() {
     let gw = Gateway::builder()
-        .toml(
-            "[[routes]]\nmethod = \"GET\"\npath = \"/v1/videos/{id}\"\n\
-             scope = \"videos:read\"\nprice = 2\n",
-        )
+        .config(|c| {
+            c.routes = vec![RouteConfig {
+                method: "GET".to_string(),
+                path: "/v1/videos/{id}".to_string(),
+                scope: "videos:read".to_string(),
+                price: Credits::from_micros(2_000_000),
+            }]
+        })
         .start()
         .await;
     let (id, key) = gw.create_key("live", &["videos:read"]).await;
@@ -648,7 +665,10 @@ async fn a_head_request_is_not_charged_the_routes_price() {
 #[tokio::test]
 async fn refused_requests_count_against_the_keys_rate_limit() {
     let gw = Gateway::builder()
-        .toml("[limits]\nlive_requests_per_minute = 3\nlive_burst = 3\n")
+        .config(|c| {
+            c.limits.live_requests_per_minute = 3;
+            c.limits.live_burst = 3;
+        })
         .start()
         .await;
     let (_, key) = gw.create_key("live", &["models:read"]).await;
@@ -1235,7 +1255,7 @@ async fn a_long_outage_keeps_spooling_audit_records_past_the_memory_bound() {
     let builder = Gateway::builder()
         .redis(&redis.url(), "long-outage")
         .spool_dir(spool.path())
-        .metering("audit_backlog = 5");
+        .config(|c| c.metering.audit_backlog = 5);
     let (gw, ws, _, key) = warmed_up(builder).await;
     redis.stop().await;
     // In three bursts, each past the bound: each goes to the spool, not only the first.
@@ -1387,7 +1407,7 @@ async fn spend_behind_a_batch_in_flight_at_shutdown_is_written() {
         Gateway::builder()
             .redis(&url, "closing")
             .spool_dir(spool.path())
-            .metering("flush_interval_ms = 600000")
+            .config(|c| c.metering.flush_interval_ms = 600000)
     };
     let mut gw = builder().start().await;
     let ws1 = gw.create_workspace().await;
@@ -1550,8 +1570,8 @@ async fn spend_is_written_at_shutdown_after_a_request_reopened_the_connection() 
             .redis(&url, "reopened")
             .spool_dir(spool.path())
             .no_worker()
-            .store_settings("sync_interval_ms = 600000")
-            .metering("flush_interval_ms = 600000")
+            .config(|c| c.store.sync_interval_ms = 600000)
+            .config(|c| c.metering.flush_interval_ms = 600000)
     };
     let mut gw = builder().start().await;
     let ws = gw.create_workspace().await;

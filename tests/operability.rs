@@ -38,7 +38,10 @@ async fn metrics_parse_and_move_with_a_scripted_set_of_requests() {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder()
         .live(live.addr)
-        .toml("[limits]\nlive_requests_per_minute = 3\nlive_burst = 3\n")
+        .config(|c| {
+            c.limits.live_requests_per_minute = 3;
+            c.limits.live_burst = 3;
+        })
         .start()
         .await;
     let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
@@ -191,7 +194,7 @@ async fn no_secret_reaches_the_log_even_at_debug_level() {
     let gw = Gateway::builder()
         .live(live.addr)
         .log_filter("debug")
-        .toml("[webhooks]\nallow_insecure_targets = true\n")
+        .config(|c| c.webhooks.allow_insecure_targets = true)
         .start()
         .await;
     let (id, key) = gw
@@ -285,7 +288,10 @@ async fn sigterm_drains_then_closes_the_listeners_and_lets_requests_in_flight_fi
     let live = RecordingUpstream::start("live").await;
     let mut gw = Gateway::builder()
         .live(live.addr)
-        .server("shutdown_grace_seconds = 2\nshutdown_timeout_seconds = 3")
+        .config(|c| {
+            c.server.shutdown_grace_seconds = 2;
+            c.server.shutdown_timeout_seconds = 3;
+        })
         .start()
         .await;
     let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;
@@ -353,7 +359,10 @@ async fn a_graceful_upgrade_hands_over_without_refusing_requests() {
     let ns = TestNamespace::new();
     let mut gw = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .server("shutdown_grace_seconds = 1\nshutdown_timeout_seconds = 1")
+        .config(|c| {
+            c.server.shutdown_grace_seconds = 1;
+            c.server.shutdown_timeout_seconds = 1;
+        })
         .start()
         .await;
     let ws = gw.create_workspace().await;
@@ -409,8 +418,8 @@ async fn a_client_making_up_keys_is_held_back_without_store_reads_and_cached_key
     let ns = TestNamespace::new();
     let gw = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .toml("[limits]\nunknown_keys_per_minute = 3\n")
-        .server("trusted_proxies = [\"127.0.0.1\"]")
+        .config(|c| c.limits.unknown_keys_per_minute = 3)
+        .config(|c| c.server.trusted_proxies = vec!["127.0.0.1".to_string()])
         .start()
         .await;
     let ws = gw.create_workspace().await;
@@ -506,7 +515,7 @@ async fn an_ingress_speaking_for_many_clients_is_not_held_up_by_unknown_keys() {
     // No trusted proxies, and the peer is internal (loopback here, an ingress's pod address in
     // a cluster): it is not one client's address, so it is not counted.
     let gw = Gateway::builder()
-        .toml("[limits]\nunknown_keys_per_minute = 1\n")
+        .config(|c| c.limits.unknown_keys_per_minute = 1)
         .start()
         .await;
     for _ in 0..4 {
@@ -529,7 +538,10 @@ async fn made_up_keys_from_everywhere_are_held_back_by_the_replicas_share() {
     let ns = TestNamespace::new();
     let gw = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .toml("[limits]\nunknown_keys_per_minute = 2\nunknown_keys_per_minute_total = 3\n")
+        .config(|c| {
+            c.limits.unknown_keys_per_minute = 2;
+            c.limits.unknown_keys_per_minute_total = 3;
+        })
         .start()
         .await;
     let ws = gw.create_workspace().await;
@@ -600,7 +612,7 @@ async fn a_real_key_new_to_the_replica_is_read_through_a_flood_of_made_up_keys()
     let gw = Gateway::builder()
         .redis(&redis_url(), &ns.name)
         .no_worker()
-        .toml("[limits]\nunknown_keys_per_minute_total = 3\n")
+        .config(|c| c.limits.unknown_keys_per_minute_total = 3)
         .start()
         .await;
     let (_, since) = other
@@ -653,7 +665,7 @@ async fn a_token_minted_while_a_replica_was_not_subscribed_is_heard_of_when_it_s
     let gw = Gateway::builder()
         .redis(&url, "unheard")
         .no_worker()
-        .toml("[limits]\nunknown_keys_per_minute_total = 3\n")
+        .config(|c| c.limits.unknown_keys_per_minute_total = 3)
         .start()
         .await;
     eventually(Duration::from_secs(10), || async {

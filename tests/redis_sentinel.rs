@@ -191,11 +191,11 @@ impl Replicated {
             )
             .log_filter("info,svcgate::store=debug")
             // Webhook endpoints on loopback (a test receiver).
-            .toml("[webhooks]\nallow_insecure_targets = true\n")
-            .store_settings(&format!(
-                "sentinels = [\"127.0.0.1:{}\"]\nsentinel_master = \"{MASTER_NAME}\"",
-                self.sentinel_at
-            ))
+            .config(|c| c.webhooks.allow_insecure_targets = true)
+            .config(|c| {
+                c.store.sentinels = vec![format!("127.0.0.1:{}", self.sentinel_at)];
+                c.store.sentinel_master = Some(MASTER_NAME.to_string());
+            })
             .start()
             .await;
         let ws = until_some(Duration::from_secs(10), || async {

@@ -7,16 +7,30 @@ use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
+use svcgate::config::{Config, SmtpTls};
 
 const SCOPES: &[&str] = &["webhooks:read", "webhooks:write"];
 
 /// `[webhooks]` for tests: loopback receivers, a retry schedule in seconds.
-fn webhooks_toml(outbox: &std::path::Path, schedule: &str, timeout: u64) -> String {
-    format!(
-        "[webhooks]\nallow_insecure_targets = true\nretry_schedule_seconds = {schedule}\n\
-         timeout_seconds = {timeout}\noutbox_dir = \"{}\"\nmax_in_flight_per_endpoint = 2\n",
-        outbox.display()
-    )
+fn webhooks(outbox: &std::path::Path, schedule: &[u64], timeout: u64) -> impl FnOnce(&mut Config) {
+    let outbox = outbox.display().to_string();
+    let schedule = schedule.to_vec();
+    move |c| {
+        c.webhooks.allow_insecure_targets = true;
+        c.webhooks.retry_schedule_seconds = schedule;
+        c.webhooks.timeout_seconds = timeout;
+        c.webhooks.outbox_dir = outbox;
+        c.webhooks.max_in_flight_per_endpoint = 2;
+    }
+}
+
+/// `[smtp]` for a plain relay on loopback at `port`.
+fn smtp_relay(port: u16) -> impl FnOnce(&mut Config) {
+    move |c| {
+        c.smtp.host = Some("127.0.0.1".to_string());
+        c.smtp.port = port;
+        c.smtp.from = "webhooks@svcgate.test".to_string();
+    }
 }
 
 struct Setup {
@@ -27,12 +41,12 @@ struct Setup {
     _ns: TestNamespace,
 }
 
-async fn setup(schedule: &str, timeout: u64, no_worker: bool) -> Setup {
+async fn setup(schedule: &[u64], timeout: u64, no_worker: bool) -> Setup {
     let ns = TestNamespace::new();
     let outbox = tempfile::tempdir().unwrap();
     let mut builder = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .toml(&webhooks_toml(outbox.path(), schedule, timeout));
+        .config(webhooks(outbox.path(), schedule, timeout));
     if no_worker {
         builder = builder.no_worker();
     }
@@ -136,7 +150,7 @@ fn header<'a>(r: &'a Received, name: &str) -> &'a str {
 
 #[tokio::test]
 async fn events_are_delivered_signed_to_subscribed_endpoints_of_their_environment() {
-    let s = setup("[60]", 10, false).await;
+    let s = setup(&[60], 10, false).await;
     let receiver = Receiver::start().await;
     let (agent, secret) = endpoint(&s.gw, &s.key, &receiver.url("/agent"), &["agent.run.*"]).await;
     endpoint(
@@ -201,7 +215,7 @@ async fn events_are_delivered_signed_to_subscribed_endpoints_of_their_environmen
 
 #[tokio::test]
 async fn failures_are_retried_on_schedule_then_the_endpoint_pauses_and_admins_are_mailed() {
-    let s = setup("[1, 2]", 2, false).await;
+    let s = setup(&[1, 2], 2, false).await;
     let receiver = Receiver::start().await;
     receiver.reply(
         "/hook",
@@ -290,7 +304,7 @@ async fn failures_are_retried_on_schedule_then_the_endpoint_pauses_and_admins_ar
 
 #[tokio::test]
 async fn an_endpoint_that_is_down_gets_one_attempt_per_retry_whatever_its_backlog() {
-    let s = setup("[1, 1]", 2, false).await;
+    let s = setup(&[1, 1], 2, false).await;
     let receiver = Receiver::start().await;
     receiver.reply("/down", &[Reply::Status(500)]);
     let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/down"), &["agent.run.*"]).await;
@@ -348,7 +362,7 @@ async fn an_endpoint_that_is_down_gets_one_attempt_per_retry_whatever_its_backlo
 
 #[tokio::test]
 async fn a_failure_holds_the_endpoints_queue_until_its_retry_answers() {
-    let s = setup("[1, 60]", 2, false).await;
+    let s = setup(&[1, 60], 2, false).await;
     let receiver = Receiver::start().await;
     receiver.reply("/flaky", &[Reply::Status(503), Reply::Status(200)]);
     let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/flaky"), &["agent.run.*"]).await;
@@ -381,7 +395,7 @@ async fn a_failure_holds_the_endpoints_queue_until_its_retry_answers() {
 
 #[tokio::test]
 async fn an_endpoint_held_back_shows_its_retry_and_its_queue_waits_for_it() {
-    let s = setup("[30]", 2, false).await;
+    let s = setup(&[30], 2, false).await;
     let receiver = Receiver::start().await;
     receiver.reply("/down", &[Reply::Status(503)]);
     let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/down"), &["agent.run.*"]).await;
@@ -428,7 +442,7 @@ async fn an_endpoint_held_back_shows_its_retry_and_its_queue_waits_for_it() {
 /// each endpoint's own secret.
 #[tokio::test]
 async fn an_event_for_several_endpoints_reaches_each_with_the_same_body_signed_for_it() {
-    let s = setup("[60]", 10, false).await;
+    let s = setup(&[60], 10, false).await;
     let receiver = Receiver::start().await;
     let mut secrets = Vec::new();
     for path in ["/a", "/b", "/c"] {
@@ -458,7 +472,7 @@ async fn an_event_for_several_endpoints_reaches_each_with_the_same_body_signed_f
 /// same event, delivered once, under the backend's id.
 #[tokio::test]
 async fn an_event_posted_twice_with_its_id_is_delivered_once() {
-    let s = setup("[30]", 2, false).await;
+    let s = setup(&[30], 2, false).await;
     let receiver = Receiver::start().await;
     endpoint(&s.gw, &s.key, &receiver.url("/once"), &["agent.run.*"]).await;
     for _ in 0..2 {
@@ -482,7 +496,7 @@ async fn an_event_posted_twice_with_its_id_is_delivered_once() {
 
 #[tokio::test]
 async fn resuming_an_endpoint_held_back_by_a_failure_tries_it_again_at_once() {
-    let s = setup("[30, 30]", 2, false).await;
+    let s = setup(&[30, 30], 2, false).await;
     let receiver = Receiver::start().await;
     receiver.reply("/h", &[Reply::Status(500), Reply::Status(200)]);
     let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/h"), &["agent.run.*"]).await;
@@ -505,7 +519,7 @@ async fn resuming_an_endpoint_held_back_by_a_failure_tries_it_again_at_once() {
 #[tokio::test]
 async fn a_url_fixed_while_an_attempt_is_on_its_way_is_tried_at_once() {
     // A URL that hangs past the timeout (3 s): the attempt fails after the URL is changed.
-    let s = setup("[30]", 3, false).await;
+    let s = setup(&[30], 3, false).await;
     let receiver = Receiver::start().await;
     receiver.reply("/hang", &[Reply::Slow(Duration::from_secs(10))]);
     let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/hang"), &["agent.run.*"]).await;
@@ -551,7 +565,7 @@ async fn admin(gw: &Gateway, method: Method, path: &str, body: Option<Value>) ->
 
 #[tokio::test]
 async fn operators_see_deliveries_resume_and_replay_through_the_admin_api() {
-    let s = setup("[1]", 2, false).await;
+    let s = setup(&[1], 2, false).await;
     let receiver = Receiver::start().await;
     receiver.reply("/hook", &[Reply::Status(500)]);
     let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
@@ -634,7 +648,7 @@ async fn operators_see_deliveries_resume_and_replay_through_the_admin_api() {
 
 #[tokio::test]
 async fn the_admin_webhook_routes_refuse_what_they_cannot_serve() {
-    let s = setup("[60]", 10, false).await;
+    let s = setup(&[60], 10, false).await;
     let receiver = Receiver::start().await;
     let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
     let other = s.gw.create_workspace().await;
@@ -735,7 +749,7 @@ async fn the_admin_webhook_routes_refuse_what_they_cannot_serve() {
 
 #[tokio::test]
 async fn replay_since_redelivers_every_subscribed_event_of_the_window() {
-    let s = setup("[60]", 10, false).await;
+    let s = setup(&[60], 10, false).await;
     let receiver = Receiver::start().await;
     let since = svcgate::ids::unix_now();
     let (id, _) = endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
@@ -762,7 +776,7 @@ async fn replay_since_redelivers_every_subscribed_event_of_the_window() {
 
 #[tokio::test]
 async fn replay_and_deliveries_refuse_bad_input() {
-    let s = setup("[60]", 10, false).await;
+    let s = setup(&[60], 10, false).await;
     let (id, _) = endpoint(&s.gw, &s.key, "http://127.0.0.1:9/hook", &["agent.run.*"]).await;
     let replay = format!("/v1/webhooks/{id}/replay");
     let now = svcgate::ids::unix_now();
@@ -862,7 +876,7 @@ async fn replay_and_deliveries_refuse_bad_input() {
 
 #[tokio::test]
 async fn a_slow_endpoint_does_not_delay_a_fast_one() {
-    let s = setup("[60]", 10, false).await;
+    let s = setup(&[60], 10, false).await;
     let receiver = Receiver::start().await;
     receiver.reply("/slow", &[Reply::Slow(Duration::from_secs(10))]);
     endpoint(&s.gw, &s.key, &receiver.url("/slow"), &["agent.run.*"]).await;
@@ -882,10 +896,10 @@ async fn endpoints_that_hang_leave_slots_for_the_others() {
     // Four slots, two per endpoint: four endpoints that never answer could hold all of them.
     let ns = TestNamespace::new();
     let outbox = tempfile::tempdir().unwrap();
-    let toml = webhooks_toml(outbox.path(), "[1, 1, 1, 1, 1, 1, 1, 1]", 5);
     let gw = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .toml(&format!("{toml}max_in_flight = 4\n"))
+        .config(webhooks(outbox.path(), &[1; 8], 5))
+        .config(|c| c.webhooks.max_in_flight = 4)
         .start()
         .await;
     let ws = gw.create_workspace().await;
@@ -924,7 +938,7 @@ async fn endpoints_that_hang_leave_slots_for_the_others() {
 
 #[tokio::test]
 async fn a_worker_killed_mid_delivery_loses_nothing() {
-    let s = setup("[60]", 2, true).await;
+    let s = setup(&[60], 2, true).await;
     let receiver = Receiver::start().await;
     receiver.reply(
         "/hook",
@@ -949,7 +963,7 @@ async fn a_worker_killed_mid_delivery_loses_nothing() {
 
 #[tokio::test]
 async fn events_written_straight_to_the_stream_are_delivered_and_bad_entries_skipped() {
-    let s = setup("[60]", 10, false).await;
+    let s = setup(&[60], 10, false).await;
     let receiver = Receiver::start().await;
     endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["image.batch.*"]).await;
     let (mut conn, stream) = event_log(&s).await;
@@ -984,7 +998,7 @@ async fn events_written_straight_to_the_stream_are_delivered_and_bad_entries_ski
 /// failed the whole read, and the worker delivered nothing more).
 #[tokio::test]
 async fn an_entry_whose_data_is_not_utf8_is_skipped_and_a_name_that_is_not_ignored() {
-    let s = setup("[60]", 10, false).await;
+    let s = setup(&[60], 10, false).await;
     let receiver = Receiver::start().await;
     endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["image.batch.*"]).await;
     let (mut conn, stream) = event_log(&s).await;
@@ -1056,7 +1070,7 @@ async fn an_entry_whose_data_is_not_utf8_is_skipped_and_a_name_that_is_not_ignor
 
 #[tokio::test]
 async fn a_worker_recreates_its_consumer_group_when_redis_lost_it() {
-    let s = setup("[60]", 10, false).await;
+    let s = setup(&[60], 10, false).await;
     let receiver = Receiver::start().await;
     endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
     publish(&s.gw, &s.ws, "agent.run.completed", "live").await;
@@ -1085,7 +1099,7 @@ async fn a_worker_recreates_its_consumer_group_when_redis_lost_it() {
 /// the newer one is not delivered twice.
 #[tokio::test]
 async fn a_recreated_consumer_group_delivers_entries_that_were_pending_when_redis_lost_it() {
-    let s = setup("[60]", 10, true).await;
+    let s = setup(&[60], 10, true).await;
     let receiver = Receiver::start().await;
     endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
     let (mut conn, stream) = event_log(&s).await;
@@ -1142,18 +1156,15 @@ async fn a_recreated_consumer_group_delivers_entries_that_were_pending_when_redi
 async fn the_pause_mail_survives_a_relay_outage_and_a_restart() {
     let ns = TestNamespace::new();
     let outbox = tempfile::tempdir().unwrap();
-    let smtp_toml = |port: u16| {
-        format!("[smtp]\nhost = \"127.0.0.1\"\nport = {port}\nfrom = \"webhooks@svcgate.test\"\n")
-    };
-    let start = |smtp: String| {
+    let start = |smtp_port: u16| {
         Gateway::builder()
             .redis(&redis_url(), &ns.name)
-            .toml(&webhooks_toml(outbox.path(), "[1]", 2))
-            .toml(&smtp)
+            .config(webhooks(outbox.path(), &[1], 2))
+            .config(smtp_relay(smtp_port))
             .start()
     };
     // Nothing listens on the relay's port.
-    let mut gw = start(smtp_toml(free_port())).await;
+    let mut gw = start(free_port()).await;
     let ws = gw.create_workspace().await;
     let (_, key) = gw.create_key_in(&ws, "live", SCOPES).await;
     let receiver = Receiver::start().await;
@@ -1191,7 +1202,7 @@ async fn the_pause_mail_survives_a_relay_outage_and_a_restart() {
 
     // A new gateway on the same Redis, with a relay that works, sends the mail.
     let smtp = SmtpSink::start();
-    let gw = start(smtp_toml(smtp.port)).await;
+    let gw = start(smtp.port).await;
     let mailed = eventually(Duration::from_secs(20), || async {
         !smtp.mails().is_empty()
     })
@@ -1232,7 +1243,7 @@ async fn the_pause_mail_survives_a_relay_outage_and_a_restart() {
 async fn the_zero_config_gateway_delivers_too() {
     let outbox = tempfile::tempdir().unwrap();
     let gw = Gateway::builder()
-        .toml(&webhooks_toml(outbox.path(), "[60]", 10))
+        .config(webhooks(outbox.path(), &[60], 10))
         .start()
         .await;
     let (_, key) = gw.create_key("live", SCOPES).await;
@@ -1260,7 +1271,7 @@ async fn the_zero_config_gateway_delivers_too() {
 async fn the_zero_config_demo_workspace_has_nobody_to_mail_so_its_pause_notice_is_dropped() {
     let outbox = tempfile::tempdir().unwrap();
     let gw = Gateway::builder()
-        .toml(&webhooks_toml(outbox.path(), "[1]", 2))
+        .config(webhooks(outbox.path(), &[1], 2))
         .start()
         .await;
     let (_, key) = gw.create_key("live", SCOPES).await;
@@ -1287,7 +1298,7 @@ async fn the_zero_config_demo_workspace_has_nobody_to_mail_so_its_pause_notice_i
 
 #[tokio::test]
 async fn webhook_metrics_report_outcomes_and_the_queue() {
-    let s = setup("[60]", 10, false).await;
+    let s = setup(&[60], 10, false).await;
     let receiver = Receiver::start().await;
     receiver.reply("/down", &[Reply::Status(500)]);
     endpoint(&s.gw, &s.key, &receiver.url("/ok"), &["agent.run.*"]).await;
@@ -1339,11 +1350,8 @@ async fn with_smtp_configured_the_pause_mail_goes_over_smtp() {
     let smtp = SmtpSink::start();
     let gw = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .toml(&webhooks_toml(outbox.path(), "[1]", 2))
-        .toml(&format!(
-            "[smtp]\nhost = \"127.0.0.1\"\nport = {}\nfrom = \"webhooks@svcgate.test\"\n",
-            smtp.port
-        ))
+        .config(webhooks(outbox.path(), &[1], 2))
+        .config(smtp_relay(smtp.port))
         .start()
         .await;
     let (id, receiver) = pause_an_endpoint_and_await_the_mail(&gw, &smtp).await;
@@ -1375,14 +1383,15 @@ async fn a_relay_that_needs_starttls_and_a_login_gets_the_pause_mail_over_both()
     let smtp = SmtpSink::start_tls(&certs, "svcgate", password);
     let gw = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .toml(&webhooks_toml(outbox.path(), "[1]", 2))
-        .toml(&format!(
-            "[smtp]\nhost = \"localhost\"\nport = {}\nfrom = \"webhooks@svcgate.test\"\n\
-             tls = \"starttls\"\nusername = \"svcgate\"\npassword = \"{password}\"\n\
-             tls_ca_file = \"{}\"\n",
-            smtp.port,
-            certs.path("ca.pem").display()
-        ))
+        .config(webhooks(outbox.path(), &[1], 2))
+        .config(smtp_relay(smtp.port))
+        .config(|c| {
+            c.smtp.host = Some("localhost".to_string());
+            c.smtp.tls = SmtpTls::Starttls;
+            c.smtp.username = Some("svcgate".to_string());
+            c.smtp.password = Some(password.to_string());
+            c.smtp.tls_ca_file = Some(certs.path("ca.pem").display().to_string());
+        })
         .start()
         .await;
     let (id, _) = pause_an_endpoint_and_await_the_mail(&gw, &smtp).await;
@@ -1403,7 +1412,7 @@ async fn a_relay_that_needs_starttls_and_a_login_gets_the_pause_mail_over_both()
 
 #[tokio::test]
 async fn several_workers_share_the_work_and_deliver_each_event_once() {
-    let s = setup("[60]", 10, true).await;
+    let s = setup(&[60], 10, true).await;
     let receiver = Receiver::start().await;
     endpoint(&s.gw, &s.key, &receiver.url("/hook"), &["agent.run.*"]).await;
     let workers = [s.gw.start_worker(), s.gw.start_worker()];
@@ -1423,7 +1432,7 @@ async fn several_workers_share_the_work_and_deliver_each_event_once() {
 
 #[tokio::test]
 async fn a_worker_stops_on_sigterm_and_serves_probes_and_metrics_until_then() {
-    let s = setup("[60]", 10, true).await;
+    let s = setup(&[60], 10, true).await;
     let port = free_port();
     let log = tempfile::NamedTempFile::new().unwrap();
     let mut child = svcgate_command()
@@ -1573,7 +1582,7 @@ fn reset_peak_memory(pid: u32) {
 async fn taking_replaying_and_listing_large_events_hold_a_few_payloads_at_a_time() {
     const EVENTS: usize = 600;
     const SIZE: usize = 100_000;
-    let s = setup("[60]", 10, false).await;
+    let s = setup(&[60], 10, false).await;
     let since = svcgate::ids::unix_now();
     let pid = s.gw.pid();
     let payloads = (EVENTS * SIZE) as u64;
@@ -1637,7 +1646,7 @@ async fn a_replay_the_store_stops_taking_part_way_answers_what_it_queued_and_whe
     let outbox = tempfile::tempdir().unwrap();
     let gw = Gateway::builder()
         .redis(&redis.url(), "replay")
-        .toml(&webhooks_toml(outbox.path(), "[60]", 10))
+        .config(webhooks(outbox.path(), &[60], 10))
         .start()
         .await;
     let ws = gw.create_workspace().await;

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use svcgate::config::{Config, StoreKind};
 
 use super::cli::svcgate_command;
 use super::gateway::Gateway;
@@ -23,50 +24,61 @@ pub async fn replicas(namespace: &TestNamespace) -> (Gateway, Gateway) {
     (on_redis(namespace).await, on_redis(namespace).await)
 }
 
-/// Builder for a gateway process.
-#[derive(Default)]
+/// Builder for a gateway process: a typed [`Config`] that tests change, written as TOML to
+/// the file the gateway reads.
 pub struct GatewayBuilder {
-    live: Option<SocketAddr>,
-    sandbox: Option<SocketAddr>,
-    redis: Option<(String, String)>,
-    store_toml: String,
-    metering_toml: String,
+    config: Config,
     spool_dir: Option<PathBuf>,
-    server_toml: String,
     log_filter: Option<String>,
-    extra_toml: String,
+    raw_toml: String,
     no_worker: bool,
     name_server: Option<std::net::IpAddr>,
 }
 
+impl Default for GatewayBuilder {
+    fn default() -> Self {
+        let mut config = Config::default();
+        config.server.admin_token = ADMIN_TOKEN.to_string();
+        config.server.threads = 2;
+        config.server.shutdown_grace_seconds = 0;
+        config.server.shutdown_timeout_seconds = 1;
+        config.upstream.connect_timeout_ms = 500;
+        config.upstream.read_timeout_ms = 3000;
+        // Flushes every 20 ms unless the test sets its own interval.
+        config.metering.flush_interval_ms = 20;
+        Self {
+            config,
+            spool_dir: None,
+            log_filter: None,
+            raw_toml: String::new(),
+            no_worker: false,
+            name_server: None,
+        }
+    }
+}
+
 impl GatewayBuilder {
     /// Use the Redis store at `url` under `namespace`.
-    pub fn redis(mut self, url: &str, namespace: &str) -> Self {
-        self.redis = Some((url.to_string(), namespace.to_string()));
-        self
+    pub fn redis(self, url: &str, namespace: &str) -> Self {
+        self.config(|c| {
+            c.store.kind = StoreKind::Redis;
+            c.store.url = url.to_string();
+            c.store.namespace = namespace.to_string();
+        })
     }
 
-    pub fn live(mut self, addr: SocketAddr) -> Self {
-        self.live = Some(addr);
-        self
+    pub fn live(self, addr: SocketAddr) -> Self {
+        self.config(|c| c.upstream.live = Some(addr.to_string()))
     }
 
-    pub fn sandbox(mut self, addr: SocketAddr) -> Self {
-        self.sandbox = Some(addr);
-        self
+    pub fn sandbox(self, addr: SocketAddr) -> Self {
+        self.config(|c| c.upstream.sandbox = Some(addr.to_string()))
     }
 
-    /// Extra `[store]` keys (with the Redis store).
-    pub fn store_settings(mut self, toml: &str) -> Self {
-        self.store_toml.push_str(toml);
-        self.store_toml.push('\n');
-        self
-    }
-
-    /// Extra `[server]` keys (they override the harness's).
-    pub fn server(mut self, toml: &str) -> Self {
-        self.server_toml.push_str(toml);
-        self.server_toml.push('\n');
+    /// Changes the configuration; the listeners, the upgrade socket and (unless
+    /// [`GatewayBuilder::spool_dir`] names one) the spool are the harness's own.
+    pub fn config(mut self, change: impl FnOnce(&mut Config)) -> Self {
+        change(&mut self.config);
         self
     }
 
@@ -79,13 +91,6 @@ impl GatewayBuilder {
     /// Spool into `dir` (to restart a gateway on the spool of another).
     pub fn spool_dir(mut self, dir: &std::path::Path) -> Self {
         self.spool_dir = Some(dir.to_path_buf());
-        self
-    }
-
-    /// Extra `[metering]` keys.
-    pub fn metering(mut self, toml: &str) -> Self {
-        self.metering_toml.push_str(toml);
-        self.metering_toml.push('\n');
         self
     }
 
@@ -102,10 +107,11 @@ impl GatewayBuilder {
         self
     }
 
-    /// Extra TOML appended to the generated config (whole sections).
-    pub fn toml(mut self, extra: &str) -> Self {
-        self.extra_toml.push_str(extra);
-        self.extra_toml.push('\n');
+    /// Text appended as it is to the generated TOML: for a file [`Config`] cannot express
+    /// (invalid syntax, an unknown key, a table given twice).
+    pub fn raw_toml(mut self, text: &str) -> Self {
+        self.raw_toml.push_str(text);
+        self.raw_toml.push('\n');
         self
     }
 
@@ -123,50 +129,17 @@ impl GatewayBuilder {
     async fn try_start(&self) -> Option<Gateway> {
         let dir = tempfile::tempdir().unwrap();
         let [listen, admin, metrics] = free_ports();
-        let mut upstream =
-            String::from("[upstream]\nconnect_timeout_ms = 500\nread_timeout_ms = 3000\n");
-        if let Some(a) = self.live {
-            upstream.push_str(&format!("live = \"{a}\"\n"));
-        }
-        if let Some(a) = self.sandbox {
-            upstream.push_str(&format!("sandbox = \"{a}\"\n"));
-        }
-        let store = match &self.redis {
-            Some((url, ns)) => format!(
-                "[store]\nkind = \"redis\"\nurl = \"{url}\"\nnamespace = \"{ns}\"\n{}\n",
-                self.store_toml
-            ),
-            None => String::new(),
-        };
         let spool_dir = self
             .spool_dir
             .clone()
             .unwrap_or_else(|| dir.path().join("spool"));
-        // Flushes every 20 ms unless the test sets its own interval.
-        let interval = match self.metering_toml.contains("flush_interval_ms") {
-            true => "",
-            false => "flush_interval_ms = 20\n",
-        };
-        let metering = format!(
-            "[metering]\n{interval}spool_dir = \"{}\"\n{}\n",
-            spool_dir.display(),
-            self.metering_toml
-        );
-        let mut server: toml::Table = format!(
-            "listen = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
-             metrics_listen = \"127.0.0.1:{metrics}\"\nadmin_token = \"{ADMIN_TOKEN}\"\n\
-             threads = 2\nshutdown_grace_seconds = 0\nshutdown_timeout_seconds = 1\n\
-             upgrade_sock = \"{sock}\"\n",
-            sock = dir.path().join("upgrade.sock").display(),
-        )
-        .parse()
-        .unwrap();
-        let overrides: toml::Table = self.server_toml.parse().unwrap();
-        server.extend(overrides);
-        let config = format!(
-            "{store}{metering}[server]\n{server}{upstream}{extra}",
-            extra = self.extra_toml,
-        );
+        let mut config = self.config.clone();
+        config.server.listen = format!("127.0.0.1:{listen}");
+        config.server.admin_listen = format!("127.0.0.1:{admin}");
+        config.server.metrics_listen = format!("127.0.0.1:{metrics}");
+        config.server.upgrade_sock = dir.path().join("upgrade.sock").display().to_string();
+        config.metering.spool_dir = spool_dir.display().to_string();
+        let config = format!("{}{}", toml::to_string(&config).unwrap(), self.raw_toml);
         let config_path = dir.path().join("svcgate.toml");
         std::fs::write(&config_path, config).unwrap();
         let log_path = dir.path().join("svcgate.log");
