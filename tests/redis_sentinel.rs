@@ -389,8 +389,8 @@ async fn a_revocation_is_confirmed_only_once_a_replica_has_it() {
 
 /// Listen streams and webhook workers go on reading the event log where the store's
 /// connections go when the Sentinel names another master, even while the old one still
-/// answers (cut off from the Sentinels, say): until session 17 their reads stayed on the old
-/// master, and saw nothing logged on the new one.
+/// answers (cut off from the Sentinels, say): reads left on the old master would see nothing
+/// logged on the new one.
 #[tokio::test]
 async fn event_log_readers_follow_the_master_the_sentinel_names() {
     let nodes = Replicated::start().await;

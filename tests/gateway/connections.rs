@@ -345,7 +345,7 @@ async fn a_401_carries_a_bearer_challenge_and_two_authorization_headers_are_refu
 }
 
 #[tokio::test]
-async fn connect_gets_the_spec_error_and_a_closed_connection() {
+async fn connect_gets_the_documented_error_and_a_closed_connection() {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder().live(live.addr).start().await;
     let (_, key) = gw.create_key("live", &["chat.completions:create"]).await;

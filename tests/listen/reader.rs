@@ -90,7 +90,7 @@ async fn a_gateways_streams_share_one_reader_of_the_log_and_all_end_when_it_fail
         mine.push(Sse::open(&gw, &key).await);
     }
     let mut other = Sse::open(&gw, &other_key).await;
-    // One blocking read of the log for the four (each used to hold one of its own).
+    // One blocking read of the log for the four, not one held per stream.
     // (Polled: the reader's first read may still be on its way.)
     let one = eventually(Duration::from_secs(2), || async {
         clients_running(&redis, "xread").await == 1
@@ -119,7 +119,7 @@ async fn a_gateways_streams_share_one_reader_of_the_log_and_all_end_when_it_fail
     }
     assert_eq!(other.next(Duration::from_millis(500)).await, None);
 
-    // The store goes away: every stream ends with the SPEC error body.
+    // The store goes away: every stream ends with the documented error body.
     redis.stop().await;
     for stream in mine.iter_mut().chain([&mut other]) {
         let event = stream
@@ -198,7 +198,7 @@ async fn streams_that_open_together_open_the_log_once() {
 
 /// The streams an event wakes each bring the key cache up to date before they send it (a
 /// key may have been revoked in the step that logged it): together, in one read of the
-/// store's change log, not one each (until session 17, eight streams made eight).
+/// store's change log, not one each (eight streams must not make eight reads).
 #[tokio::test]
 async fn streams_woken_together_catch_up_with_key_changes_in_one_read() {
     let (redis, gw, ws, key) = on_own_redis("listen-catch-up").await;
@@ -225,7 +225,7 @@ async fn streams_woken_together_catch_up_with_key_changes_in_one_read() {
 }
 
 /// A backend's entry with a field whose name is not UTF-8 (a field the event does not read)
-/// reaches the streams; until session 17 it failed the log's read, and every stream ended.
+/// reaches the streams: it must not fail the log's read, which would end every stream.
 #[tokio::test]
 async fn an_entry_with_a_field_name_that_is_not_utf8_does_not_stop_the_streams() {
     let (redis, gw, ws, key) = on_own_redis("listen-names").await;

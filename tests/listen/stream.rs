@@ -126,7 +126,7 @@ async fn large_events_that_pile_up_arrive_whole_and_in_order() {
 }
 
 #[tokio::test]
-async fn refusals_answer_with_the_spec_error_body() {
+async fn refusals_answer_with_the_documented_error_body() {
     let gw = Gateway::builder().start().await;
     let (_, reader) = gw.create_key("live", READ).await;
     let (_, other) = gw

@@ -110,8 +110,8 @@ async fn a_graceful_upgrade_during_an_outage_hands_over_what_the_old_process_spo
 /// The shared Redis connection is reopened by whichever task finds it broken; after a Redis
 /// restart that can be a request, on a gateway thread's runtime, which stops before the last
 /// flush. The last flush still reaches Redis. (A race: the watchdog or the key cache's sync,
-/// on the store runtime, may reopen the connection first; without the fix this failed in 2
-/// runs of 3.)
+/// on the store runtime, may reopen the connection first; a last flush tied to the request's
+/// runtime would be lost in about 2 runs of 3.)
 #[tokio::test]
 async fn spend_is_written_at_shutdown_after_a_request_reopened_the_connection() {
     let mut redis = RedisServer::start().await;

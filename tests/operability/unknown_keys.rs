@@ -186,8 +186,8 @@ async fn spend_the_unknown_key_total(gw: &Gateway) {
 /// Only keys the store does not hold are held back: a real key new to a replica is read
 /// through a flood of made-up ones, whether it was written before the replica started (found by
 /// the replica's listing of the store) or since, on another replica (named by the change log),
-/// and so is a scoped token minted on another replica (heard of on the tokens channel). Until
-/// session 27 all three were refused with the made-up keys until the minute's end.
+/// and so is a scoped token minted on another replica (heard of on the tokens channel). None
+/// of the three may be refused with the made-up keys until the minute's end.
 #[tokio::test]
 async fn a_real_key_new_to_the_replica_is_read_through_a_flood_of_made_up_keys() {
     let ns = TestNamespace::new();

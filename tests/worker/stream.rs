@@ -35,8 +35,8 @@ async fn events_written_straight_to_the_stream_are_delivered_and_bad_entries_ski
 }
 
 /// A backend's entry with a value the event reads that is not UTF-8 is skipped; a field whose
-/// name is not UTF-8 is a field the event does not read, and ignored (until session 17 it
-/// failed the whole read, and the worker delivered nothing more).
+/// name is not UTF-8 is a field the event does not read, and ignored (failing the whole read
+/// on it would leave the worker delivering nothing more).
 #[tokio::test]
 async fn an_entry_whose_data_is_not_utf8_is_skipped_and_a_name_that_is_not_ignored() {
     let s = setup(&[60], 10, false).await;

@@ -70,10 +70,10 @@ fn reset_peak_memory(pid: u32) {
 /// of their deliveries reads their records, a few at a time: none holds all the payloads at
 /// once. Here 600 events of 100 KB (60 MB) are logged at once, replayed and their deliveries
 /// listed; the gateway's peak memory grows by far less than the payloads: about 18 MB for the
-/// intake, 19 MB for the replay, 2 MB for the listing. (The intake reading 512 entries at
-/// once, as until session 23, grew it by 118 MB, and 32 at once by 38 MB; the replay read and
-/// queued all at once, as until session 22, by 321 MB, and with 400 events of 200 KB took the
-/// store so long that it failed as unreachable, a 503; the listing, read whole, by 61 MB.)
+/// intake, 19 MB for the replay, 2 MB for the listing. (An intake reading 512 entries at
+/// once grows it by 118 MB, and 32 at once by 38 MB; a replay that reads and queues all at
+/// once, by 321 MB, and with 400 events of 200 KB takes the store so long that it fails as
+/// unreachable, a 503; a listing read whole, by 61 MB.)
 #[tokio::test]
 async fn taking_replaying_and_listing_large_events_hold_a_few_payloads_at_a_time() {
     const EVENTS: usize = 600;
@@ -166,8 +166,8 @@ async fn a_replay_the_store_stops_taking_part_way_answers_what_it_queued_and_whe
     // (Here the first replay passed 1 to 3 small steps from 150 to 450 KB more, all of them
     // from 500 KB.) Memory is read as the least of readings over 1.5 s: after the large event
     // went in, Redis keeps a query buffer of its size on that connection until its cron,
-    // which visits every client once a second, shrinks it; counted in, it made room for the
-    // large step too (CI, session 30).
+    // which visits every client once a second, shrinks it; counted in, it can make room for
+    // the large step too (as seen on CI).
     let mut used = u64::MAX;
     for _ in 0..15 {
         let info: String = redis::cmd("INFO")
