@@ -75,7 +75,7 @@ async fn an_endpoint_is_created_listed_changed_and_deleted() {
 
     // Resuming an active endpoint changes nothing and is no error. (Only the worker pauses an
     // endpoint, when its retries run out: pause and resume are tested with a real one in
-    // tests/worker.rs.)
+    // tests/worker/delivery.rs.)
     let resumed = call(
         &gw,
         &key,
