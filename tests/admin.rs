@@ -265,7 +265,7 @@ async fn revoke_marks_the_key_revoked() {
 }
 
 #[tokio::test]
-async fn bad_admin_input_gets_spec_errors() {
+async fn bad_admin_input_gets_documented_error_bodies() {
     let gw = Gateway::builder().start().await;
     let bad_keys = [
         json!({"workspace": DEMO_WS, "environment": "scoped", "scopes": ["a:b"]}),
@@ -563,10 +563,10 @@ async fn key_lists_come_a_page_at_a_time() {
     }
 }
 
-/// A body past the admin API's limit gets the SPEC's error body on every route, rotation's
+/// A body past the admin API's limit gets the documented error body on every route, rotation's
 /// (which reads the body itself: it may be empty) included.
 #[tokio::test]
-async fn an_oversized_rotation_body_gets_the_spec_error_body() {
+async fn an_oversized_rotation_body_gets_the_documented_error_body() {
     let gw = Gateway::builder().start().await;
     let (id, _) = gw.create_key("live", &["models:read"]).await;
     let resp = gw

@@ -139,7 +139,7 @@ fn printed(out: &std::process::Output) -> Value {
 #[tokio::test]
 async fn webhooks_cli_lists_deliveries_resumes_and_replays() {
     let gw = Gateway::builder()
-        .toml("[webhooks]\nallow_insecure_targets = true\n")
+        .config(|c| c.webhooks.allow_insecure_targets = true)
         .start()
         .await;
     let (_, key) = gw

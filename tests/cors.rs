@@ -24,7 +24,7 @@ async fn app_gateway() -> (Gateway, RecordingUpstream) {
     let live = RecordingUpstream::start("live").await;
     let gw = Gateway::builder()
         .live(live.addr)
-        .toml(&format!("[cors]\nallowed_origins = [\"{APP}\"]"))
+        .config(|c| c.cors.allowed_origins = vec![APP.to_string()])
         .start()
         .await;
     (gw, live)

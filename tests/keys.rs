@@ -146,7 +146,10 @@ async fn cached_keys_are_trusted_only_for_the_configured_staleness() {
     let mut redis = RedisServer::start().await;
     let gw = Gateway::builder()
         .redis(&redis.url(), "stale")
-        .store_settings("cache_staleness_seconds = 1\nsync_interval_ms = 100")
+        .config(|c| {
+            c.store.cache_staleness_seconds = 1;
+            c.store.sync_interval_ms = 100;
+        })
         .start()
         .await;
     let ws = gw.create_workspace().await;
@@ -338,7 +341,7 @@ async fn a_rotated_key_works_until_its_grace_period_ends() {
 #[tokio::test]
 async fn a_rotation_without_a_grace_period_gets_the_configured_one() {
     let gw = Gateway::builder()
-        .toml("[keys]\nrotation_grace_seconds = 120")
+        .config(|c| c.keys.rotation_grace_seconds = 120)
         .start()
         .await;
     let (id, _) = gw.create_key("live", &["models:read"]).await;

@@ -52,6 +52,11 @@ fn toml_path(key: &str, path: &Path) -> String {
     format!("{key} = \"{}\"", path.display())
 }
 
+/// A PEM file as a `[store]` setting takes it.
+fn pem(path: &Path) -> Option<String> {
+    Some(path.display().to_string())
+}
+
 async fn readiness(gw: &Gateway) -> u16 {
     gw.request(Method::GET, "/readyz")
         .send()
@@ -68,9 +73,11 @@ async fn the_gateway_verifies_redis_over_tls_and_presents_its_client_certificate
     let ns = TestNamespace::new();
     let gw = Gateway::builder()
         .redis(&redis.url(), &ns.name)
-        .store_settings(&toml_path("tls_ca_file", &certs.path("ca.pem")))
-        .store_settings(&toml_path("tls_cert_file", &certs.path("client.pem")))
-        .store_settings(&toml_path("tls_key_file", &certs.path("client.key")))
+        .config(|c| {
+            c.store.tls_ca_file = pem(&certs.path("ca.pem"));
+            c.store.tls_cert_file = pem(&certs.path("client.pem"));
+            c.store.tls_key_file = pem(&certs.path("client.key"));
+        })
         .start()
         .await;
     assert_eq!(readiness(&gw).await, 200, "{}", gw.logs());
@@ -112,7 +119,7 @@ async fn a_redis_certificate_from_an_unknown_ca_or_a_missing_client_certificate_
     assert_eq!(readiness(&untrusting).await, 503);
     let trusting = Gateway::builder()
         .redis(&redis.url(), &ns.name)
-        .store_settings(&toml_path("tls_ca_file", &certs.path("ca.pem")))
+        .config(|c| c.store.tls_ca_file = pem(&certs.path("ca.pem")))
         .start()
         .await;
     assert_eq!(readiness(&trusting).await, 200, "{}", trusting.logs());
@@ -121,7 +128,7 @@ async fn a_redis_certificate_from_an_unknown_ca_or_a_missing_client_certificate_
     let strict = TlsRedis::start(&certs, "yes").await;
     let anonymous = Gateway::builder()
         .redis(&strict.url(), &ns.name)
-        .store_settings(&toml_path("tls_ca_file", &certs.path("ca.pem")))
+        .config(|c| c.store.tls_ca_file = pem(&certs.path("ca.pem")))
         .start()
         .await;
     assert_eq!(readiness(&anonymous).await, 503);

@@ -75,7 +75,7 @@ async fn an_endpoint_is_created_listed_changed_and_deleted() {
 
     // Resuming an active endpoint changes nothing and is no error. (Only the worker pauses an
     // endpoint, when its retries run out: pause and resume are tested with a real one in
-    // tests/worker.rs.)
+    // tests/worker/delivery.rs.)
     let resumed = call(
         &gw,
         &key,
@@ -212,7 +212,7 @@ async fn scopes_urls_and_event_names_are_enforced() {
 #[tokio::test]
 async fn insecure_targets_can_be_allowed_for_development() {
     let gw = Gateway::builder()
-        .toml("[webhooks]\nallow_insecure_targets = true\n")
+        .config(|c| c.webhooks.allow_insecure_targets = true)
         .start()
         .await;
     let (_, key) = gw.create_key("test", WRITE).await;
@@ -240,7 +240,7 @@ async fn a_url_whose_name_does_not_resolve_in_time_is_refused_and_holds_up_nobod
     // One thread serves every request: a lookup on it would hold up all of them.
     let gw = Gateway::builder()
         .name_server(silent.local_addr().unwrap().ip())
-        .server("threads = 1")
+        .config(|c| c.server.threads = 1)
         .start()
         .await;
     let (_, key) = gw.create_key("live", WRITE).await;
@@ -351,7 +351,10 @@ async fn a_workspace_has_at_most_a_hundred_endpoints_per_environment() {
     let ns = TestNamespace::new();
     let gw = Gateway::builder()
         .redis(&redis_url(), &ns.name)
-        .toml("[webhooks]\nallow_insecure_targets = true\n[limits]\nlive_burst = 300\n")
+        .config(|c| {
+            c.webhooks.allow_insecure_targets = true;
+            c.limits.live_burst = 300;
+        })
         .start()
         .await;
     let ws = gw.create_workspace().await;
