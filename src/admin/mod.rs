@@ -284,10 +284,10 @@ async fn readyz(State(state): State<AdminState>) -> Result<Json<serde_json::Valu
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
     // Parsed as the gateway parses API keys: one header, `Bearer` in any case.
-    let presented = crate::proxy::auth::authorization(req.headers())
+    let presented = crate::shared::bearer::authorization(req.headers())
         .ok()
         .flatten()
-        .and_then(|v| crate::proxy::auth::bearer_credential(Some(v)).ok());
+        .and_then(|v| crate::shared::bearer::bearer_credential(Some(v)).ok());
     match presented {
         Some(token) if state.token_matches(token) => next.run(req).await,
         _ => ApiError::Authentication("a valid admin token is required".into()).into_response(),

@@ -10,7 +10,7 @@ use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use crate::metering::Credits;
+use crate::shared::Credits;
 pub use format::{KeyFormatError, KeyHash, NewKey};
 pub use scopes::{Scope, Scopes};
 

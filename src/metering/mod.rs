@@ -6,14 +6,13 @@
 //! - [`meter`]: the three together, and the background flush that talks to the store.
 
 pub mod audit;
-mod credits;
 pub mod meter;
-pub mod month;
 pub mod ratelimit;
 mod spool;
 pub mod usage;
 
-pub use credits::Credits;
+pub use crate::shared::month;
+pub use crate::shared::Credits;
 pub use meter::Meter;
 
 /// Keys and projects one flush carries at most, in spend and in rate counts each; the rest

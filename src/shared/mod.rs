@@ -1,0 +1,16 @@
+//! Small types and checks every area uses; this module imports nothing else from the crate,
+//! so any module may depend on it without forming a loop.
+//!
+//! - [`credits`]: credit amounts, exact to the micro-credit;
+//! - [`ids`]: identifiers (`req_…`, `key_…`) and the wall clock;
+//! - [`month`]: the calendar months spend is charged to;
+//! - [`bearer`]: the `Authorization: Bearer` header;
+//! - [`net`]: the internal-address check.
+
+pub mod bearer;
+pub mod credits;
+pub mod ids;
+pub mod month;
+pub mod net;
+
+pub use credits::Credits;
