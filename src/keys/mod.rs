@@ -3,6 +3,7 @@
 //! Pure data and pure functions; the stores persist these types and the request path reads
 //! them.
 
+pub mod config;
 pub mod format;
 pub mod scopes;
 

@@ -6,6 +6,7 @@
 //! - [`meter`]: the three together, and the background flush that talks to the store.
 
 pub mod audit;
+pub mod config;
 pub mod meter;
 pub mod ratelimit;
 mod spool;

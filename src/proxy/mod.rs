@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod body;
 pub mod client_ip;
+pub mod config;
 pub mod cors;
 pub mod event_hub;
 pub mod framing;

@@ -2,7 +2,7 @@
 
 use http::Method;
 
-use crate::config::RouteConfig;
+use super::config::RouteConfig;
 use crate::metering::Credits;
 
 use super::webhooks::WebhookOp;
@@ -238,7 +238,7 @@ fn is_plain_segment(value: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::default_routes;
+    use crate::proxy::config::default_routes;
 
     #[test]
     fn default_table_serves_the_spec_routes() {

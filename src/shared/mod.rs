@@ -5,12 +5,16 @@
 //! - [`ids`]: identifiers (`req_…`, `key_…`) and the wall clock;
 //! - [`month`]: the calendar months spend is charged to;
 //! - [`bearer`]: the `Authorization: Bearer` header;
-//! - [`net`]: the internal-address check.
+//! - [`net`]: the internal-address check;
+//! - [`problem`]: what a configuration check reports;
+//! - [`project`]: the names of projects that spend is attributed to.
 
 pub mod bearer;
 pub mod credits;
 pub mod ids;
 pub mod month;
 pub mod net;
+pub mod problem;
+pub mod project;
 
 pub use credits::Credits;

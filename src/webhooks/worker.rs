@@ -79,7 +79,7 @@ pub struct WorkerSettings {
 
 impl WorkerSettings {
     /// From the configuration.
-    pub fn from_config(config: &crate::config::WebhooksConfig) -> Self {
+    pub fn from_config(config: &super::config::WebhooksConfig) -> Self {
         Self {
             retry_schedule: config
                 .retry_schedule_seconds
