@@ -22,14 +22,14 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::auth::{Authenticated, Authenticator};
 use super::event_hub::{EventHub, Selection, Subscription};
-use super::policy::check_scope;
-use super::respond::REQUEST_ID;
-use super::routes::Route;
 use crate::error::ApiError;
 use crate::events::Event;
 use crate::ids::unix_now;
+use crate::proxy::auth::{Authenticated, Authenticator};
+use crate::proxy::policy::check_scope;
+use crate::proxy::respond::REQUEST_ID;
+use crate::proxy::routes::Route;
 use crate::store::{Store, StoreError};
 use crate::webhooks::endpoint::{check_filter, new_secret};
 use crate::webhooks::{delivery, sign};
@@ -370,7 +370,7 @@ async fn still_allowed(
     auth: &Authenticator,
     route: &Route,
 ) -> Result<(), ApiError> {
-    let header = super::auth::authorization(&session.req_header().headers)?;
+    let header = crate::proxy::auth::authorization(&session.req_header().headers)?;
     // The key was authenticated when the stream opened: it is cached, or counted already.
     let caller = auth.authenticate(header, unix_now(), || None).await?;
     check_scope(&caller, route)
