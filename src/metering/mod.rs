@@ -1,14 +1,23 @@
 //! Metering: what requests cost, who pays, how fast they may come, and the record of each.
 //!
-//! - [`usage`]: credit spend per key, project and workspace, and monthly budgets;
+//! - [`usage`]: credit spend per key, project and workspace, and monthly budgets; its parts are
+//!   the budget arithmetic ([`budget`]), the ledger of unflushed spend, the flush to the store
+//!   ([`flush`]) and the spend kept over a shutdown ([`checkpoint`]);
 //! - [`ratelimit`]: per-key limits shared across replicas;
 //! - [`audit`]: one record per authenticated request, off the request path;
-//! - [`meter`]: the three together, and the background flush that talks to the store.
+//! - [`meter`]: the three together, and the background flush that talks to the store; the
+//!   spend it keeps on disk while the store is away is in `spend_spool.rs`;
+//! - [`config`]: the `[metering]` and `[limits]` sections.
 
 pub mod audit;
+pub mod budget;
+pub mod checkpoint;
 pub mod config;
+pub mod flush;
+mod ledger;
 pub mod meter;
 pub mod ratelimit;
+mod spend_spool;
 mod spool;
 pub mod usage;
 
