@@ -1,7 +1,7 @@
 //! The admin API on the admin port: the back end of the operators' dashboard.
 //!
 //! JSON in, JSON out, `Authorization: Bearer <admin token>` on everything under `/admin/v1`,
-//! errors as [`ApiError`] with the SPEC's body. `/healthz` and `/readyz` need no token.
+//! errors as [`ApiError`] with the gateway's error body. `/healthz` and `/readyz` need no token.
 
 mod events;
 mod extract;

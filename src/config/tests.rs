@@ -302,8 +302,8 @@ scope = "Chat"
 
 #[test]
 fn the_promised_defaults_hold() {
-    // The seed's retry schedule (1 m, 5 m, 30 m, 2 h, 12 h) and delivery timeout, and the
-    // SPEC's ports, without a file.
+    // The promised retry schedule (1 m, 5 m, 30 m, 2 h, 12 h) and delivery timeout, and the
+    // documented ports, without a file.
     let config = Config::load(None, env(&[])).unwrap();
     assert_eq!(
         config.webhooks.retry_schedule_seconds,

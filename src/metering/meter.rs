@@ -67,11 +67,9 @@ const CLOSING_FLUSHES: usize = 3;
 /// ([`super::MAX_FLUSH_ENTRIES`]) goes.
 const DEFERRED_FLUSH_DELAY: Duration = Duration::from_millis(20);
 
-/// Keys without new requests whose global counts one flush refreshes, at most. Refreshing
-/// every active key on every flush made each flush (and its Redis script) grow with the
-/// number of keys in use; this way a flush stays bounded, and an idle key's view is at most
-/// `active keys / IDLE_REFRESH_PER_FLUSH` flushes old when its next request arrives (its
-/// own counts go out with the flush right after).
+/// Keys without new requests whose global counts one flush refreshes, at most: a flush stays
+/// bounded whatever the number of keys in use, and an idle key's view is at most
+/// `active keys / IDLE_REFRESH_PER_FLUSH` flushes old when its next request arrives.
 const IDLE_REFRESH_PER_FLUSH: usize = 1_000;
 
 /// Adds to a flush's rate batch up to [`IDLE_REFRESH_PER_FLUSH`] of the keys with a rate
@@ -273,8 +271,8 @@ impl Meter {
     /// is a burst of several milliseconds of CPU, long enough to delay requests on a machine
     /// whose cores are all busy. Batches of [`AUDIT_BATCH`] are a few tenths of a millisecond; a
     /// quiet gateway still writes one batch per interval. The task wakes for those, and
-    /// otherwise only for the interval: until session 26 it looked every 20 ms, 50 wakeups a
-    /// second on a core the request workers share, busy or idle.
+    /// otherwise only for the interval: it does not poll, which would take a core the request
+    /// workers share, busy or idle.
     pub async fn run(
         self: Arc<Self>,
         mut writer: AuditWriter,

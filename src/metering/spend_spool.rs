@@ -293,8 +293,8 @@ impl Meter {
     }
 }
 
-/// A spend spool file: this version's, by month with the batch in flight apart (since
-/// session 11), or by month alone (session 9), or by workspace alone, the month it was
+/// A spend spool file in any of its formats: by month with the batch in flight apart (the
+/// current one), by month alone, or by workspace alone, charged to the month the file was
 /// written in.
 fn read_spend_spool(path: &Path, bytes: &[u8]) -> serde_json::Result<SpendSpool> {
     serde_json::from_slice::<SpendSpool>(bytes)

@@ -23,7 +23,7 @@ impl Gateway {
         // handlers the gateway answers itself, whose futures are large, are boxed where they
         // are taken: a forwarded request does not carry their state.
         if session.req_header().method == http::Method::CONNECT {
-            // Pingora hands CONNECT over only so that it gets the SPEC's answer; it is never
+            // Pingora hands CONNECT over only so that it gets the gateway's 405; it is never
             // forwarded, and the connection closes after (its framing is not HTTP's).
             session.set_keepalive(None);
             return Err(ApiError::MethodNotAllowed(

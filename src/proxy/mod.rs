@@ -185,7 +185,7 @@ enum Admission {
 impl ProxyHttp for Gateway {
     /// Boxed: Pingora keeps the context in the request's future, which it moves whole several
     /// times a request; a pointer moves instead of the context's ~300 bytes. 1,300 instructions
-    /// a request fewer, for one allocation (`benches/instructions.sh`, session 32).
+    /// a request fewer, for one allocation (`benches/instructions.sh`).
     type CTX = Box<RequestCtx>;
 
     /// No downstream modules. Pingora adds its response compression by default, disabled; the
@@ -320,7 +320,7 @@ impl ProxyHttp for Gateway {
             framing::for_backend(upstream_request, session.req_header().version, backend)?;
         }
         // Pingora drops the headers a client names in `Connection` before this filter: the
-        // project the gateway charged must still reach the backend (SPEC §5.6).
+        // project the gateway charged must still reach the backend.
         if let Some(project) = &ctx.project {
             if !upstream_request.headers.contains_key(&SERVICE_PROJECT) {
                 let value = HeaderValue::from_str(project).map_err(|_| {

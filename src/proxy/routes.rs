@@ -241,7 +241,7 @@ mod tests {
     use crate::proxy::config::default_routes;
 
     #[test]
-    fn default_table_serves_the_spec_routes() {
+    fn default_table_serves_the_default_routes() {
         let t = RouteTable::new(&default_routes()).unwrap();
         let cases = [
             (Method::GET, "/v1/models", "models:read"),

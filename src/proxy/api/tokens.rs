@@ -17,7 +17,7 @@ use crate::proxy::body::read_bounded;
 use crate::proxy::respond;
 use crate::store::Store;
 
-/// Longest lifetime of a scoped token, in seconds (the seed's 15 minutes).
+/// Longest lifetime of a scoped token, in seconds (15 minutes, as the API promises).
 pub const MAX_EXPIRES_IN: u64 = 900;
 /// The scope that allows minting; never granted to a token.
 pub const MINT_SCOPE: &str = "tokens:create";
