@@ -3,6 +3,7 @@
 //! JSON in, JSON out, `Authorization: Bearer <admin token>` on everything under `/admin/v1`,
 //! errors as [`ApiError`] with the gateway's error body. `/healthz` and `/readyz` need no token.
 
+pub mod config;
 mod events;
 mod extract;
 mod keys;

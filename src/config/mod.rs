@@ -16,6 +16,7 @@ mod server;
 #[cfg(test)]
 mod tests;
 
+pub use crate::admin::config::DEMO_ADMIN_TOKEN;
 pub use crate::keys::config::KeysConfig;
 pub use crate::logging::{LogConfig, LogFormat};
 pub use crate::metering::config::{LimitsConfig, MeteringConfig, ProjectBudgetConfig};
@@ -23,7 +24,7 @@ pub use crate::proxy::config::{default_routes, resolve, CorsConfig, RouteConfig,
 pub use crate::shared::problem::Problem;
 pub use crate::store::config::{StoreConfig, StoreKind};
 pub use crate::webhooks::config::{SmtpConfig, SmtpTls, WebhooksConfig};
-pub use server::{ServerConfig, DEMO_ADMIN_TOKEN};
+pub use server::ServerConfig;
 
 use env::{apply_env, without_quoted_values};
 

@@ -4,11 +4,9 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
 use super::Role;
+use crate::admin::config::{validate_admin_token, DEMO_ADMIN_TOKEN};
 use crate::shared::problem::Problem;
 use crate::store::StoreKind;
-
-/// The admin token of the zero-config demo; refused on a non-loopback admin address.
-pub const DEMO_ADMIN_TOKEN: &str = "change-me";
 
 /// `[server]`
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -83,35 +81,18 @@ impl ServerConfig {
                 problems.push(Problem::new(*key, format!("same port as {other}")));
             }
         }
-        let placeholder = s.admin_token.to_ascii_lowercase().contains("change-me");
         if role == Role::Worker {
             // No admin API: the token is not read.
-        } else if s.admin_token.trim().is_empty() {
-            problems.push(Problem::new("server.admin_token", "must not be empty"));
-        } else if s.admin_token.trim() != s.admin_token {
-            // No `Authorization` header can carry it: every admin call would be refused.
-            problems.push(Problem::new(
-                "server.admin_token",
-                "starts or ends with whitespace (a trailing newline from a Secret made from a \
-                 file?); no request can present it",
+        } else {
+            let admin_listen = listeners
+                .iter()
+                .find(|(k, _)| *k == "server.admin_listen")
+                .map(|(_, addr)| *addr);
+            problems.extend(validate_admin_token(
+                &s.admin_token,
+                admin_listen,
+                store_kind == StoreKind::Redis,
             ));
-        } else if placeholder && store_kind == StoreKind::Redis {
-            // A shared store is production: a token copied from an example (the Secret's
-            // `CHANGE-ME-…`) is known to everyone, the model container next door included.
-            problems.push(Problem::new(
-                "server.admin_token",
-                "is a placeholder ('change-me'); set SVCGATE_SERVER_ADMIN_TOKEN to a random secret",
-            ));
-        } else if s.admin_token == DEMO_ADMIN_TOKEN {
-            if let Some((_, addr)) = listeners.iter().find(|(k, _)| *k == "server.admin_listen") {
-                if !addr.ip().is_loopback() {
-                    problems.push(Problem::new(
-                        "server.admin_token",
-                        "the demo token 'change-me' is only allowed on a loopback admin_listen; \
-                         set SVCGATE_SERVER_ADMIN_TOKEN",
-                    ));
-                }
-            }
         }
         if self.keepalive_timeout_seconds == 0 {
             problems.push(Problem::new(
