@@ -665,7 +665,7 @@ async fn send(request: reqwest::RequestBuilder, base: &str) -> Result<Value, Str
     }
 }
 
-/// An error answer with the SPEC body, as one line: `permission_error (403): …`.
+/// An error answer with the gateway's error body, as one line: `permission_error (403): …`.
 fn api_error(status: Option<u16>, body: &Value) -> String {
     let code = body["error"]["code"].as_str().unwrap_or("error");
     let message = body["error"]["message"].as_str().unwrap_or("no message");

@@ -1,6 +1,6 @@
 //! The one error type for everything the gateway and the admin API answer themselves.
 //!
-//! Each variant maps to the SPEC's status and code here, in one place; every such answer has
+//! Each variant maps to its documented status and code here, in one place; every such answer has
 //! the body `{"error": {"code", "message", "request_id"}}`.
 
 use std::borrow::Cow;
@@ -158,7 +158,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_variant_maps_to_the_spec_table() {
+    fn every_variant_maps_to_its_documented_status_and_code() {
         let cases = [
             (
                 ApiError::Authentication("x".into()),
@@ -195,7 +195,7 @@ mod tests {
     }
 
     #[test]
-    fn body_has_the_spec_shape_and_escapes_messages() {
+    fn body_has_the_documented_shape_and_escapes_messages() {
         let err = ApiError::invalid("bad \"project\"");
         let v: serde_json::Value = serde_json::from_slice(&err.body("req_1")).unwrap();
         assert_eq!(v["error"]["code"], "invalid_request_error");

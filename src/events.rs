@@ -59,7 +59,7 @@ pub fn sample_data(event_type: &str, workspace: &str) -> Option<serde_json::Valu
         }),
         "billing.credits.low" => json!({
             "workspace": workspace, "remaining": 120.5, "threshold": 500.0,
-            "month": crate::metering::month::month_of(crate::ids::unix_now())
+            "month": crate::shared::month::month_of(crate::ids::unix_now())
         }),
         "key.auto_revoked" => json!({
             "key_id": id("key"), "prefix": "svc_live_", "last4": "AbC1",

@@ -6,6 +6,7 @@
 //! - [`store`]: shared state behind one trait (memory; Redis);
 //! - [`metering`]: credits (budgets, spend and audit build on it);
 //! - [`admin`]: the operators' API; [`cli`]: the command line;
+//! - [`shared`]: the leaf every area may use (credits, ids, bearer parsing, address checks);
 //! - [`config`], [`metrics`], [`logging`], [`server`], [`shutdown`]: the process around them.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -15,13 +16,15 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod events;
-pub mod ids;
 pub mod keys;
 pub mod logging;
 pub mod metering;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+pub mod shared;
 pub mod shutdown;
 pub mod store;
 pub mod webhooks;
+
+pub use shared::ids;

@@ -5,14 +5,55 @@
 //! raw request bytes (a malformed request's buffer, every request's headers), credentials
 //! included.
 
+use serde::{Deserialize, Serialize};
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::filter::{EnvFilter, FilterFn};
 use tracing_subscriber::prelude::*;
 
-use crate::config::{LogConfig, LogFormat};
+use crate::shared::problem::Problem;
 
 /// The most detail Pingora's records may carry.
 const PINGORA_MAX_LEVEL: LevelFilter = LevelFilter::INFO;
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// A `tracing` filter such as `info` or `svcgate=debug`; `RUST_LOG` wins when set.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+impl LogConfig {
+    /// Checks the section; every problem, in order.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.level) {
+            problems.push(Problem::new("log.level", format!("not a log filter: {e}")));
+        }
+        problems
+    }
+}
 
 /// Installs the global subscriber. Safe to call more than once (later calls do nothing).
 pub fn init(config: &LogConfig) {

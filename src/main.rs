@@ -18,11 +18,9 @@ fn main() -> ExitCode {
 /// touched more than a few pages (on Linux; elsewhere, and where it fails, nothing changes).
 ///
 /// mimalloc's regions are aligned to 2 MiB, and where the kernel backs them with huge pages a
-/// few live objects keep 2 MiB resident. With 100,000 keys cached (the gateway on one core,
-/// session 25) resident memory read 110–118 MB with huge pages (47–51 MB of them) and 87–93 MB
-/// without; the live heap was 41 MB. The gateway's working set is small: what huge pages save
-/// in TLB misses it does not need. This is `MIMALLOC_ALLOW_THP=0`, which mimalloc reads only
-/// from the environment.
+/// few live objects keep 2 MiB resident: with 100,000 keys cached, a fifth more resident
+/// memory for a working set too small to gain from fewer TLB misses. This is
+/// `MIMALLOC_ALLOW_THP=0`, which mimalloc reads only from the environment.
 fn no_huge_pages() {
     #[cfg(target_os = "linux")]
     let _ = rustix::thread::disable_transparent_huge_pages(true);

@@ -48,18 +48,14 @@ pub struct ServeOptions {
     pub no_worker: bool,
 }
 
-/// How much lower the store runtime's threads run than the request workers: added to the nice
-/// value they start with (19 at most). Their work (audit records, spend and rate counts, the key
-/// cache's follower, webhook deliveries) comes in batches that can wait a little. At the same
-/// priority, a batch took the core from the requests for up to 0.4 ms every 20 ms, and the
-/// requests queued behind it: at half load on one core, a p99 of 2.3–3.6 ms against 0.61–0.70
-/// ms with this (session 24). With weight 110 against a worker's 1,024 the store still gets a
-/// tenth of a fully busy core, over twice what it needs at saturation.
+/// How much lower the store runtime's threads run than the request workers (added to their
+/// nice value): their batched work can wait, and at equal priority it delayed queued requests.
+/// Weight 110 against 1,024 still leaves them a tenth of a busy core, twice their need.
 const STORE_NICENESS: i32 = 10;
 
 /// Lowers the calling thread's priority by [`STORE_NICENESS`] (on Linux the nice value is a
 /// thread's own, so the request workers keep theirs). Where that fails, the thread runs at the
-/// workers' priority, as before session 24.
+/// workers' priority.
 fn run_behind_requests() {
     #[cfg(target_os = "linux")]
     {
@@ -175,7 +171,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         "svcgate gateway",
     );
     // CONNECT reaches the gateway (Pingora otherwise answers it with a bare 405 of its own),
-    // which refuses it with the SPEC's error body.
+    // which refuses it with the gateway's error body.
     if let Some(app) = proxy.app_logic_mut() {
         let mut options = pingora::apps::HttpServerOptions::default();
         options.allow_connect_method_proxying = true;

@@ -1,4 +1,4 @@
-//! Extractors that turn malformed input into a 400 with the SPEC's error body.
+//! Extractors that turn malformed input into a 400 with the gateway's error body.
 
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use http::request::Parts;

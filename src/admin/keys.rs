@@ -307,7 +307,7 @@ pub(super) async fn rotate(
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<KeyView>), ApiError> {
     refuse_token(&id)?;
-    // Too large, or cut off: the SPEC's error body, not axum's plain text.
+    // Too large, or cut off: the gateway's error body, not axum's plain text.
     let body =
         body.map_err(|e| ApiError::invalid(format!("cannot read the body: {}", e.body_text())))?;
     let params: RotateKey = if body.iter().all(u8::is_ascii_whitespace) {

@@ -1,8 +1,9 @@
 //! The admin API on the admin port: the back end of the operators' dashboard.
 //!
 //! JSON in, JSON out, `Authorization: Bearer <admin token>` on everything under `/admin/v1`,
-//! errors as [`ApiError`] with the SPEC's body. `/healthz` and `/readyz` need no token.
+//! errors as [`ApiError`] with the gateway's error body. `/healthz` and `/readyz` need no token.
 
+pub mod config;
 mod events;
 mod extract;
 mod keys;
@@ -284,10 +285,10 @@ async fn readyz(State(state): State<AdminState>) -> Result<Json<serde_json::Valu
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
     // Parsed as the gateway parses API keys: one header, `Bearer` in any case.
-    let presented = crate::proxy::auth::authorization(req.headers())
+    let presented = crate::shared::bearer::authorization(req.headers())
         .ok()
         .flatten()
-        .and_then(|v| crate::proxy::auth::bearer_credential(Some(v)).ok());
+        .and_then(|v| crate::shared::bearer::bearer_credential(Some(v)).ok());
     match presented {
         Some(token) if state.token_matches(token) => next.run(req).await,
         _ => ApiError::Authentication("a valid admin token is required".into()).into_response(),

@@ -140,7 +140,7 @@ fn valid_name(name: &str) -> Result<String, ApiError> {
     Ok(name.to_string())
 }
 
-/// Where a paused webhook endpoint is reported (SPEC §7): someone must be told.
+/// Where a paused webhook endpoint is reported: someone must be told.
 fn valid_emails(emails: Vec<String>) -> Result<Vec<String>, ApiError> {
     if emails.is_empty() {
         return Err(ApiError::invalid("admin_emails needs at least one address"));

@@ -3,6 +3,7 @@
 //! Pure data and pure functions; the stores persist these types and the request path reads
 //! them.
 
+pub mod config;
 pub mod format;
 pub mod scopes;
 
@@ -10,7 +11,7 @@ use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use crate::metering::Credits;
+use crate::shared::Credits;
 pub use format::{KeyFormatError, KeyHash, NewKey};
 pub use scopes::{Scope, Scopes};
 

@@ -339,23 +339,9 @@ pub struct AuditLog {
     queues: Arc<Queues>,
 }
 
-/// Audit records a thread's queue holds when the writer is told a batch is ready: it writes
-/// them then, without waiting for its interval.
-///
-/// Each batch is a short burst of work next to the request path: rendering and compressing it
-/// on the store thread, and its append in Redis. At 256 in sessions 26 to 28, each batch a
-/// ~70 KB script call, the burst stalled a busy gateway's requests for about half a millisecond
-/// once a batch (a latency trace at 10,000 requests/s showed slow requests recurring every
-/// 25.6 ms), so session 29 went to 64. Since session 30 a batch is compressed and appended with
-/// a bare `XADD`, and what each batch costs besides its records dominates instead: waking the
-/// store thread, the write to Redis and waiting for its answer, Redis's own command (about
-/// 100 µs a batch on a 2-core machine, profiled in session 31). Side by side on one core
-/// (session 31, 8 alternating rounds each), svcgate reached 76.0% of bare Pingora's throughput
-/// at 64, 79.0% at 256, 80.9% at 1,024 and 82.9% writing no audit at all. At half of
-/// svcgate's maximum, the p99 of rounds the machine left alone read as bare Pingora's at 256;
-/// rounds of several milliseconds came to builds of 64, 128 and 256 and to bare Pingora alike.
-/// 1,024 was not taken: its one `benches/load.sh` run read 4.6 and 5.1 ms at half load, which
-/// one run cannot tell from the machine's spells, and most of the gain is had at 256.
+/// Audit records a thread's queue holds when the writer is told a batch is ready (it writes
+/// them then). A batch's fixed cost (a wakeup, a round trip) favours large batches; 256 keeps
+/// most of that gain while a batch stays a short burst next to the request path.
 pub const AUDIT_BATCH: usize = 256;
 
 /// Records queued by the request path, per thread.

@@ -1,28 +1,31 @@
 //! Metering: what requests cost, who pays, how fast they may come, and the record of each.
 //!
-//! - [`usage`]: credit spend per key, project and workspace, and monthly budgets;
+//! - [`usage`]: credit spend per key, project and workspace, and monthly budgets; its parts are
+//!   the budget arithmetic ([`budget`]), the ledger of unflushed spend, the flush to the store
+//!   ([`flush`]) and the spend kept over a shutdown ([`checkpoint`]);
 //! - [`ratelimit`]: per-key limits shared across replicas;
 //! - [`audit`]: one record per authenticated request, off the request path;
-//! - [`meter`]: the three together, and the background flush that talks to the store.
+//! - [`meter`]: the three together, and the background flush that talks to the store; the
+//!   spend it keeps on disk while the store is away is in `spend_spool.rs`;
+//! - [`config`]: the `[metering]` and `[limits]` sections.
 
 pub mod audit;
-mod credits;
+pub mod budget;
+pub mod checkpoint;
+pub mod config;
+pub mod flush;
+mod ledger;
 pub mod meter;
-pub mod month;
 pub mod ratelimit;
+mod spend_spool;
 mod spool;
 pub mod usage;
 
-pub use credits::Credits;
+pub use crate::shared::month;
+pub use crate::shared::Credits;
 pub use meter::Meter;
 
 /// Keys and projects one flush carries at most, in spend and in rate counts each; the rest
-/// waits for the next flush.
-///
-/// A flush is one Redis script, and Redis runs nothing else while it runs. Unbounded, a flush
-/// after 100,000 keys had spent (a spell of distinct keys, or spend kept through an outage)
-/// carried 9.5 MB and ran for 0.85 s, past the client's 500 ms timeout: it was sent again,
-/// under the same id, and ran again, every time, and Redis answered nothing else. Bounded, a
-/// flush ran for 10–25 ms there; the flush task sends the next 20 ms later while anything is
-/// left.
+/// waits for the next flush. A flush is one Redis script, which blocks Redis: unbounded, one
+/// after 100,000 keys ran past the client's timeout and was retried forever.
 pub const MAX_FLUSH_ENTRIES: usize = 2_000;

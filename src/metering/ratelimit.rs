@@ -288,9 +288,9 @@ impl RateLimiter {
     /// refresh: round robin, from the `from`-th key (modulo their number) on, wrapping around
     /// once. Also returns how many keys it went past, where the next call goes on from.
     ///
-    /// Nothing is collected beyond what is taken: a flush runs five times a second, and it
-    /// used to copy every key's id into a list, twice (1.6 MB each with 100,000 keys), to
-    /// take 1,000 of them.
+    /// Nothing is collected beyond what is taken: a flush runs five times a second, and copying
+    /// every key's id into a list (1.6 MB with 100,000 keys) to take 1,000 of them would cost
+    /// more than the flush.
     pub fn keys_round_robin(
         &self,
         from: usize,

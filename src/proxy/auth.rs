@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::keys::format::{self, MAX_KEY_LEN};
 use crate::keys::{CachedKey, KeyFormatError, KeyHash, Rejection};
 use crate::metering::usage::KeyBudget;
+use crate::shared::bearer::{self, BearerError};
 use crate::store::{KeyCache, StoreError};
 
 use super::unknown_keys::{LimitReached, Refusal, UnknownKeyLimit};
@@ -96,30 +97,24 @@ impl From<AuthFailure> for ApiError {
     }
 }
 
-/// The request's one `Authorization` header, if it has one. Two are refused whatever they hold:
-/// a proxy in front that reads the last one would authorize a different key than this gateway.
-pub fn authorization(headers: &http::HeaderMap) -> Result<Option<&HeaderValue>, AuthFailure> {
-    let mut all = headers.get_all(http::header::AUTHORIZATION).iter();
-    match (all.next(), all.next()) {
-        (first, None) => Ok(first),
-        _ => Err(AuthFailure::Ambiguous),
+impl From<BearerError> for AuthFailure {
+    fn from(e: BearerError) -> Self {
+        match e {
+            BearerError::Missing => Self::Missing,
+            BearerError::Ambiguous => Self::Ambiguous,
+            BearerError::Scheme => Self::Scheme,
+        }
     }
 }
 
-/// The credential of a `Bearer` header: `Bearer`, in any case (an auth scheme is
-/// case-insensitive, RFC 9110 §11.1), one or more spaces (RFC 6750 §2.1), the credential.
+/// The request's one `Authorization` header, if it has one ([`bearer::authorization`]).
+pub fn authorization(headers: &http::HeaderMap) -> Result<Option<&HeaderValue>, AuthFailure> {
+    Ok(bearer::authorization(headers)?)
+}
+
+/// The credential of a `Bearer` header ([`bearer::bearer_credential`]).
 pub fn bearer_credential(header: Option<&HeaderValue>) -> Result<&[u8], AuthFailure> {
-    let value = header.ok_or(AuthFailure::Missing)?.as_bytes();
-    match value.split_at_checked(7) {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case(b"bearer ") => {
-            let credential = rest.trim_ascii_start();
-            match credential.is_empty() {
-                true => Err(AuthFailure::Scheme),
-                false => Ok(credential),
-            }
-        }
-        _ => Err(AuthFailure::Scheme),
-    }
+    Ok(bearer::bearer_credential(header)?)
 }
 
 /// The API key or token of a `Bearer` header ([`bearer_credential`]), if it can be one.

@@ -71,7 +71,7 @@ impl TrustedProxies {
     /// speaking for many clients: `None`, so they are not refused together.
     pub fn client_to_limit(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<IpAddr> {
         let peer = peer?;
-        if self.nets.is_empty() && crate::webhooks::endpoint::is_internal(&peer) {
+        if self.nets.is_empty() && crate::shared::net::is_internal(&peer) {
             return None;
         }
         self.client(Some(peer), headers)

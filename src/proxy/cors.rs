@@ -6,7 +6,7 @@
 //! granted). For an allowed origin the gateway answers preflights itself, before
 //! authentication (a browser sends no credentials with them), and puts
 //! `Access-Control-Allow-Origin` on every answer, its own and the backend's. A live key is
-//! refused from a browser: the seed's rule is that production keys never reach one.
+//! refused from a browser: production keys never reach one.
 
 use http::HeaderValue;
 

@@ -5,8 +5,8 @@
 //! backend the same:
 //! - A transfer coding besides `chunked` (`gzip, chunked`): Pingora takes the chunks apart and
 //!   sends the body on without the coding, so the backend would read compressed bytes as the
-//!   body. Refused with a 400 (RFC 9112 §6.1 suggests 501; the SPEC answers bad input with
-//!   400). A body is compressed with `Content-Encoding`, which goes on as it is.
+//!   body. Refused with a 400 (RFC 9112 §6.1 suggests 501; the gateway answers bad input
+//!   with 400). A body is compressed with `Content-Encoding`, which goes on as it is.
 //! - Equal `Content-Length` lines, which Pingora accepts and passes on: the backend gets one.
 //!   (Lines that differ Pingora refuses itself, with its bare 400; both `Transfer-Encoding` and
 //!   `Content-Length` it takes care of: it drops the length, reads the body by its chunks and

@@ -7,24 +7,31 @@
 //! backend's `Service-Credits` and `Service-Model`) → `logging` (spend, audit record, metrics).
 //!
 //! Data flows one way: each phase reads what the previous ones left in [`RequestCtx`].
+//!
+//! This file holds the context and the phases; admission (`admission.rs`), the answers the
+//! gateway gives itself (`local.rs`) and the accounting after the response (`accounting.rs`)
+//! are beside it, and the gateway's own endpoints under [`api`].
 
+mod accounting;
+mod admission;
+pub mod api;
 pub mod auth;
 pub mod body;
 pub mod client_ip;
+pub mod config;
 pub mod cors;
-pub mod event_hub;
 pub mod framing;
 pub mod headers;
-pub mod listen;
+mod local;
 pub mod policy;
 pub mod readiness;
 pub mod respond;
 pub mod routes;
 pub mod simulate;
-pub mod tokens;
 pub mod unknown_keys;
 pub mod upstream;
-pub mod webhooks;
+
+pub use api::{event_hub, listen, tokens, webhooks};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -35,13 +42,12 @@ use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::ErrorSource;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::error::ApiError;
 use crate::ids::{request_id, unix_millis, RequestId};
 use crate::keys::format::redact;
 use crate::keys::{CachedKey, Environment};
-use crate::metering::audit::PendingAudit;
 use crate::metering::ratelimit::Decision;
 use crate::metering::{Credits, Meter};
 use crate::metrics;
@@ -54,7 +60,7 @@ use http::header::{
     ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_REQUEST_METHOD,
     ORIGIN, VARY,
 };
-use routes::{Handler, Route, RouteId, RouteTable};
+use routes::{Route, RouteId, RouteTable};
 use upstream::{Identity, Target, Upstreams};
 
 // Header names read on every request, parsed once rather than on each lookup.
@@ -175,352 +181,11 @@ enum Admission {
     Answer,
 }
 
-impl Gateway {
-    /// Assembles the gateway.
-    pub fn new(
-        keys: Arc<KeyCache>,
-        routes: RouteTable,
-        upstreams: Upstreams,
-        meter: Arc<Meter>,
-        allow_insecure_targets: bool,
-        keepalive_secs: u64,
-        draining: Draining,
-    ) -> Self {
-        Self {
-            store: keys.store().clone(),
-            routes,
-            upstreams,
-            meter,
-            allow_insecure_targets,
-            keepalive_secs,
-            draining,
-            cors: Cors::default(),
-            trusted_proxies: TrustedProxies::default(),
-            listen_streams: listen::OpenStreams::default(),
-            listen_hub: event_hub::EventHub::new(keys.store().clone()),
-            auth: Authenticator::new(keys),
-            store_check: readiness::StoreCheck::default(),
-        }
-    }
-
-    /// Believes `X-Forwarded-For` from `proxies` for the client's address.
-    pub fn with_trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
-        self.trusted_proxies = proxies;
-        self
-    }
-
-    /// Lets a client present at most `per_minute` keys that do not exist, and all clients
-    /// together `total_per_minute` ([`unknown_keys::UnknownKeyLimit`]).
-    pub fn with_unknown_key_limit(mut self, per_minute: u32, total_per_minute: u32) -> Self {
-        self.auth = self
-            .auth
-            .with_unknown_key_limit(per_minute, total_per_minute);
-        self
-    }
-
-    /// Lets browser pages from `cors`'s origins call the API.
-    pub fn with_cors(mut self, cors: Cors) -> Self {
-        self.cors = cors;
-        self
-    }
-
-    async fn admit(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-    ) -> Result<Admission, ApiError> {
-        // Every request's future is allocated and moved whole by `async_trait`, so the
-        // handlers the gateway answers itself, whose futures are large, are boxed where they
-        // are taken: a forwarded request does not carry their state.
-        if session.req_header().method == http::Method::CONNECT {
-            // Pingora hands CONNECT over only so that it gets the SPEC's answer; it is never
-            // forwarded, and the connection closes after (its framing is not HTTP's).
-            session.set_keepalive(None);
-            return Err(ApiError::MethodNotAllowed(
-                "CONNECT is not served here".into(),
-            ));
-        }
-        if let Err(refused) = framing::check(session.req_header()) {
-            // Where this request's body ends is in doubt, and so where the next one starts.
-            session.set_keepalive(None);
-            return Err(refused);
-        }
-        if !session.req_header().uri.path().starts_with("/v1/") {
-            return Box::pin(self.answer_unversioned(session, ctx)).await;
-        }
-        if self.cors.is_enabled() {
-            let req = session.req_header();
-            ctx.cors_origin = req.headers.get(ORIGIN).and_then(|o| self.cors.allow(o));
-            if req.method == http::Method::OPTIONS
-                && req.headers.contains_key(ACCESS_CONTROL_REQUEST_METHOD)
-            {
-                return Box::pin(self.answer_preflight(session, ctx)).await;
-            }
-        }
-        let route = self.authorize(session, ctx).await?;
-        match route.handler {
-            Handler::MintToken => {
-                let caller = ctx.caller.as_ref().expect("authorized");
-                let store = self.store.as_ref();
-                let headers = ctx.answer_headers();
-                Box::pin(tokens::mint(
-                    session,
-                    caller,
-                    store,
-                    &ctx.request_id,
-                    &headers,
-                ))
-                .await?;
-                Ok(Admission::Answer)
-            }
-            Handler::Webhooks(op) => {
-                let caller = ctx.caller.as_ref().expect("authorized");
-                let (store, insecure) = (self.store.as_ref(), self.allow_insecure_targets);
-                let headers = ctx.answer_headers();
-                Box::pin(webhooks::handle(
-                    session,
-                    op,
-                    caller,
-                    store,
-                    insecure,
-                    &ctx.request_id,
-                    &headers,
-                ))
-                .await?;
-                Ok(Admission::Answer)
-            }
-            Handler::Listen => {
-                let caller = ctx.caller.as_ref().expect("authorized");
-                let key_id = caller.key.billed_key_id();
-                let _slot = self.listen_streams.open(key_id)?;
-                let listening = listen::Listening::open(
-                    self.store.clone(),
-                    &self.listen_hub,
-                    caller,
-                    &ctx.request_id,
-                    session.req_header().uri.query(),
-                )
-                .await?;
-                let headers = ctx.answer_headers();
-                Box::pin(listen::stream(
-                    session,
-                    &self.auth,
-                    route,
-                    listening,
-                    &ctx.request_id,
-                    &headers,
-                ))
-                .await?;
-                Ok(Admission::Answer)
-            }
-            Handler::Forward if ctx.target == Target::Simulated => {
-                Box::pin(self.answer_simulated(session, ctx, route)).await?;
-                Ok(Admission::Answer)
-            }
-            Handler::Forward => Ok(Admission::Forward),
-        }
-    }
-
-    /// Who is calling, on which route, and whether policy lets them: auth (401) → route
-    /// (404) → scope (403) → project (400) → rate limit (429) → budget (402). A refused request
-    /// of an authenticated key counts against its rate limit too (it is audited, and costs
-    /// that): past the limit, it is a 429 whatever the refusal.
-    async fn authorize(&self, session: &Session, ctx: &mut RequestCtx) -> Result<&Route, ApiError> {
-        let req = session.req_header();
-        let path = req.uri.path();
-        // Matched first so a refused request is counted under its route; still answered 401
-        // before 404, so an unauthenticated caller learns nothing of the route table.
-        ctx.route = self.routes.find_id(&req.method, path);
-        let header = auth::authorization(&req.headers)
-            .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
-        let client = || {
-            self.trusted_proxies
-                .client_to_limit(peer_ip(session), &req.headers)
-        };
-        let caller = match self
-            .auth
-            .authenticate_or_name(header, ctx.arrived_ms / 1000, client)
-            .await
-        {
-            Ok(caller) => caller,
-            Err((failure, key)) => {
-                ctx.auth_failure = Some(failure.reason());
-                ctx.refused_key = key;
-                return Err(failure.into());
-            }
-        };
-        // Known before the route: an authenticated request is audited whatever its answer.
-        let caller = ctx.caller.insert(caller);
-        let checked = self.check_request(req, caller, ctx.route, ctx.cors_origin.is_some());
-        let (project, billable) = match &checked {
-            Ok((route, project)) => (*project, route.handler == Handler::Forward),
-            Err(_) => (None, false),
-        };
-        ctx.project = project.map(str::to_owned);
-        let (decision, verdict) = self
-            .meter
-            .admit(
-                &caller.key,
-                caller.monthly_budget(),
-                project,
-                billable,
-                ctx.arrived_ms,
-            )
-            .await;
-        ctx.rate = Some(decision);
-        let route = match (checked, verdict) {
-            (_, Err(limited)) if !decision.allowed => return Err(limited),
-            (Err(refused), _) => return Err(refused),
-            (Ok((route, _)), verdict) => verdict.map(|()| route)?,
-        };
-        ctx.target = self.upstreams.target(caller.key.effective_environment());
-        Ok(route)
-    }
-
-    /// What an authenticated caller asks for, if the gateway serves it and lets them: the route
-    /// (404), its scope (403), the project (400); a live key from a browser is refused (403).
-    fn check_request<'a>(
-        &self,
-        req: &'a RequestHeader,
-        caller: &Authenticated,
-        route: Option<RouteId>,
-        from_browser: bool,
-    ) -> Result<(&Route, Option<&'a str>), ApiError> {
-        if from_browser && caller.key.environment == Environment::Live {
-            return Err(ApiError::Permission(
-                "a live key must not be used from a browser; have your backend mint a scoped \
-                 token (POST /v1/tokens)"
-                    .into(),
-            ));
-        }
-        let id = route.ok_or_else(|| {
-            ApiError::not_found(format!(
-                "no route for {} {}",
-                req.method,
-                redact(req.uri.path())
-            ))
-        })?;
-        let route = self.routes.get(id);
-        policy::check_scope(caller, route)?;
-        let project = policy::check_project(req.headers.get_all(&SERVICE_PROJECT))?;
-        Ok((route, project))
-    }
-
-    /// A CORS preflight from an allowed origin for a route that exists: `204` with what the
-    /// browser may send. Answered before authentication: browsers send no credentials here.
-    async fn answer_preflight(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-    ) -> Result<Admission, ApiError> {
-        if ctx.cors_origin.is_none() {
-            return Err(ApiError::Permission("this origin is not allowed".into()));
-        }
-        let req = session.req_header();
-        let method = req
-            .headers
-            .get(ACCESS_CONTROL_REQUEST_METHOD)
-            .and_then(|m| http::Method::from_bytes(m.as_bytes()).ok())
-            .ok_or_else(|| ApiError::invalid("Access-Control-Request-Method is not a method"))?;
-        let path = req.uri.path();
-        if self.routes.find_id(&method, path).is_none() {
-            return Err(ApiError::not_found(format!(
-                "no route for {method} {}",
-                redact(path)
-            )));
-        }
-        let mut headers = ctx.answer_headers();
-        headers.extend([
-            ("Access-Control-Allow-Methods", method.to_string()),
-            (
-                "Access-Control-Allow-Headers",
-                cors::ALLOW_HEADERS.to_string(),
-            ),
-            ("Access-Control-Max-Age", cors::MAX_AGE.to_string()),
-        ]);
-        respond::no_content(session, &ctx.request_id, &headers)
-            .await
-            .map_err(|_| ApiError::Upstream("could not write the response".into()))?;
-        Ok(Admission::Answer)
-    }
-
-    /// The built-in simulated backend's answer, charged at the route's price.
-    async fn answer_simulated(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        route: &Route,
-    ) -> Result<(), ApiError> {
-        let environment = ctx
-            .caller
-            .as_ref()
-            .map_or(Environment::Live, |c| c.key.effective_environment());
-        let summary = simulate::read_request(session)
-            .await
-            .map_err(|_| ApiError::invalid("could not read the request body"))?;
-        let path = session.req_header().uri.path();
-        let body = simulate::response_body(route, environment, &summary, path);
-        let body = serde_json::to_vec(&body).unwrap_or_default();
-        let price = match environment {
-            Environment::Test => Credits::ZERO,
-            _ => route.price_for(&session.req_header().method),
-        };
-        ctx.billable = true;
-        ctx.reported_credits = Some(price);
-        // Test keys are free and reach the simulator: the audit keeps what it keeps of any model.
-        ctx.model = summary
-            .model
-            .map(|m| body::truncate_chars(CompactString::from(m), body::MODEL_CHARS));
-        let mut extra = ctx.answer_headers();
-        extra.push(("Service-Credits", price.to_string()));
-        respond::json(session, 200, body, &ctx.request_id, &extra)
-            .await
-            .map_err(|_| ApiError::Upstream("could not write the response".into()))
-    }
-
-    /// Paths outside `/v1`: health probes, else 404.
-    async fn answer_unversioned(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-    ) -> Result<Admission, ApiError> {
-        let path = session.req_header().uri.path();
-        ctx.probe = matches!(path, "/healthz" | "/readyz");
-        let (status, body) = match path {
-            "/healthz" => (200, br#"{"status":"ok"}"#.to_vec()),
-            // Ready while it can check keys: the store answers, or it is away but the key
-            // cache is still within `cache_staleness_seconds` (cached keys are served; taking
-            // every replica out of its Service over a short Redis outage would refuse them
-            // all). The admin port's `/readyz` stays the strict check: the store answers.
-            "/readyz" if self.draining.is_draining() => {
-                return Err(ApiError::ServiceUnavailable("shutting down".into()))
-            }
-            "/readyz" => match self
-                .store_check
-                .store_answers(&*self.store, ctx.arrived_ms)
-                .await
-            {
-                true => (200, br#"{"status":"ready"}"#.to_vec()),
-                false if self.auth.keys_are_fresh() => (
-                    200,
-                    br#"{"status":"degraded","store":"unreachable"}"#.to_vec(),
-                ),
-                false => return Err(ApiError::ServiceUnavailable("store unreachable".into())),
-            },
-            _ => return Err(ApiError::not_found("only /v1 paths are served here")),
-        };
-        respond::json(session, status, body, &ctx.request_id, &[])
-            .await
-            .map_err(|_| ApiError::Upstream("could not write the response".into()))?;
-        Ok(Admission::Answer)
-    }
-}
-
 #[async_trait]
 impl ProxyHttp for Gateway {
     /// Boxed: Pingora keeps the context in the request's future, which it moves whole several
     /// times a request; a pointer moves instead of the context's ~300 bytes. 1,300 instructions
-    /// a request fewer, for one allocation (`benches/instructions.sh`, session 32).
+    /// a request fewer, for one allocation (`benches/instructions.sh`).
     type CTX = Box<RequestCtx>;
 
     /// No downstream modules. Pingora adds its response compression by default, disabled; the
@@ -655,7 +320,7 @@ impl ProxyHttp for Gateway {
             framing::for_backend(upstream_request, session.req_header().version, backend)?;
         }
         // Pingora drops the headers a client names in `Connection` before this filter: the
-        // project the gateway charged must still reach the backend (SPEC §5.6).
+        // project the gateway charged must still reach the backend.
         if let Some(project) = &ctx.project {
             if !upstream_request.headers.contains_key(&SERVICE_PROJECT) {
                 let value = HeaderValue::from_str(project).map_err(|_| {
@@ -877,50 +542,57 @@ impl ProxyHttp for Gateway {
 }
 
 impl Gateway {
+    /// Assembles the gateway.
+    pub fn new(
+        keys: Arc<KeyCache>,
+        routes: RouteTable,
+        upstreams: Upstreams,
+        meter: Arc<Meter>,
+        allow_insecure_targets: bool,
+        keepalive_secs: u64,
+        draining: Draining,
+    ) -> Self {
+        Self {
+            store: keys.store().clone(),
+            routes,
+            upstreams,
+            meter,
+            allow_insecure_targets,
+            keepalive_secs,
+            draining,
+            cors: Cors::default(),
+            trusted_proxies: TrustedProxies::default(),
+            listen_streams: listen::OpenStreams::default(),
+            listen_hub: event_hub::EventHub::new(keys.store().clone()),
+            auth: Authenticator::new(keys),
+            store_check: readiness::StoreCheck::default(),
+        }
+    }
+
+    /// Believes `X-Forwarded-For` from `proxies` for the client's address.
+    pub fn with_trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
+        self.trusted_proxies = proxies;
+        self
+    }
+
+    /// Lets a client present at most `per_minute` keys that do not exist, and all clients
+    /// together `total_per_minute` ([`unknown_keys::UnknownKeyLimit`]).
+    pub fn with_unknown_key_limit(mut self, per_minute: u32, total_per_minute: u32) -> Self {
+        self.auth = self
+            .auth
+            .with_unknown_key_limit(per_minute, total_per_minute);
+        self
+    }
+
+    /// Lets browser pages from `cors`'s origins call the API.
+    pub fn with_cors(mut self, cors: Cors) -> Self {
+        self.cors = cors;
+        self
+    }
+
     /// The request's route, once matched.
     fn route(&self, ctx: &RequestCtx) -> Option<&Route> {
         ctx.route.map(|id| self.routes.get(id))
-    }
-
-    /// Charges an authenticated request and writes its audit record; a refused key that
-    /// exists is audited too (a leaked key still in use shows who used it, from where).
-    fn account(&self, session: &Session, ctx: &mut RequestCtx, status: u16, elapsed: Duration) {
-        // The last phase: the caller's key moves into the audit record instead of being
-        // cloned, one count change fewer on a key every core shares.
-        let key = match (ctx.caller.take(), ctx.refused_key.take()) {
-            (Some(caller), _) => caller.key,
-            (None, Some(refused)) => refused,
-            (None, None) => return,
-        };
-        // The backend's figure if it gave one; else the route's price for a success; nothing
-        // for what the gateway refused itself.
-        let cost = match (ctx.billable, ctx.reported_credits, self.route(ctx)) {
-            (false, _, _) => Credits::ZERO,
-            (true, Some(reported), _) => reported,
-            (true, None, Some(route)) if (200..300).contains(&status) => {
-                route.price_for(&session.req_header().method)
-            }
-            _ => Credits::ZERO,
-        };
-        let cost = match key.effective_environment() {
-            Environment::Test => Credits::ZERO,
-            _ => cost,
-        };
-        let req = session.req_header();
-        // Only what the request already holds: the writer renders the stored record.
-        self.meter.finish(PendingAudit {
-            time_ms: ctx.arrived_ms,
-            request_id: std::mem::take(&mut ctx.request_id),
-            key,
-            project: ctx.project.take(),
-            method: req.method.clone(),
-            path: redact(req.uri.path()).into(),
-            model: ctx.model.take(),
-            status,
-            credits: cost,
-            client_ip: self.trusted_proxies.client(peer_ip(session), &req.headers),
-            latency_ms: elapsed.as_millis() as u64,
-        });
     }
 }
 

@@ -8,8 +8,7 @@ use super::auth::Authenticated;
 use super::routes::Route;
 use crate::error::ApiError;
 
-/// Longest `Service-Project` value.
-pub const MAX_PROJECT_LEN: usize = 64;
+pub use crate::shared::project::{is_valid_project, MAX_PROJECT_LEN};
 
 /// Refuses a key that lacks the route's scope.
 #[inline]
@@ -41,14 +40,6 @@ pub fn check_project(values: GetAll<'_, HeaderValue>) -> Result<Option<&str>, Ap
             "Service-Project must be 1-64 characters of A-Z, a-z, 0-9, '.', '_' or '-'",
         )),
     }
-}
-
-/// Whether `name` is a valid project name: 1–64 characters of `[A-Za-z0-9._-]`.
-pub fn is_valid_project(name: &str) -> bool {
-    (1..=MAX_PROJECT_LEN).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 #[cfg(test)]

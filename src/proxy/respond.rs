@@ -62,7 +62,7 @@ pub async fn no_content(
     session.write_response_header(Box::new(resp), true).await
 }
 
-/// Writes `err` with the SPEC's error body.
+/// Writes `err` with the gateway's error body.
 pub async fn error(
     session: &mut Session,
     err: &ApiError,

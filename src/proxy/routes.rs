@@ -2,7 +2,7 @@
 
 use http::Method;
 
-use crate::config::RouteConfig;
+use super::config::RouteConfig;
 use crate::metering::Credits;
 
 use super::webhooks::WebhookOp;
@@ -238,10 +238,10 @@ fn is_plain_segment(value: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::default_routes;
+    use crate::proxy::config::default_routes;
 
     #[test]
-    fn default_table_serves_the_spec_routes() {
+    fn default_table_serves_the_default_routes() {
         let t = RouteTable::new(&default_routes()).unwrap();
         let cases = [
             (Method::GET, "/v1/models", "models:read"),

@@ -124,7 +124,7 @@ pub fn response_body(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::default_routes;
+    use crate::proxy::config::default_routes;
     use crate::proxy::routes::RouteTable;
     use http::Method;
 

@@ -11,8 +11,8 @@ use pingora::upstreams::peer::{HttpPeer, Peer};
 use std::time::Duration;
 
 use super::client_ip::X_FORWARDED_FOR;
+use super::config::{resolve, UpstreamConfig};
 use super::headers::{edit_request_headers, joint_values};
-use crate::config::{resolve, UpstreamConfig};
 use crate::keys::{CachedKey, Environment};
 
 /// Identity headers the gateway sets on every forwarded request (client values are replaced).

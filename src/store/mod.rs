@@ -6,6 +6,7 @@
 //! chains several of them.
 
 mod cache;
+pub mod config;
 mod directory;
 mod memory;
 mod redis;
@@ -25,6 +26,7 @@ use crate::webhooks::endpoint::Endpoint;
 use crate::webhooks::notice::PauseNotice;
 
 pub use cache::{CacheConfig, CacheOutcome, KeyCache};
+pub use config::{StoreConfig, StoreKind};
 pub use directory::MintedTokens;
 pub use memory::MemoryStore;
 pub use redis::{sentinel_address, IndexFillTiming, RedisStore, Sentinels};

@@ -7,7 +7,7 @@ use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::{AsyncFileTransport, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use std::path::PathBuf;
 
-use crate::config::{SmtpConfig, SmtpTls, WebhooksConfig};
+use super::config::{SmtpConfig, SmtpTls, WebhooksConfig};
 use crate::webhooks::endpoint::Endpoint;
 
 /// Why an e-mail did not go.

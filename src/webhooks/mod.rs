@@ -11,6 +11,7 @@
 //!   that sends them;
 //! - [`worker`]: consumes the event log and delivers, retries and pauses.
 
+pub mod config;
 pub mod delivery;
 pub mod dns;
 pub mod endpoint;

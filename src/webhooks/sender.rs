@@ -108,7 +108,7 @@ impl Sender {
             .await
             .map_err(|e| self.describe(&e))?;
         let status = response.status().as_u16();
-        // The answer is its status (SPEC: a 2xx within the timeout). The body is read only so
+        // The answer is its status (success: a 2xx within the timeout). The body is read only so
         // the connection can serve the next attempt; one that breaks off or stalls past the
         // timeout costs the connection, not the delivery.
         let mut read = 0;

@@ -40,18 +40,15 @@ use crate::webhooks::notice::{Notifier, PauseNotice};
 use crate::webhooks::sender::Sender;
 use crate::webhooks::slots::{Outcome, Slots};
 
-/// Event data read from the log at once, at most: entries are read as many at a time as fit
-/// if each is as large as an event may be, so a backlog of large events is taken a few MiB at
-/// a time. (With 512 at a time, as until session 23, a read could bring 128 MiB; a backlog of
-/// 600 events of 100 KB grew the process by 118 MB, against 18 MB now: the test of it.)
+/// Event data read from the log at once, at most: as many entries as fit if each is as large
+/// as an event may be, so a backlog of large events is taken a few MiB at a time rather than
+/// growing the process by the whole backlog.
 const INTAKE_BYTES: usize = 4 << 20;
 /// Most event-log entries read at once (16).
 const INTAKE_BATCH: usize = INTAKE_BYTES / crate::events::MAX_EVENT_DATA_BYTES;
-/// What one store call queues, at most, counting each event's data once (its deliveries share
-/// it here, and the store keeps it once, in the event's own record) and each delivery as
-/// [`DELIVERY_BYTES`]: an intake batch of events for many endpoints goes in parts, not as one
-/// huge script call that would hold Redis up. An event's deliveries go together, whatever
-/// they weigh.
+/// What one store call queues, at most (each event's data once, each delivery as
+/// [`DELIVERY_BYTES`]): many endpoints' deliveries go in parts, not as one script call that
+/// would hold Redis up. An event's deliveries go together, whatever they weigh.
 const FAN_OUT_PART_BYTES: usize = 8 << 20;
 /// About what a delivery's record takes without its payload.
 const DELIVERY_BYTES: usize = 1 << 10;
@@ -79,7 +76,7 @@ pub struct WorkerSettings {
 
 impl WorkerSettings {
     /// From the configuration.
-    pub fn from_config(config: &crate::config::WebhooksConfig) -> Self {
+    pub fn from_config(config: &super::config::WebhooksConfig) -> Self {
         Self {
             retry_schedule: config
                 .retry_schedule_seconds

@@ -238,7 +238,7 @@ async fn a_receiver_that_is_down_gets_a_failed_line() {
 #[tokio::test]
 async fn a_client_that_hangs_up_ends_its_stream_at_once() {
     let gw = Gateway::builder()
-        .log_filter("info,svcgate::proxy::listen=debug")
+        .log_filter("info,svcgate::proxy::api::listen=debug")
         .start()
         .await;
     let (_, key) = gw.create_key("live", READ).await;

@@ -3,21 +3,21 @@
 //! Tokens are records in the store under their digest, like keys, with a store-side TTL of
 //! their lifetime, so every replica accepts them and they disappear by themselves. A token
 //! carries a subset of its parent's scopes, inherits its environment and is billed to it, and
-//! dies with it (see [`super::auth`]).
+//! dies with it (see [`crate::proxy::auth`]).
 
 use pingora::proxy::Session;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::auth::Authenticated;
-use super::body::read_bounded;
-use super::respond;
 use crate::error::ApiError;
 use crate::ids::unix_now;
 use crate::keys::{self, Environment, Scopes};
+use crate::proxy::auth::Authenticated;
+use crate::proxy::body::read_bounded;
+use crate::proxy::respond;
 use crate::store::Store;
 
-/// Longest lifetime of a scoped token, in seconds (the seed's 15 minutes).
+/// Longest lifetime of a scoped token, in seconds (15 minutes, as the API promises).
 pub const MAX_EXPIRES_IN: u64 = 900;
 /// The scope that allows minting; never granted to a token.
 pub const MINT_SCOPE: &str = "tokens:create";

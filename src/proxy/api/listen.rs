@@ -5,7 +5,7 @@
 //! caller's workspace and environment (a test key gets test events only), narrowed by the
 //! optional `events=a,b` filter, comes as `delivery`: the exact delivery body and its
 //! signature, computed here, so the CLI forwards what production would send and no secret
-//! travels after the first event. The stream ends with an `error` event carrying the SPEC
+//! travels after the first event. The stream ends with an `error` event carrying the gateway's
 //! error body when the store fails, the key stops being valid or the gateway shuts down.
 //!
 //! The gateway reads the event log once for all its streams ([`EventHub`]). A key holds at
@@ -22,14 +22,14 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::auth::{Authenticated, Authenticator};
 use super::event_hub::{EventHub, Selection, Subscription};
-use super::policy::check_scope;
-use super::respond::REQUEST_ID;
-use super::routes::Route;
 use crate::error::ApiError;
 use crate::events::Event;
 use crate::ids::unix_now;
+use crate::proxy::auth::{Authenticated, Authenticator};
+use crate::proxy::policy::check_scope;
+use crate::proxy::respond::REQUEST_ID;
+use crate::proxy::routes::Route;
 use crate::store::{Store, StoreError};
 use crate::webhooks::endpoint::{check_filter, new_secret};
 use crate::webhooks::{delivery, sign};
@@ -54,11 +54,9 @@ pub const STREAMS_PER_KEY: usize = 5;
 pub const STREAMS_PER_REPLICA: usize = 1_000;
 /// The `Retry-After` of a refused stream.
 const STREAMS_RETRY_AFTER_SECS: u64 = 5;
-/// How long a stream's slot among its key's [`STREAMS_PER_KEY`] holds without a renewal: the
-/// streams of a replica that dies free their slots after it. Longer than the longest a stream
-/// can go between renewals: [`SLOT_RENEWAL`], then a wait for events ([`BLOCK`]) and a write
-/// to a slow client ([`WRITE_TIMEOUT`], one [`WRITE_PIECE`] of a batch), or at its start the
-/// header and the opening event.
+/// How long a stream's slot among its key's [`STREAMS_PER_KEY`] holds without a renewal, so a
+/// dead replica's slots come free: longer than a stream can go between renewals
+/// ([`SLOT_RENEWAL`], then [`BLOCK`] and a [`WRITE_TIMEOUT`] to a slow client).
 const SLOT_LEASE: Duration = Duration::from_secs(90);
 /// How often an open stream renews its slot.
 const SLOT_RENEWAL: Duration = Duration::from_secs(10);
@@ -370,7 +368,7 @@ async fn still_allowed(
     auth: &Authenticator,
     route: &Route,
 ) -> Result<(), ApiError> {
-    let header = super::auth::authorization(&session.req_header().headers)?;
+    let header = crate::proxy::auth::authorization(&session.req_header().headers)?;
     // The key was authenticated when the stream opened: it is cached, or counted already.
     let caller = auth.authenticate(header, unix_now(), || None).await?;
     check_scope(&caller, route)

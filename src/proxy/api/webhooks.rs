@@ -4,11 +4,11 @@
 use pingora::proxy::Session;
 use serde::Deserialize;
 
-use super::auth::Authenticated;
-use super::body::read_bounded;
-use super::respond;
 use crate::error::ApiError;
 use crate::ids::{new_id, unix_now};
+use crate::proxy::auth::Authenticated;
+use crate::proxy::body::read_bounded;
+use crate::proxy::respond;
 use crate::store::Store;
 use crate::webhooks::endpoint::{
     check_filter, check_url, new_secret, Endpoint, EndpointStatus, MAX_ENDPOINTS_PER_WORKSPACE,

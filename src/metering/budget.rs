@@ -1,0 +1,206 @@
+//! Budget arithmetic: whether a request's key, project and workspace have credits left.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ledger::{touch, PendingSpend};
+use super::usage::Usage;
+use crate::keys::CachedKey;
+use crate::shared::month::{month_bounds_ms, month_of};
+use crate::shared::Credits;
+
+/// Which budget refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetScope {
+    /// The key's monthly budget.
+    Key,
+    /// The `Service-Project`'s monthly budget.
+    Project,
+    /// The workspace's monthly credits.
+    Workspace,
+}
+
+impl BudgetScope {
+    /// The word used in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Key => "key",
+            Self::Project => "project",
+            Self::Workspace => "workspace",
+        }
+    }
+}
+
+/// What a budget check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every budget that applies has room.
+    Within,
+    /// This budget is spent.
+    Spent(BudgetScope),
+    /// A total the check needs has not been read from the store yet: the workspace, key or
+    /// project is new to this replica, or went unused long enough to be forgotten, or the month
+    /// just began. Flush number `flush` is the first to read it, and has been asked for
+    /// ([`Usage::read_back`] waits for it). Nothing known so far spends a budget.
+    Unknown {
+        /// The flush that reads the missing totals.
+        flush: u64,
+    },
+}
+
+/// How long a request whose totals are unknown waits for the flush that reads them. Past it
+/// (a slow or unreachable store), the request is admitted, as every request is while the store
+/// is down: spend is still counted, and charged when the store is back.
+pub const READ_BACK_WAIT: Duration = Duration::from_secs(2);
+
+/// A key's monthly budget as the check needs it: the cap, and the other keys whose spend it
+/// counts (those it replaced in rotations and, during its grace period, its successor).
+#[derive(Debug, Clone, Copy)]
+pub struct KeyBudget<'a> {
+    /// The monthly cap.
+    pub limit: Credits,
+    /// The other keys of the rotation lineage.
+    pub peers: &'a [Arc<str>],
+}
+
+impl<'a> KeyBudget<'a> {
+    /// `key`'s own budget, if it has one.
+    pub fn of(key: &'a CachedKey) -> Option<Self> {
+        key.monthly_budget.map(|limit| KeyBudget {
+            limit,
+            peers: &key.budget_peers,
+        })
+    }
+}
+
+impl Usage {
+    /// Whether the request's key, project and workspace have budget left, by the month totals
+    /// of the last flush and what this replica has spent since.
+    ///
+    /// A total not read yet counts as unknown, not as zero: a key idle long enough to be
+    /// forgotten, or first seen after a restart, would otherwise be admitted whatever it has
+    /// spent, once per idle spell. The check then asks for a flush that reads it.
+    ///
+    /// `now_ms` is the request's arrival (unix milliseconds): in a month (UTC) that began since
+    /// the last flush, last month's totals say nothing, and are dropped.
+    pub fn check(
+        &self,
+        key: &CachedKey,
+        budget: Option<KeyBudget<'_>>,
+        project: Option<&str>,
+        now_ms: u64,
+    ) -> Verdict {
+        let mut ledger = self.ledger();
+        if now_ms >= ledger.month_ms.end {
+            let unix = now_ms / 1000;
+            ledger.turn_to(&month_of(unix), month_bounds_ms(unix));
+        }
+        let ws = &*key.workspace;
+        let billed = key.billed_key_id();
+        let now = ledger.flushes;
+        // A project's spend is read back only if it has a budget. Every flush reads all of a
+        // workspace's project budgets, so once it has been read a project with none needs
+        // nothing: a client making up project names costs no reads and no extra flushes.
+        let budgeted = project.filter(|p| {
+            ledger
+                .totals
+                .get(ws)
+                .is_none_or(|t| t.project_budgets.contains_key(*p))
+                || self
+                    .configured_project_budgets
+                    .get(ws)
+                    .is_some_and(|projects| projects.contains_key(*p))
+        });
+        let watched = match ledger.watched.get_mut(ws) {
+            Some(w) => w,
+            None => ledger.watched.entry(ws.to_string()).or_default(),
+        };
+        watched.seen = now;
+        // Only a key with a budget needs its total read back; the others are charged, not read.
+        if let Some(budget) = &budget {
+            touch(&mut watched.keys, billed, now);
+            for peer in budget.peers {
+                touch(&mut watched.keys, peer, now);
+            }
+        }
+        if let Some(p) = budgeted {
+            touch(&mut watched.projects, p, now);
+        }
+        let totals = ledger.totals.get(ws);
+        let mut known = totals.is_some();
+        let pending = ledger.pending.get(ws);
+        let in_flight = ledger.in_flight.get(ws);
+        let spent = |pick: &dyn Fn(&PendingSpend) -> i64, base: i64| {
+            base.saturating_add(pending.map_or(0, pick))
+                .saturating_add(in_flight.map_or(0, pick))
+        };
+        let mut verdict = Verdict::Within;
+        if let Some(budget) = budget {
+            let mut spent_by = |id: &str| {
+                let base = totals.and_then(|t| t.keys.get(id).copied());
+                known &= base.is_some();
+                spent(&|p| p.keys.get(id).copied().unwrap_or(0), base.unwrap_or(0))
+            };
+            let used = budget
+                .peers
+                .iter()
+                .fold(spent_by(billed), |sum, p| sum.saturating_add(spent_by(p)));
+            if used >= budget.limit.micros() {
+                verdict = Verdict::Spent(BudgetScope::Key);
+            }
+        }
+        if let (Some(p), Verdict::Within) = (budgeted, verdict) {
+            // A project's budget is read with the workspace's (a configured one applies until
+            // then), its total once it is watched.
+            let base = totals.and_then(|t| t.projects.get(p).copied());
+            known &= base.is_some();
+            let budget = totals
+                .and_then(|t| t.project_budgets.get(p))
+                .copied()
+                .or_else(|| {
+                    self.configured_project_budgets
+                        .get(ws)
+                        .and_then(|projects| projects.get(p))
+                        .copied()
+                });
+            if let Some(budget) = budget {
+                let used = spent(
+                    &|s| s.projects.get(p).copied().unwrap_or(0),
+                    base.unwrap_or(0),
+                );
+                if used >= budget {
+                    verdict = Verdict::Spent(BudgetScope::Project);
+                }
+            }
+        }
+        if let (Some(credits), Verdict::Within) = (totals.and_then(|t| t.monthly_credits), verdict)
+        {
+            let base = totals.map_or(0, |t| t.total);
+            if spent(&|p| p.total, base) >= credits {
+                verdict = Verdict::Spent(BudgetScope::Workspace);
+            }
+        }
+        if verdict == Verdict::Within && !known {
+            // The next batch begun reads what this check added to the watch lists; a batch
+            // under way or being retried does not.
+            let flush = ledger.flushes + 1;
+            drop(ledger);
+            self.flush_wanted.notify_one();
+            return Verdict::Unknown { flush };
+        }
+        verdict
+    }
+
+    /// Waits (at most [`READ_BACK_WAIT`]) until flush number `flush` has landed, or a flush
+    /// has failed: a [`Verdict::Unknown`] is then checked again.
+    pub async fn read_back(&self, flush: u64) {
+        let mut state = self.flushed.subscribe();
+        let landed = state.wait_for(|s| s.done >= flush || s.failing);
+        let _ = tokio::time::timeout(READ_BACK_WAIT, landed).await;
+    }
+
+    /// The store did not take a flush: requests stop waiting for totals until one lands.
+    pub fn flush_failed(&self) {
+        self.flushed.send_modify(|s| s.failing = true);
+    }
+}

@@ -1,0 +1,145 @@
+//! `[metering]` and `[limits]`: spend, audit, their flush, and rate limits; and their checks.
+
+use serde::{Deserialize, Serialize};
+
+use crate::shared::problem::Problem;
+use crate::shared::Credits;
+
+/// `[metering]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeteringConfig {
+    /// How often spend, rate counts and audit records are sent to the store (ms).
+    pub flush_interval_ms: u64,
+    /// Where spend and audit records wait when the store cannot take them.
+    pub spool_dir: String,
+    /// Audit records held in memory while the store is unreachable, before spooling to disk
+    /// (they are spooled after 5 s in any case).
+    pub audit_backlog: usize,
+    /// How long audit records are kept in Redis (days).
+    pub audit_retention_days: u64,
+    /// Monthly budgets of projects, set here rather than through the admin API.
+    pub project_budgets: Vec<ProjectBudgetConfig>,
+}
+
+impl Default for MeteringConfig {
+    fn default() -> Self {
+        Self {
+            flush_interval_ms: 200,
+            spool_dir: "data/spool".into(),
+            audit_backlog: 100_000,
+            audit_retention_days: 30,
+            project_budgets: Vec::new(),
+        }
+    }
+}
+
+/// One `[[metering.project_budgets]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectBudgetConfig {
+    /// `ws_…`
+    pub workspace: String,
+    /// The `Service-Project` value.
+    pub project: String,
+    /// Credits per calendar month (UTC).
+    pub monthly_budget: Credits,
+}
+
+impl MeteringConfig {
+    /// Checks the section; every problem, in order.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if self.audit_retention_days == 0 {
+            // Every write would trim the whole audit log.
+            problems.push(Problem::new(
+                "metering.audit_retention_days",
+                "must be at least 1",
+            ));
+        }
+        if self.flush_interval_ms == 0 {
+            problems.push(Problem::new(
+                "metering.flush_interval_ms",
+                "must be greater than 0",
+            ));
+        }
+        if self.spool_dir.trim().is_empty() {
+            problems.push(Problem::new("metering.spool_dir", "must not be empty"));
+        }
+        for (i, b) in self.project_budgets.iter().enumerate() {
+            if !crate::shared::project::is_valid_project(&b.project) {
+                problems.push(Problem::new(
+                    format!("metering.project_budgets[{i}].project"),
+                    "must be 1-64 characters of [A-Za-z0-9._-]",
+                ));
+            }
+        }
+        problems
+    }
+}
+
+/// `[limits]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Requests per minute of a live key, across every replica.
+    pub live_requests_per_minute: u32,
+    /// Requests a live key may send at once.
+    pub live_burst: u32,
+    /// Keys that do not exist one client address may present per minute (per replica); past
+    /// it, its requests with keys that are not cached are refused without a store read.
+    pub unknown_keys_per_minute: u32,
+    /// Keys that do not exist all clients together may present per minute (per replica,
+    /// clients without an address of their own included); past it, every request with a key
+    /// that is not cached is refused without a store read.
+    pub unknown_keys_per_minute_total: u32,
+    /// Requests per minute of a test key.
+    pub test_requests_per_minute: u32,
+    /// Requests a test key may send at once.
+    pub test_burst: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            live_requests_per_minute: 6_000,
+            live_burst: 200,
+            unknown_keys_per_minute: 60,
+            unknown_keys_per_minute_total: 6_000,
+            test_requests_per_minute: 600,
+            test_burst: 50,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// Checks the section; every problem, in order.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        for (key, v) in [
+            (
+                "limits.live_requests_per_minute",
+                self.live_requests_per_minute,
+            ),
+            ("limits.live_burst", self.live_burst),
+            (
+                "limits.test_requests_per_minute",
+                self.test_requests_per_minute,
+            ),
+            ("limits.test_burst", self.test_burst),
+            (
+                "limits.unknown_keys_per_minute",
+                self.unknown_keys_per_minute,
+            ),
+            (
+                "limits.unknown_keys_per_minute_total",
+                self.unknown_keys_per_minute_total,
+            ),
+        ] {
+            if v == 0 {
+                problems.push(Problem::new(key, "must be greater than 0"));
+            }
+        }
+        problems
+    }
+}

@@ -1,0 +1,59 @@
+//! Accounting, after the response: the request's cost and its audit record.
+
+use pingora::proxy::Session;
+use std::time::Duration;
+
+use super::{peer_ip, Gateway, RequestCtx};
+use crate::keys::format::redact;
+use crate::keys::Environment;
+use crate::metering::audit::PendingAudit;
+use crate::metering::Credits;
+
+impl Gateway {
+    /// Charges an authenticated request and writes its audit record; a refused key that
+    /// exists is audited too (a leaked key still in use shows who used it, from where).
+    pub(super) fn account(
+        &self,
+        session: &Session,
+        ctx: &mut RequestCtx,
+        status: u16,
+        elapsed: Duration,
+    ) {
+        // The last phase: the caller's key moves into the audit record instead of being
+        // cloned, one count change fewer on a key every core shares.
+        let key = match (ctx.caller.take(), ctx.refused_key.take()) {
+            (Some(caller), _) => caller.key,
+            (None, Some(refused)) => refused,
+            (None, None) => return,
+        };
+        // The backend's figure if it gave one; else the route's price for a success; nothing
+        // for what the gateway refused itself.
+        let cost = match (ctx.billable, ctx.reported_credits, self.route(ctx)) {
+            (false, _, _) => Credits::ZERO,
+            (true, Some(reported), _) => reported,
+            (true, None, Some(route)) if (200..300).contains(&status) => {
+                route.price_for(&session.req_header().method)
+            }
+            _ => Credits::ZERO,
+        };
+        let cost = match key.effective_environment() {
+            Environment::Test => Credits::ZERO,
+            _ => cost,
+        };
+        let req = session.req_header();
+        // Only what the request already holds: the writer renders the stored record.
+        self.meter.finish(PendingAudit {
+            time_ms: ctx.arrived_ms,
+            request_id: std::mem::take(&mut ctx.request_id),
+            key,
+            project: ctx.project.take(),
+            method: req.method.clone(),
+            path: redact(req.uri.path()).into(),
+            model: ctx.model.take(),
+            status,
+            credits: cost,
+            client_ip: self.trusted_proxies.client(peer_ip(session), &req.headers),
+            latency_ms: elapsed.as_millis() as u64,
+        });
+    }
+}

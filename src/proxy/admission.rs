@@ -1,0 +1,198 @@
+//! Admission: who is calling, on which route, and whether policy, the rate limit and the
+//! budget let the request through; then which handler takes it.
+
+use pingora::prelude::*;
+use pingora::proxy::Session;
+
+use super::auth::{self, Authenticated};
+use super::routes::{Handler, Route, RouteId};
+use super::upstream::Target;
+use super::{framing, listen, peer_ip, policy, tokens, webhooks, Admission, Gateway, RequestCtx};
+use super::{ACCESS_CONTROL_REQUEST_METHOD, ORIGIN, SERVICE_PROJECT};
+use crate::error::ApiError;
+use crate::keys::format::redact;
+use crate::keys::Environment;
+
+impl Gateway {
+    pub(super) async fn admit(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Admission, ApiError> {
+        // Every request's future is allocated and moved whole by `async_trait`, so the
+        // handlers the gateway answers itself, whose futures are large, are boxed where they
+        // are taken: a forwarded request does not carry their state.
+        if session.req_header().method == http::Method::CONNECT {
+            // Pingora hands CONNECT over only so that it gets the gateway's 405; it is never
+            // forwarded, and the connection closes after (its framing is not HTTP's).
+            session.set_keepalive(None);
+            return Err(ApiError::MethodNotAllowed(
+                "CONNECT is not served here".into(),
+            ));
+        }
+        if let Err(refused) = framing::check(session.req_header()) {
+            // Where this request's body ends is in doubt, and so where the next one starts.
+            session.set_keepalive(None);
+            return Err(refused);
+        }
+        if !session.req_header().uri.path().starts_with("/v1/") {
+            return Box::pin(self.answer_unversioned(session, ctx)).await;
+        }
+        if self.cors.is_enabled() {
+            let req = session.req_header();
+            ctx.cors_origin = req.headers.get(ORIGIN).and_then(|o| self.cors.allow(o));
+            if req.method == http::Method::OPTIONS
+                && req.headers.contains_key(ACCESS_CONTROL_REQUEST_METHOD)
+            {
+                return Box::pin(self.answer_preflight(session, ctx)).await;
+            }
+        }
+        let route = self.authorize(session, ctx).await?;
+        match route.handler {
+            Handler::MintToken => {
+                let caller = ctx.caller.as_ref().expect("authorized");
+                let store = self.store.as_ref();
+                let headers = ctx.answer_headers();
+                Box::pin(tokens::mint(
+                    session,
+                    caller,
+                    store,
+                    &ctx.request_id,
+                    &headers,
+                ))
+                .await?;
+                Ok(Admission::Answer)
+            }
+            Handler::Webhooks(op) => {
+                let caller = ctx.caller.as_ref().expect("authorized");
+                let (store, insecure) = (self.store.as_ref(), self.allow_insecure_targets);
+                let headers = ctx.answer_headers();
+                Box::pin(webhooks::handle(
+                    session,
+                    op,
+                    caller,
+                    store,
+                    insecure,
+                    &ctx.request_id,
+                    &headers,
+                ))
+                .await?;
+                Ok(Admission::Answer)
+            }
+            Handler::Listen => {
+                let caller = ctx.caller.as_ref().expect("authorized");
+                let key_id = caller.key.billed_key_id();
+                let _slot = self.listen_streams.open(key_id)?;
+                let listening = listen::Listening::open(
+                    self.store.clone(),
+                    &self.listen_hub,
+                    caller,
+                    &ctx.request_id,
+                    session.req_header().uri.query(),
+                )
+                .await?;
+                let headers = ctx.answer_headers();
+                Box::pin(listen::stream(
+                    session,
+                    &self.auth,
+                    route,
+                    listening,
+                    &ctx.request_id,
+                    &headers,
+                ))
+                .await?;
+                Ok(Admission::Answer)
+            }
+            Handler::Forward if ctx.target == Target::Simulated => {
+                Box::pin(self.answer_simulated(session, ctx, route)).await?;
+                Ok(Admission::Answer)
+            }
+            Handler::Forward => Ok(Admission::Forward),
+        }
+    }
+
+    /// Who is calling, on which route, and whether policy lets them: auth (401) → route
+    /// (404) → scope (403) → project (400) → rate limit (429) → budget (402). A refused request
+    /// of an authenticated key counts against its rate limit too (it is audited, and costs
+    /// that): past the limit, it is a 429 whatever the refusal.
+    async fn authorize(&self, session: &Session, ctx: &mut RequestCtx) -> Result<&Route, ApiError> {
+        let req = session.req_header();
+        let path = req.uri.path();
+        // Matched first so a refused request is counted under its route; still answered 401
+        // before 404, so an unauthenticated caller learns nothing of the route table.
+        ctx.route = self.routes.find_id(&req.method, path);
+        let header = auth::authorization(&req.headers)
+            .inspect_err(|f| ctx.auth_failure = Some(f.reason()))?;
+        let client = || {
+            self.trusted_proxies
+                .client_to_limit(peer_ip(session), &req.headers)
+        };
+        let caller = match self
+            .auth
+            .authenticate_or_name(header, ctx.arrived_ms / 1000, client)
+            .await
+        {
+            Ok(caller) => caller,
+            Err((failure, key)) => {
+                ctx.auth_failure = Some(failure.reason());
+                ctx.refused_key = key;
+                return Err(failure.into());
+            }
+        };
+        // Known before the route: an authenticated request is audited whatever its answer.
+        let caller = ctx.caller.insert(caller);
+        let checked = self.check_request(req, caller, ctx.route, ctx.cors_origin.is_some());
+        let (project, billable) = match &checked {
+            Ok((route, project)) => (*project, route.handler == Handler::Forward),
+            Err(_) => (None, false),
+        };
+        ctx.project = project.map(str::to_owned);
+        let (decision, verdict) = self
+            .meter
+            .admit(
+                &caller.key,
+                caller.monthly_budget(),
+                project,
+                billable,
+                ctx.arrived_ms,
+            )
+            .await;
+        ctx.rate = Some(decision);
+        let route = match (checked, verdict) {
+            (_, Err(limited)) if !decision.allowed => return Err(limited),
+            (Err(refused), _) => return Err(refused),
+            (Ok((route, _)), verdict) => verdict.map(|()| route)?,
+        };
+        ctx.target = self.upstreams.target(caller.key.effective_environment());
+        Ok(route)
+    }
+
+    /// What an authenticated caller asks for, if the gateway serves it and lets them: the route
+    /// (404), its scope (403), the project (400); a live key from a browser is refused (403).
+    fn check_request<'a>(
+        &self,
+        req: &'a RequestHeader,
+        caller: &Authenticated,
+        route: Option<RouteId>,
+        from_browser: bool,
+    ) -> Result<(&Route, Option<&'a str>), ApiError> {
+        if from_browser && caller.key.environment == Environment::Live {
+            return Err(ApiError::Permission(
+                "a live key must not be used from a browser; have your backend mint a scoped \
+                 token (POST /v1/tokens)"
+                    .into(),
+            ));
+        }
+        let id = route.ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no route for {} {}",
+                req.method,
+                redact(req.uri.path())
+            ))
+        })?;
+        let route = self.routes.get(id);
+        policy::check_scope(caller, route)?;
+        let project = policy::check_project(req.headers.get_all(&SERVICE_PROJECT))?;
+        Ok((route, project))
+    }
+}

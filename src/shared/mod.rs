@@ -1,0 +1,20 @@
+//! Small types and checks every area uses; this module imports nothing else from the crate,
+//! so any module may depend on it without forming a loop.
+//!
+//! - [`credits`]: credit amounts, exact to the micro-credit;
+//! - [`ids`]: identifiers (`req_…`, `key_…`) and the wall clock;
+//! - [`month`]: the calendar months spend is charged to;
+//! - [`bearer`]: the `Authorization: Bearer` header;
+//! - [`net`]: the internal-address check;
+//! - [`problem`]: what a configuration check reports;
+//! - [`project`]: the names of projects that spend is attributed to.
+
+pub mod bearer;
+pub mod credits;
+pub mod ids;
+pub mod month;
+pub mod net;
+pub mod problem;
+pub mod project;
+
+pub use credits::Credits;

@@ -1,0 +1,177 @@
+//! `[webhooks]` and `[smtp]`: deliveries and admin e-mails, and their checks.
+
+use serde::{Deserialize, Serialize};
+
+use crate::shared::problem::Problem;
+
+/// `[webhooks]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebhooksConfig {
+    /// Waits before each retry, counted from the previous failure (seconds). After the last
+    /// one fails, the endpoint is paused.
+    pub retry_schedule_seconds: Vec<u64>,
+    /// A delivery succeeds on a 2xx within this time (seconds).
+    pub timeout_seconds: u64,
+    /// Allow `http://` endpoints and internal addresses (development and tests only).
+    pub allow_insecure_targets: bool,
+    /// Where admin e-mails are written when no `[smtp]` host is configured.
+    pub outbox_dir: String,
+    /// Deliveries one worker has in flight at most.
+    pub max_in_flight: usize,
+    /// Deliveries one worker has in flight to one endpoint at most.
+    pub max_in_flight_per_endpoint: usize,
+}
+
+impl Default for WebhooksConfig {
+    fn default() -> Self {
+        Self {
+            retry_schedule_seconds: vec![60, 300, 1_800, 7_200, 43_200],
+            timeout_seconds: 10,
+            allow_insecure_targets: false,
+            outbox_dir: "data/outbox".to_string(),
+            max_in_flight: 512,
+            max_in_flight_per_endpoint: 16,
+        }
+    }
+}
+
+impl WebhooksConfig {
+    /// Checks the section; every problem, in order.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        let w = self;
+        if w.retry_schedule_seconds.len() > 20 {
+            problems.push(Problem::new(
+                "webhooks.retry_schedule_seconds",
+                "at most 20 retries",
+            ));
+        }
+        // Retries of events the log still holds (30 days), each at least a second apart.
+        let schedule: u64 = w
+            .retry_schedule_seconds
+            .iter()
+            .fold(0, |sum, s| sum.saturating_add(*s));
+        if w.retry_schedule_seconds.contains(&0) || schedule > crate::events::RETENTION_SECS {
+            problems.push(Problem::new(
+                "webhooks.retry_schedule_seconds",
+                "each wait at least 1 s, all of them within 30 days",
+            ));
+        }
+        if w.timeout_seconds == 0 || w.timeout_seconds > 60 {
+            problems.push(Problem::new("webhooks.timeout_seconds", "must be 1-60"));
+        }
+        if w.max_in_flight == 0 {
+            problems.push(Problem::new("webhooks.max_in_flight", "must be at least 1"));
+        }
+        if w.max_in_flight_per_endpoint == 0 || w.max_in_flight_per_endpoint > w.max_in_flight {
+            problems.push(Problem::new(
+                "webhooks.max_in_flight_per_endpoint",
+                "must be 1 to webhooks.max_in_flight",
+            ));
+        }
+        problems
+    }
+}
+
+/// `[smtp]`: how admin e-mails are sent. Without a host they go to `webhooks.outbox_dir`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SmtpConfig {
+    /// SMTP relay host; absent: write e-mails to the outbox directory.
+    pub host: Option<String>,
+    /// SMTP port: 25 for a local relay, 587 with `starttls`, 465 with `tls`.
+    pub port: u16,
+    /// Sender address.
+    pub from: String,
+    /// How the connection is protected.
+    pub tls: SmtpTls,
+    /// User name for SMTP AUTH (with `password`; needs `tls`).
+    pub username: Option<String>,
+    /// Password for SMTP AUTH; best set as `SVCGATE_SMTP_PASSWORD` from a secret.
+    pub password: Option<String>,
+    /// A PEM file of CA certificates to trust besides the system's (a relay with a private CA).
+    pub tls_ca_file: Option<String>,
+}
+
+/// `smtp.tls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpTls {
+    /// Plain SMTP, as to a relay on the node or in the pod.
+    None,
+    /// Upgrade with STARTTLS, which the server must offer (port 587).
+    Starttls,
+    /// TLS from the first byte (port 465).
+    Tls,
+}
+
+impl Default for SmtpConfig {
+    fn default() -> Self {
+        Self {
+            host: None,
+            port: 25,
+            from: "svcgate@example.com".to_string(),
+            tls: SmtpTls::None,
+            username: None,
+            password: None,
+            tls_ca_file: None,
+        }
+    }
+}
+
+impl SmtpConfig {
+    /// Checks the section; every problem, in order.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if self.from.parse::<lettre::message::Mailbox>().is_err() {
+            problems.push(Problem::new("smtp.from", "not an e-mail address"));
+        }
+        problems.extend(validate_smtp(self));
+        problems
+    }
+}
+
+fn validate_smtp(smtp: &SmtpConfig) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if let Some(host) = &smtp.host {
+        // A name or an address, as a relay is written; no scheme, port or path.
+        let is_host = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b));
+        if !is_host {
+            problems.push(Problem::new(
+                "smtp.host",
+                "not a host name or address (the port goes in smtp.port)",
+            ));
+        }
+    }
+    if smtp.port == 0 {
+        problems.push(Problem::new("smtp.port", "must be 1 to 65535"));
+    }
+    match (&smtp.username, &smtp.password) {
+        (Some(_), None) => problems.push(Problem::new("smtp.password", "smtp.username needs it")),
+        (None, Some(_)) => problems.push(Problem::new("smtp.username", "smtp.password needs it")),
+        (Some(_), Some(_)) if smtp.tls == SmtpTls::None => problems.push(Problem::new(
+            "smtp.tls",
+            "a password is sent only over TLS: set \"starttls\" or \"tls\"",
+        )),
+        _ => {}
+    }
+    if let Some(path) = &smtp.tls_ca_file {
+        if smtp.tls == SmtpTls::None {
+            problems.push(Problem::new(
+                "smtp.tls_ca_file",
+                "needs smtp.tls = \"starttls\" or \"tls\"",
+            ));
+        } else if let Err(e) = std::fs::read(path) {
+            problems.push(Problem::new(
+                "smtp.tls_ca_file",
+                format!("cannot read {path}: {e}"),
+            ));
+        }
+    }
+    problems
+}
