@@ -16,6 +16,7 @@ pub mod event_hub;
 pub mod framing;
 pub mod headers;
 pub mod listen;
+pub mod openapi;
 pub mod policy;
 pub mod readiness;
 pub mod respond;
@@ -165,6 +166,8 @@ pub struct Gateway {
     listen_hub: Arc<event_hub::EventHub>,
     /// The store's last answer to `/readyz`.
     store_check: readiness::StoreCheck,
+    /// `GET /v1/openapi.json`, serialized at start from the route table.
+    openapi: bytes::Bytes,
 }
 
 /// What `request_filter` decided.
@@ -188,6 +191,7 @@ impl Gateway {
     ) -> Self {
         Self {
             store: keys.store().clone(),
+            openapi: openapi::serialized(&routes),
             routes,
             upstreams,
             meter,
@@ -256,6 +260,10 @@ impl Gateway {
             {
                 return Box::pin(self.answer_preflight(session, ctx)).await;
             }
+        }
+        if openapi::is_document(session.req_header().uri.path()) {
+            Box::pin(openapi::answer(session, &self.openapi, ctx)).await?;
+            return Ok(Admission::Answer);
         }
         let route = self.authorize(session, ctx).await?;
         match route.handler {
