@@ -11,7 +11,8 @@ use utoipa::{Modify, OpenApi};
 
 use crate::openapi::{bearer, operations, with_error_answers, ADMIN_PATH};
 
-/// The name of the admin token's security scheme (also in `security` above).
+/// The name of the admin token's security scheme; `security` below spells it out (the attribute
+/// takes a literal).
 const SCHEME: &str = "admin_token";
 
 #[derive(OpenApi)]

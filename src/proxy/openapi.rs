@@ -28,14 +28,15 @@ const CONFIGURED: &str = "routes";
 pub fn document(routes: &RouteTable) -> Document {
     let mut doc = BuiltIn::openapi();
     for route in routes.routes() {
-        let path = openapi_path(&route.template);
-        let item = doc.paths.paths.entry(path.clone()).or_default();
+        // OpenAPI has no other methods (a route table's are the usual ones).
         let Some(method) = http_method(&route.method) else {
             continue;
         };
+        let path = openapi_path(&route.template);
+        let item = doc.paths.paths.entry(path.clone()).or_default();
         if operation(item, &method).is_none() {
             let op = configured(route, &path);
-            merge(item, PathItem::new(method.clone(), op));
+            item.merge_operations(PathItem::new(method.clone(), op));
         }
         if let Some(op) = operation(item, &method) {
             op.security = Some(vec![SecurityRequirement::new(SCHEME, [&*route.scope])]);
@@ -170,10 +171,6 @@ fn operation<'a>(
         HttpMethod::Options => item.options.as_mut(),
         HttpMethod::Trace => item.trace.as_mut(),
     }
-}
-
-fn merge(item: &mut PathItem, other: PathItem) {
-    item.merge_operations(other);
 }
 
 #[derive(OpenApi)]
