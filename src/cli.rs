@@ -74,6 +74,21 @@ enum Command {
     },
     /// Forward the workspace's webhook events to a local URL, signed as production signs them.
     Listen(ListenArgs),
+    /// Print an API's OpenAPI 3.1 document (JSON), as the running server serves it.
+    Openapi {
+        /// `admin` (the admin API) or `gateway` (its /v1 operations and configured routes).
+        api: OpenapiArg,
+        /// TOML config file whose routes the gateway's document lists; without one, the
+        /// embedded demo defaults apply.
+        #[arg(long, short, env = "SVCGATE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum OpenapiArg {
+    Admin,
+    Gateway,
 }
 
 #[derive(Debug, Subcommand)]
@@ -363,6 +378,33 @@ pub fn run(cli: Cli) -> ExitCode {
             webhooks(client, base, workspace, command)
         }),
         Command::Listen(args) => listen(args),
+        Command::Openapi { api, config } => openapi(api, config),
+    }
+}
+
+/// Prints `api`'s document; the gateway's is built from the configuration's routes (exit 2 if
+/// it is invalid).
+fn openapi(api: OpenapiArg, config: Option<PathBuf>) -> ExitCode {
+    let print = |doc: utoipa::openapi::OpenApi| match doc.to_pretty_json() {
+        Ok(json) => {
+            println!("{json}");
+            Ok(())
+        }
+        Err(e) => Err(server::StartError::Config(format!("cannot serialize: {e}"))),
+    };
+    match api {
+        OpenapiArg::Admin => match print(crate::admin::openapi_document()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("svcgate: {e}");
+                ExitCode::from(1)
+            }
+        },
+        OpenapiArg::Gateway => run_server(config, Role::Server, |config| {
+            let routes = crate::proxy::routes::RouteTable::new(&config.routes())
+                .map_err(server::StartError::Config)?;
+            print(crate::proxy::api::openapi::document(&routes))
+        }),
     }
 }
 

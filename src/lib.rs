@@ -20,6 +20,7 @@ pub mod keys;
 pub mod logging;
 pub mod metering;
 pub mod metrics;
+pub mod openapi;
 pub mod proxy;
 pub mod server;
 pub mod shared;

@@ -6,6 +6,7 @@ use axum::extract::State;
 use axum::Json;
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::extract::JsonBody;
 use super::AdminState;
@@ -13,7 +14,7 @@ use crate::error::ApiError;
 use crate::events::{data_too_large, is_event_id, is_event_type, Event, EVENT_TYPES};
 use crate::keys::Environment;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NewEvent {
     workspace: String,
@@ -30,11 +31,20 @@ pub(super) struct NewEvent {
     id: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub(super) struct Accepted {
     id: String,
 }
 
+/// `POST /admin/v1/events`: an event enters the log, for the webhook worker to deliver.
+#[utoipa::path(
+    post, path = "/admin/v1/events", tag = "events",
+    request_body = NewEvent,
+    responses(
+        (status = 202, description = "The event accepted, by id", body = Accepted),
+        (status = 404, description = "No such workspace", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn create(
     State(state): State<AdminState>,
     JsonBody(body): JsonBody<NewEvent>,

@@ -6,6 +6,7 @@ use axum::Json;
 use http::HeaderMap;
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{from_object, page_limit, JsonBody, PathParams, QueryParams};
 use super::AdminState;
@@ -18,7 +19,7 @@ use crate::metering::Credits;
 use crate::store::{Rotation, StoreError};
 
 /// A key as the admin API shows it: never the value, never the digest.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub(super) struct KeyView {
     id: String,
     /// The full key: present only in the answer that created it.
@@ -62,7 +63,7 @@ impl From<&KeyRecord> for KeyView {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CreateKey {
     workspace: String,
@@ -90,6 +91,15 @@ fn parse_scopes(names: &[String]) -> Result<Scopes, ApiError> {
 /// retried creation (a dashboard that timed out) gets the same key rather than a second live
 /// one: its value is derived from the idempotency secret, the workspace and the idempotency
 /// key, as for rotations.
+#[utoipa::path(
+    post, path = "/admin/v1/keys", tag = "keys",
+    params(("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters: a retry within a day gets the same key")),
+    request_body = CreateKey,
+    responses(
+        (status = 201, description = "The key, with its value (shown this once)", body = KeyView),
+        (status = 404, description = "No such workspace", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn create(
     State(state): State<AdminState>,
     headers: HeaderMap,
@@ -172,7 +182,8 @@ pub(super) async fn create(
     Ok((StatusCode::CREATED, Json(view)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ListQuery {
     workspace: Option<String>,
@@ -182,13 +193,23 @@ pub(super) struct ListQuery {
     starting_after: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub(super) struct KeyList {
     data: Vec<KeyView>,
     /// Whether keys follow this page: ask again with `starting_after` the last one's id.
     has_more: bool,
 }
 
+/// `GET /admin/v1/keys?workspace=…`: a workspace's keys (not its scoped tokens), a page at a
+/// time.
+#[utoipa::path(
+    get, path = "/admin/v1/keys", tag = "keys",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of keys", body = KeyList),
+        (status = 404, description = "No such workspace", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn list(
     State(state): State<AdminState>,
     QueryParams(query): QueryParams<ListQuery>,
@@ -219,6 +240,15 @@ pub(super) async fn list(
     }))
 }
 
+/// `GET /admin/v1/keys/{id}`: one key or scoped token.
+#[utoipa::path(
+    get, path = "/admin/v1/keys/{id}", tag = "keys",
+    params(("id" = String, Path, description = "Key id (`key_…`), or a scoped token's (`tok_…`)")),
+    responses(
+        (status = 200, description = "The key", body = KeyView),
+        (status = 404, description = "No such key", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn show(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,
@@ -231,7 +261,7 @@ pub(super) async fn show(
     Ok(Json(KeyView::from(&*key)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PatchKey {
     #[serde(default)]
@@ -243,6 +273,16 @@ pub(super) struct PatchKey {
     name: Option<String>,
 }
 
+/// `PATCH /admin/v1/keys/{id}`: a key's scopes, budget or name.
+#[utoipa::path(
+    patch, path = "/admin/v1/keys/{id}", tag = "keys",
+    params(("id" = String, Path, description = "Key id (`key_…`), or a scoped token's (`tok_…`)")),
+    request_body = PatchKey,
+    responses(
+        (status = 200, description = "The key changed", body = KeyView),
+        (status = 404, description = "No such key", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn patch(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,
@@ -272,6 +312,15 @@ pub(super) async fn patch(
     Ok(Json(KeyView::from(&*updated)))
 }
 
+/// `POST /admin/v1/keys/{id}/revoke`: the key or token stops working at once.
+#[utoipa::path(
+    post, path = "/admin/v1/keys/{id}/revoke", tag = "keys",
+    params(("id" = String, Path, description = "Key id (`key_…`), or a scoped token's (`tok_…`)")),
+    responses(
+        (status = 200, description = "The key revoked", body = KeyView),
+        (status = 404, description = "No such key", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn revoke(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,
@@ -289,7 +338,7 @@ pub(super) async fn revoke(
     Ok(Json(KeyView::from(&*revoked)))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RotateKey {
     #[serde(default)]
@@ -300,6 +349,15 @@ pub(super) struct RotateKey {
 /// old key working for the grace period. With an `Idempotency-Key` header, a retry returns the
 /// same successor: its value is derived from a secret drawn from the admin token (never in the
 /// store), the old key's id and the idempotency key, so it is reproduced rather than stored.
+#[utoipa::path(
+    post, path = "/admin/v1/keys/{id}/rotate", tag = "keys",
+    params(("id" = String, Path, description = "Key id (`key_…`), or a scoped token's (`tok_…`)"), ("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters: a retry within a day gets the same key")),
+    request_body(content = Option<RotateKey>, description = "Optional: without a body, the configured grace period"),
+    responses(
+        (status = 201, description = "The successor key, with its value (shown this once)", body = KeyView),
+        (status = 404, description = "No such key", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn rotate(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,
@@ -389,6 +447,14 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// `POST /admin/v1/keys/{id}/end-grace`: a rotated key stops working now.
+#[utoipa::path(
+    post, path = "/admin/v1/keys/{id}/end-grace", tag = "keys",
+    params(("id" = String, Path, description = "Key id (`key_…`), or a scoped token's (`tok_…`)")),
+    responses(
+        (status = 200, description = "The rotated key, its grace period over", body = KeyView),
+        (status = 404, description = "No such key", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn end_grace(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,

@@ -7,6 +7,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa::ToSchema;
 
 use super::extract::JsonArray;
 use super::AdminState;
@@ -19,7 +20,7 @@ use crate::keys::{Environment, KeyHash, KeyRecord, KeyStatus};
 /// Most tokens one report may carry.
 const MAX_REPORTED: usize = 1_000;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 pub(super) struct FoundToken {
     token: String,
     #[serde(default)]
@@ -31,13 +32,20 @@ pub(super) struct FoundToken {
     _token_type: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub(super) struct LeakResult {
     token_last4: String,
     key_id: Option<String>,
     action: &'static str,
 }
 
+/// `POST /admin/v1/leaks`: revokes every live key (or a live key's scoped token) among the
+/// tokens reported; test keys are `ignored`, anything else `not_found`.
+#[utoipa::path(
+    post, path = "/admin/v1/leaks", tag = "leaks",
+    request_body = Vec<FoundToken>,
+    responses((status = 200, description = "What was done with each token, in order", body = Vec<LeakResult>)),
+)]
 pub(super) async fn report(
     State(state): State<AdminState>,
     JsonArray(found): JsonArray<FoundToken>,

@@ -4,6 +4,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{JsonBody, PathParams, QueryParams};
 use super::AdminState;
@@ -16,7 +17,8 @@ use crate::metering::Credits;
 /// Most records one audit query returns.
 const MAX_LIMIT: usize = 1_000;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct AuditParams {
     workspace: Option<String>,
@@ -27,7 +29,7 @@ pub(super) struct AuditParams {
     limit: Option<usize>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub(super) struct AuditPage {
     data: Vec<AuditRecord>,
     /// Whether older records match too: ask again with `cursor` = `next_cursor`.
@@ -36,6 +38,16 @@ pub(super) struct AuditPage {
     next_cursor: Option<String>,
 }
 
+/// `GET /admin/v1/audit?workspace=…`: a workspace's audit records, newest first, a page at a
+/// time.
+#[utoipa::path(
+    get, path = "/admin/v1/audit", tag = "metering",
+    params(AuditParams),
+    responses(
+        (status = 200, description = "A page of audit records", body = AuditPage),
+        (status = 404, description = "No such workspace", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn audit(
     State(state): State<AdminState>,
     QueryParams(params): QueryParams<AuditParams>,
@@ -81,14 +93,15 @@ pub(super) async fn audit(
     }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct UsageParams {
     workspace: Option<String>,
     month: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub(super) struct UsageView {
     workspace: String,
     month: String,
@@ -97,6 +110,16 @@ pub(super) struct UsageView {
     projects: BTreeMap<String, Credits>,
 }
 
+/// `GET /admin/v1/usage?workspace=…&month=YYYY-MM`: a workspace's spend in a month, by key
+/// and by project.
+#[utoipa::path(
+    get, path = "/admin/v1/usage", tag = "metering",
+    params(UsageParams),
+    responses(
+        (status = 200, description = "The month's spend", body = UsageView),
+        (status = 404, description = "No such workspace", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn usage(
     State(state): State<AdminState>,
     QueryParams(params): QueryParams<UsageParams>,
@@ -124,15 +147,16 @@ pub(super) async fn usage(
     }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SetBudget {
     /// `null` removes the budget; the member itself is required (`{}` is not a removal).
     #[serde(deserialize_with = "Option::deserialize")]
+    #[schema(required = true)]
     monthly_budget: Option<Credits>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub(super) struct ProjectBudget {
     workspace: String,
     project: String,
@@ -162,6 +186,14 @@ async fn budgets_in_force(
 
 /// `GET /admin/v1/workspaces/{id}/projects/{project}/budget`: the project's monthly budget, and
 /// where it comes from.
+#[utoipa::path(
+    get, path = "/admin/v1/workspaces/{id}/projects/{project}/budget", tag = "metering",
+    params(("id" = String, Path, description = "Workspace id (`ws_…`)"), ("project" = String, Path, description = "Project: 1-64 characters of A-Z, a-z, 0-9, `.`, `_` or `-`")),
+    responses(
+        (status = 200, description = "The project's budget", body = ProjectBudget),
+        (status = 404, description = "No such workspace", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn project_budget(
     State(state): State<AdminState>,
     PathParams((workspace, project)): PathParams<(String, String)>,
@@ -179,13 +211,21 @@ pub(super) async fn project_budget(
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub(super) struct ProjectBudgets {
     data: Vec<ProjectBudget>,
 }
 
 /// `GET /admin/v1/workspaces/{id}/projects`: every project of the workspace with a budget, by
 /// name.
+#[utoipa::path(
+    get, path = "/admin/v1/workspaces/{id}/projects", tag = "metering",
+    params(("id" = String, Path, description = "Workspace id (`ws_…`)")),
+    responses(
+        (status = 200, description = "The projects with a budget", body = ProjectBudgets),
+        (status = 404, description = "No such workspace", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn project_budgets(
     State(state): State<AdminState>,
     PathParams(workspace): PathParams<String>,
@@ -208,6 +248,17 @@ fn invalid_project() -> ApiError {
     ApiError::invalid("a project is 1-64 characters of A-Z, a-z, 0-9, '.', '_' or '-'")
 }
 
+/// `PUT /admin/v1/workspaces/{id}/projects/{project}/budget`: sets (or, with `null`, removes)
+/// a project's monthly budget; it overrides the configuration's.
+#[utoipa::path(
+    put, path = "/admin/v1/workspaces/{id}/projects/{project}/budget", tag = "metering",
+    params(("id" = String, Path, description = "Workspace id (`ws_…`)"), ("project" = String, Path, description = "Project: 1-64 characters of A-Z, a-z, 0-9, `.`, `_` or `-`")),
+    request_body = SetBudget,
+    responses(
+        (status = 200, description = "The project's budget as it applies", body = ProjectBudget),
+        (status = 404, description = "No such workspace", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn set_project_budget(
     State(state): State<AdminState>,
     PathParams((workspace, project)): PathParams<(String, String)>,

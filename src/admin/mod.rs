@@ -9,6 +9,7 @@ mod extract;
 mod keys;
 mod leaks;
 mod metering;
+mod openapi;
 mod service;
 mod webhooks;
 mod workspaces;
@@ -32,6 +33,7 @@ use crate::keys::Environment;
 use crate::proxy::respond::REQUEST_ID;
 use crate::shutdown::Draining;
 use crate::store::{KeyCache, Store};
+pub use openapi::document as openapi_document;
 pub use service::AdminService;
 
 /// A secret for one purpose, drawn from `secret` (HMAC-SHA256 keyed by it).
@@ -228,6 +230,7 @@ pub fn router(state: AdminState) -> Router {
         .nest("/admin/v1", api)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route(openapi::PATH, get(openapi::serve))
         .fallback(|| async { ApiError::not_found("no such admin route") })
         .method_not_allowed_fallback(|| async {
             ApiError::MethodNotAllowed("method not allowed on this path".into())
@@ -271,10 +274,23 @@ async fn prometheus_text() -> Response {
     }
 }
 
+/// `GET /healthz`: the process is up.
+#[utoipa::path(
+    get, path = "/healthz", tag = "probes", security(()),
+    responses((status = 200, description = "`{\"status\": \"ok\"}`", body = Object)),
+)]
 async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok"}))
 }
 
+/// `GET /readyz`: the store answers and the process is not shutting down.
+#[utoipa::path(
+    get, path = "/readyz", tag = "probes", security(()),
+    responses(
+        (status = 200, description = "`{\"status\": \"ready\"}`", body = Object),
+        (status = 503, description = "Shutting down, or the store is unreachable", body = crate::openapi::ErrorBody),
+    ),
+)]
 async fn readyz(State(state): State<AdminState>) -> Result<Json<serde_json::Value>, ApiError> {
     if state.draining.is_draining() {
         return Err(ApiError::ServiceUnavailable("shutting down".into()));

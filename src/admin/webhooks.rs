@@ -9,6 +9,7 @@ use axum::Json;
 use http::StatusCode;
 use serde::Deserialize;
 use serde_json::Value;
+use utoipa::IntoParams;
 
 use super::extract::{JsonBody, PathParams, QueryParams};
 use super::AdminState;
@@ -16,6 +17,14 @@ use crate::error::ApiError;
 use crate::webhooks::manage::{self, EndpointView, ReplayInput};
 
 /// `GET /admin/v1/workspaces/{ws}/webhooks`
+#[utoipa::path(
+    get, path = "/admin/v1/workspaces/{id}/webhooks", tag = "webhooks",
+    params(("id" = String, Path, description = "Workspace id (`ws_…`)")),
+    responses(
+        (status = 200, description = "The workspace's endpoints, both environments, without secrets", body = crate::openapi::EndpointList),
+        (status = 404, description = "No such workspace", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn list(
     State(state): State<AdminState>,
     PathParams(workspace): PathParams<String>,
@@ -26,6 +35,14 @@ pub(super) async fn list(
 }
 
 /// `GET /admin/v1/workspaces/{ws}/webhooks/{id}`
+#[utoipa::path(
+    get, path = "/admin/v1/workspaces/{id}/webhooks/{endpoint}", tag = "webhooks",
+    params(("id" = String, Path, description = "Workspace id (`ws_…`)"), ("endpoint" = String, Path, description = "Webhook endpoint id (`we_…`)")),
+    responses(
+        (status = 200, description = "The endpoint, without its secret", body = crate::webhooks::manage::EndpointView),
+        (status = 404, description = "No such endpoint", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn show(
     State(state): State<AdminState>,
     PathParams((workspace, id)): PathParams<(String, String)>,
@@ -34,13 +51,22 @@ pub(super) async fn show(
     Ok(Json(manage::show(&*state.store, &endpoint).await?).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct DeliveriesParams {
     limit: Option<String>,
 }
 
 /// `GET /admin/v1/workspaces/{ws}/webhooks/{id}/deliveries?limit=N`
+#[utoipa::path(
+    get, path = "/admin/v1/workspaces/{id}/webhooks/{endpoint}/deliveries", tag = "webhooks",
+    params(("id" = String, Path, description = "Workspace id (`ws_…`)"), ("endpoint" = String, Path, description = "Webhook endpoint id (`we_…`)"), DeliveriesParams),
+    responses(
+        (status = 200, description = "The endpoint's deliveries, newest first", body = crate::openapi::DeliveryList),
+        (status = 404, description = "No such endpoint", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn deliveries(
     State(state): State<AdminState>,
     PathParams((workspace, id)): PathParams<(String, String)>,
@@ -54,6 +80,14 @@ pub(super) async fn deliveries(
 }
 
 /// `POST /admin/v1/workspaces/{ws}/webhooks/{id}/resume`
+#[utoipa::path(
+    post, path = "/admin/v1/workspaces/{id}/webhooks/{endpoint}/resume", tag = "webhooks",
+    params(("id" = String, Path, description = "Workspace id (`ws_…`)"), ("endpoint" = String, Path, description = "Webhook endpoint id (`we_…`)")),
+    responses(
+        (status = 200, description = "The endpoint, active again", body = crate::webhooks::manage::EndpointView),
+        (status = 404, description = "No such endpoint", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn resume(
     State(state): State<AdminState>,
     PathParams((workspace, id)): PathParams<(String, String)>,
@@ -65,6 +99,16 @@ pub(super) async fn resume(
 }
 
 /// `POST /admin/v1/workspaces/{ws}/webhooks/{id}/replay` with `{"event_id"}` or `{"since"}`
+#[utoipa::path(
+    post, path = "/admin/v1/workspaces/{id}/webhooks/{endpoint}/replay", tag = "webhooks",
+    params(("id" = String, Path, description = "Workspace id (`ws_…`)"), ("endpoint" = String, Path, description = "Webhook endpoint id (`we_…`)")),
+    request_body = crate::webhooks::manage::ReplayInput,
+    responses(
+        (status = 202, description = "What was queued", body = crate::openapi::ReplayQueued),
+        (status = 404, description = "No such endpoint or event", body = crate::openapi::ErrorBody),
+        (status = 429, description = "Too many deliveries queued already", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn replay(
     State(state): State<AdminState>,
     PathParams((workspace, id)): PathParams<(String, String)>,

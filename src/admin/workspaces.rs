@@ -4,6 +4,7 @@ use axum::extract::State;
 use axum::Json;
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{page_limit, JsonBody, PathParams, QueryParams};
 use super::AdminState;
@@ -12,7 +13,7 @@ use crate::ids::{new_id, unix_now};
 use crate::keys::Workspace;
 use crate::metering::Credits;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CreateWorkspace {
     name: String,
@@ -23,6 +24,12 @@ pub(super) struct CreateWorkspace {
     credits_low_threshold: Option<Credits>,
 }
 
+/// `POST /admin/v1/workspaces`: a new workspace.
+#[utoipa::path(
+    post, path = "/admin/v1/workspaces", tag = "workspaces",
+    request_body = CreateWorkspace,
+    responses((status = 201, description = "The workspace created", body = Workspace)),
+)]
 pub(super) async fn create(
     State(state): State<AdminState>,
     JsonBody(body): JsonBody<CreateWorkspace>,
@@ -39,7 +46,8 @@ pub(super) async fn create(
     Ok((StatusCode::CREATED, Json(workspace)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ListQuery {
     /// Workspaces per page ([`page_limit`]).
@@ -48,7 +56,7 @@ pub(super) struct ListQuery {
     starting_after: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub(super) struct WorkspaceList {
     data: Vec<Workspace>,
     /// Whether workspaces follow this page: ask again with `starting_after` the last one's id.
@@ -56,6 +64,11 @@ pub(super) struct WorkspaceList {
 }
 
 /// `GET /admin/v1/workspaces`: every workspace, oldest first, a page at a time.
+#[utoipa::path(
+    get, path = "/admin/v1/workspaces", tag = "workspaces",
+    params(ListQuery),
+    responses((status = 200, description = "A page of workspaces", body = WorkspaceList)),
+)]
 pub(super) async fn list(
     State(state): State<AdminState>,
     QueryParams(query): QueryParams<ListQuery>,
@@ -75,6 +88,15 @@ pub(super) async fn list(
     Ok(Json(WorkspaceList { data, has_more }))
 }
 
+/// `GET /admin/v1/workspaces/{id}`: one workspace.
+#[utoipa::path(
+    get, path = "/admin/v1/workspaces/{id}", tag = "workspaces",
+    params(("id" = String, Path, description = "Workspace id (`ws_…`)")),
+    responses(
+        (status = 200, description = "The workspace", body = Workspace),
+        (status = 404, description = "No such workspace", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn show(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,
@@ -86,7 +108,7 @@ pub(super) async fn show(
 }
 
 /// What `PATCH` may change; absent fields stay, `null` removes a cap or a threshold.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PatchWorkspace {
     #[serde(default)]
@@ -102,6 +124,15 @@ pub(super) struct PatchWorkspace {
 /// Changes a workspace. Every replica reads the credits and the threshold on its next usage
 /// flush, so a raised `monthly_credits` lets a spent workspace's requests through again, and
 /// a remainder back above the threshold re-arms `billing.credits.low`.
+#[utoipa::path(
+    patch, path = "/admin/v1/workspaces/{id}", tag = "workspaces",
+    params(("id" = String, Path, description = "Workspace id (`ws_…`)")),
+    request_body = PatchWorkspace,
+    responses(
+        (status = 200, description = "The workspace changed", body = Workspace),
+        (status = 404, description = "No such workspace", body = crate::openapi::ErrorBody),
+    ),
+)]
 pub(super) async fn patch(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,

@@ -16,7 +16,7 @@ pub use format::{KeyFormatError, KeyHash, NewKey};
 pub use scopes::{Scope, Scopes};
 
 /// Which environment a key belongs to, selected by its prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Environment {
     /// `svc_live_`: bills credits, reaches production backends.
@@ -51,7 +51,7 @@ impl Environment {
 }
 
 /// Lifecycle state of a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum KeyStatus {
     /// Accepted.
@@ -429,7 +429,7 @@ pub fn successor(old: &KeyRecord, key: &NewKey, now: u64) -> KeyRecord {
 }
 
 /// A workspace: the owner of keys, endpoints and budgets.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Workspace {
     /// `ws_…`
     pub id: String,

@@ -27,17 +27,21 @@ use crate::store::Store;
 ///
 /// Rendered for every request, so what it can share it does: the workspace and key id are the
 /// cached key's own, the environment and common methods are constants.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditRecord {
     /// Unix milliseconds when the request arrived.
     pub time_ms: u64,
     /// `req_…`
+    #[schema(value_type = String)]
     pub request_id: CompactString,
     /// `ws_…`
+    #[schema(value_type = String)]
     pub workspace: Arc<str>,
     /// The key billed (the parent, for a scoped token).
+    #[schema(value_type = String)]
     pub key_id: Arc<str>,
     /// Prefix and last four of the key or token presented.
+    #[schema(value_type = String)]
     pub key: CompactString,
     /// `live`, `test` (a scoped token's parent's).
     pub environment: Environment,
@@ -45,11 +49,14 @@ pub struct AuditRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
     /// HTTP method.
+    #[schema(value_type = String)]
     pub method: Cow<'static, str>,
     /// Request path (no query string; a key in it cut to its last four).
+    #[schema(value_type = String)]
     pub path: CompactString,
     /// The `model` of the JSON body, or the backend's `Service-Model`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub model: Option<CompactString>,
     /// Response status.
     pub status: u16,
@@ -57,6 +64,7 @@ pub struct AuditRecord {
     pub credits: f64,
     /// Client address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub client_ip: Option<IpAddr>,
     /// Time to the end of the response, milliseconds.
     pub latency_ms: u64,
@@ -65,6 +73,7 @@ pub struct AuditRecord {
     pub token_id: Option<String>,
     /// The scoped token's metadata (the token's own copy, shared).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 

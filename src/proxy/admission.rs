@@ -7,7 +7,9 @@ use pingora::proxy::Session;
 use super::auth::{self, Authenticated};
 use super::routes::{Handler, Route, RouteId};
 use super::upstream::Target;
-use super::{framing, listen, peer_ip, policy, tokens, webhooks, Admission, Gateway, RequestCtx};
+use super::{
+    api, framing, listen, peer_ip, policy, tokens, webhooks, Admission, Gateway, RequestCtx,
+};
 use super::{ACCESS_CONTROL_REQUEST_METHOD, ORIGIN, SERVICE_PROJECT};
 use crate::error::ApiError;
 use crate::keys::format::redact;
@@ -46,6 +48,10 @@ impl Gateway {
             {
                 return Box::pin(self.answer_preflight(session, ctx)).await;
             }
+        }
+        if api::openapi::is_document(session.req_header().uri.path()) {
+            Box::pin(api::openapi::answer(session, &self.openapi, ctx)).await?;
+            return Ok(Admission::Answer);
         }
         let route = self.authorize(session, ctx).await?;
         match route.handler {

@@ -171,6 +171,8 @@ pub struct Gateway {
     listen_hub: Arc<event_hub::EventHub>,
     /// The store's last answer to `/readyz`.
     store_check: readiness::StoreCheck,
+    /// `GET /v1/openapi.json`, serialized at start from the route table.
+    openapi: bytes::Bytes,
 }
 
 /// What `request_filter` decided.
@@ -554,6 +556,7 @@ impl Gateway {
     ) -> Self {
         Self {
             store: keys.store().clone(),
+            openapi: api::openapi::serialized(&routes),
             routes,
             upstreams,
             meter,

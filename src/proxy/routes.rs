@@ -211,6 +211,11 @@ impl RouteTable {
     pub fn get(&self, id: RouteId) -> &Route {
         &self.routes[id.0]
     }
+
+    /// Every route, built-in ones first, then the configured ones in their order.
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
 }
 
 /// Whether a path parameter names something, the same way for the gateway and any backend: not

@@ -33,7 +33,7 @@ pub struct Endpoint {
 }
 
 /// Whether an endpoint gets deliveries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EndpointStatus {
     /// Deliveries go out.

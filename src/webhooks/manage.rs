@@ -27,7 +27,7 @@ pub const REPLAY_QUEUE_MAX: u64 = 2 * REPLAY_MAX as u64;
 pub const LISTED_DEFAULT: usize = 50;
 
 /// An endpoint as the APIs show it; the secret only in the answer that created it.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct EndpointView<'a> {
     id: &'a str,
     url: &'a str,
@@ -43,7 +43,7 @@ pub struct EndpointView<'a> {
 }
 
 /// An endpoint's retry, as the APIs show it.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct RetryView {
     failures: u32,
     next_attempt_at: u64,
@@ -74,7 +74,7 @@ impl<'a> EndpointView<'a> {
 }
 
 /// A delivery as the APIs show it: the event's id and type, not its payload.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct DeliveryView<'a> {
     id: &'a str,
     event_id: &'a str,
@@ -89,7 +89,7 @@ pub struct DeliveryView<'a> {
     created_at: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct AttemptView<'a> {
     at: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -121,7 +121,7 @@ impl<'a> DeliveryView<'a> {
 }
 
 /// The body of a replay: one event, or every event since a time.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayInput {
     #[serde(default)]
