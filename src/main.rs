@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 /// mimalloc rather than the system allocator: the request path allocates small, short-lived
 /// buffers on every request, and glibc's malloc cost about a tenth of the gateway's CPU under
-/// load (see the README's performance section).
+/// load (see docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
