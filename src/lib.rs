@@ -3,7 +3,7 @@
 //! The module tree is the architecture:
 //! - [`proxy`]: the request path (auth → route → policy → upstream), as Pingora phases;
 //! - [`keys`]: the key model (format, records, scopes);
-//! - [`store`]: shared state behind one trait (memory; Redis);
+//! - [`store`]: shared state, one trait per area (memory; Redis);
 //! - [`metering`]: credits (budgets, spend and audit build on it);
 //! - [`admin`]: the operators' API; [`cli`]: the command line;
 //! - [`config`], [`metrics`], [`logging`], [`server`], [`shutdown`]: the process around them.
@@ -22,6 +22,7 @@ pub mod metering;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+pub mod shared;
 pub mod shutdown;
 pub mod store;
 pub mod webhooks;

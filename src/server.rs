@@ -17,7 +17,7 @@ use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
 use crate::shutdown::{Draining, DrainingSignalWatch};
-use crate::store::{KeyCache, MemoryStore, RedisStore, Store};
+use crate::store::{KeyCache, MemoryStore, RedisStore, StoreHealth, Stores, WorkerStores};
 use crate::webhooks::mail::Mailer;
 use crate::webhooks::{Worker, WorkerSettings};
 
@@ -101,15 +101,15 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         let _guard = store_runtime.enter();
         connect_store(&config)?
     };
-    let keys = Arc::new(KeyCache::new(store.clone(), config.store.cache()));
+    let keys = Arc::new(KeyCache::new(store.keys.clone(), config.store.cache()));
     if let Err(e) = store_runtime.block_on(keys.sync()) {
         tracing::warn!(error = %e, "key store unreachable at start; not ready until it answers");
     }
     store_runtime.spawn(keys.clone().follow());
-    store_runtime.spawn(prepare_store(store.clone()));
+    store_runtime.spawn(prepare_store(store.health.clone()));
     let meter_config = config.meter();
     let configured_budgets = meter_config.project_budgets.clone();
-    let (meter, audit_writer) = Meter::new(store.clone(), meter_config);
+    let (meter, audit_writer) = Meter::new(store.usage.clone(), store.audit.clone(), meter_config);
     let (stop_meter, meter_stopped) = tokio::sync::watch::channel(false);
     let metering = store_runtime.spawn(meter.clone().run(audit_writer, meter_stopped));
     let (stop_worker, worker_stopped) = tokio::sync::watch::channel(false);
@@ -118,7 +118,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         false => {
             let worker = {
                 let _guard = store_runtime.enter();
-                webhook_worker(&config, store.clone())?
+                webhook_worker(&config, store.worker())?
             };
             Some(store_runtime.spawn(worker.run(worker_stopped)))
         }
@@ -155,6 +155,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
 
     let draining = Draining::default();
     let gateway = Gateway::new(
+        store.clone(),
         keys.clone(),
         routes,
         upstreams,
@@ -185,6 +186,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
 
     let admin_router = admin::router(
         AdminState::new(
+            store.clone(),
             keys,
             &server_cfg.admin_token,
             config.keys.rotation_grace_seconds,
@@ -224,7 +226,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     // request or the admin API reopened runs on a Pingora runtime, stopped now.
     {
         let _guard = store_runtime.enter();
-        store.reopen_connections();
+        store.health.reopen_connections();
     }
     // Requests have drained: write what they spent and their audit records (or spool them),
     // at once, not after the worker: spend is in memory alone until then. Meanwhile the
@@ -251,7 +253,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     Ok(())
 }
 
-fn webhook_worker(config: &Config, store: Arc<dyn Store>) -> Result<Arc<Worker>, StartError> {
+fn webhook_worker(config: &Config, store: WorkerStores) -> Result<Arc<Worker>, StartError> {
     if config.smtp.host.is_none() {
         writable_dir("webhooks.outbox_dir", &config.webhooks.outbox_dir)?;
     }
@@ -272,16 +274,16 @@ fn writable_dir(key: &str, dir: &str) -> Result<(), StartError> {
     std::fs::remove_file(&probe).map_err(fail)
 }
 
-fn connect_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
+fn connect_store(config: &Config) -> Result<Stores, StartError> {
     Ok(match config.store.kind {
-        StoreKind::Memory => Arc::new(MemoryStore::with_demo_workspace()),
+        StoreKind::Memory => Stores::of(Arc::new(MemoryStore::with_demo_workspace())),
         StoreKind::Redis => {
             let tls = config
                 .store
                 .tls()
                 .map_err(|p| StartError::Config(format!("{}: {}", p.key, p.reason)))?;
             let sentinels = config.store.sentinels();
-            Arc::new(
+            Stores::of(Arc::new(
                 RedisStore::connect_with(
                     &config.store.url,
                     &config.store.namespace,
@@ -290,7 +292,7 @@ fn connect_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
                 )
                 .map_err(|e| StartError::Config(format!("store.url: {e}")))?
                 .with_audit_retention_days(config.metering.audit_retention_days),
-            )
+            ))
         }
     })
 }
@@ -321,13 +323,15 @@ pub fn work(config: Config) -> Result<(), StartError> {
             );
         }
         let store = connect_store(&config)?;
-        let worker = webhook_worker(&config, store.clone())?;
+        let worker = webhook_worker(&config, store.worker())?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let running = tokio::spawn(worker.run(stopped));
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| StartError::Config(format!("server.metrics_listen: {e}")))?;
         let probes =
-            tokio::spawn(async move { axum::serve(listener, admin::probes_router(store)).await });
+            tokio::spawn(
+                async move { axum::serve(listener, admin::probes_router(store.health)).await },
+            );
         tracing::info!(
             metrics = %config.server.metrics_listen,
             store = ?config.store.kind,
@@ -342,10 +346,10 @@ pub fn work(config: Config) -> Result<(), StartError> {
     })
 }
 
-/// Brings what an earlier version wrote up to date ([`Store::prepare`]), off every request's
+/// Brings what an earlier version wrote up to date ([`StoreHealth::prepare`]), off every request's
 /// path, trying again while it fails: after 10 s, then twice as long each time, up to 5 min (a
 /// Redis that refuses it — full, read-only after a failover — is not scanned again and again).
-async fn prepare_store(store: Arc<dyn Store>) {
+async fn prepare_store(store: Arc<dyn StoreHealth>) {
     const FIRST_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
     const LONGEST_RETRY: std::time::Duration = std::time::Duration::from_secs(300);
     let mut retry = FIRST_RETRY;

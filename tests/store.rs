@@ -11,12 +11,39 @@ use svcgate::keys::KeyHash;
 use svcgate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes, Workspace};
 use svcgate::metering::audit::{AuditCursor, AuditQuery, AuditRecord};
 use svcgate::store::{
-    AfterAttempt, ClaimRequest, ClaimedDelivery, IndexFillTiming, MemoryStore, RedisStore, Saved,
-    Store, StoreError,
+    AfterAttempt, AuditStore, ClaimRequest, ClaimedDelivery, DeliveryQueue, EventLog,
+    IndexFillTiming, KeyStore, ListenSlots, MemoryStore, NoticeStore, RedisStore, Saved,
+    StoreError, StoreHealth, UsageStore,
 };
 use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus, DeliverySummary};
 use svcgate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use svcgate::webhooks::notice::PauseNotice;
+
+/// Every area's storage, as both stores provide it: what the suite runs against.
+trait Store:
+    StoreHealth
+    + KeyStore
+    + UsageStore
+    + AuditStore
+    + EventLog
+    + DeliveryQueue
+    + NoticeStore
+    + ListenSlots
+{
+}
+
+impl<T> Store for T where
+    T: StoreHealth
+        + KeyStore
+        + UsageStore
+        + AuditStore
+        + EventLog
+        + DeliveryQueue
+        + NoticeStore
+        + ListenSlots
+        + ?Sized
+{
+}
 
 fn workspace() -> Workspace {
     Workspace {

@@ -3,8 +3,11 @@
 //! Pure data and pure functions; the stores persist these types and the request path reads
 //! them.
 
+pub mod cache;
+pub mod directory;
 pub mod format;
 pub mod scopes;
+pub mod store;
 
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};

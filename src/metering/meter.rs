@@ -15,13 +15,13 @@ use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit, AUDIT_BATCH};
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
 use super::spool;
+use super::store::{AuditStore, UsageStore};
 use super::usage::{
     BudgetScope, KeyBudget, PendingSpend, RateFlush, SpendByMonth, SpendSpool, Usage, UsageFlush,
     Verdict, WorkspaceFlush,
 };
 use crate::error::ApiError;
 use crate::keys::{CachedKey, Environment};
-use crate::store::Store;
 
 /// How the meter is set up.
 #[derive(Debug, Clone)]
@@ -46,7 +46,7 @@ pub struct Meter {
     usage: Usage,
     rate: RateLimiter,
     audit: AuditLog,
-    store: Arc<dyn Store>,
+    store: Arc<dyn UsageStore>,
     config: MeterConfig,
     /// Where the next flush resumes refreshing idle keys' global counts.
     idle_cursor: std::sync::atomic::AtomicUsize,
@@ -132,13 +132,15 @@ fn add_idle_refreshes(
 }
 
 impl Meter {
-    /// A meter over `store`, and the audit writer [`Meter::run`] drives.
-    pub fn new(store: Arc<dyn Store>, config: MeterConfig) -> (Arc<Self>, AuditWriter) {
-        let (audit, writer) = audit_log(
-            store.clone(),
-            config.spool_dir.clone(),
-            config.audit_backlog,
-        );
+    /// A meter over `store`, writing audit records to `audit_store`, and the audit writer
+    /// [`Meter::run`] drives.
+    pub fn new(
+        store: Arc<dyn UsageStore>,
+        audit_store: Arc<dyn AuditStore>,
+        config: MeterConfig,
+    ) -> (Arc<Self>, AuditWriter) {
+        let (audit, writer) =
+            audit_log(audit_store, config.spool_dir.clone(), config.audit_backlog);
         let meter = Arc::new(Self {
             usage: Usage::new(config.project_budgets.clone()),
             rate: RateLimiter::new(),
@@ -724,7 +726,8 @@ mod spool_tests {
             audit_backlog: 10,
             project_budgets: HashMap::new(),
         };
-        Meter::new(Arc::new(MemoryStore::new()), config).0
+        let store = Arc::new(MemoryStore::new());
+        Meter::new(store.clone(), store, config).0
     }
 
     /// A thread's batch of audit records is written when it is ready, not at the interval (an
@@ -734,7 +737,7 @@ mod spool_tests {
         use crate::keys::{KeyStatus, Scopes};
         use crate::metering::audit::AuditQuery;
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let store = Arc::new(MemoryStore::new());
         let config = MeterConfig {
             flush_interval: Duration::from_secs(3600),
             live_limit: Limit {
@@ -749,7 +752,7 @@ mod spool_tests {
             audit_backlog: 10_000,
             project_budgets: HashMap::new(),
         };
-        let (meter, writer) = Meter::new(store.clone(), config);
+        let (meter, writer) = Meter::new(store.clone(), store.clone(), config);
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let run = tokio::spawn(meter.clone().run(writer, stopped));
         let record = crate::keys::tests::record(KeyStatus::Active, None);

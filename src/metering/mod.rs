@@ -11,6 +11,7 @@ pub mod meter;
 pub mod month;
 pub mod ratelimit;
 mod spool;
+pub mod store;
 pub mod usage;
 
 pub use credits::Credits;

@@ -46,7 +46,7 @@ use crate::metering::ratelimit::Decision;
 use crate::metering::{Credits, Meter};
 use crate::metrics;
 use crate::shutdown::Draining;
-use crate::store::{KeyCache, Store};
+use crate::store::{KeyCache, Stores};
 use auth::{Authenticated, Authenticator};
 use client_ip::TrustedProxies;
 use cors::Cors;
@@ -148,7 +148,7 @@ pub struct Gateway {
     routes: RouteTable,
     upstreams: Upstreams,
     meter: Arc<Meter>,
-    store: Arc<dyn Store>,
+    store: Stores,
     /// Whether webhook endpoints may be `http://` or internal (development and tests).
     allow_insecure_targets: bool,
     /// How long an idle client connection stays open between requests.
@@ -178,6 +178,7 @@ enum Admission {
 impl Gateway {
     /// Assembles the gateway.
     pub fn new(
+        store: Stores,
         keys: Arc<KeyCache>,
         routes: RouteTable,
         upstreams: Upstreams,
@@ -187,7 +188,6 @@ impl Gateway {
         draining: Draining,
     ) -> Self {
         Self {
-            store: keys.store().clone(),
             routes,
             upstreams,
             meter,
@@ -197,9 +197,10 @@ impl Gateway {
             cors: Cors::default(),
             trusted_proxies: TrustedProxies::default(),
             listen_streams: listen::OpenStreams::default(),
-            listen_hub: event_hub::EventHub::new(keys.store().clone()),
+            listen_hub: event_hub::EventHub::new(store.events.clone()),
             auth: Authenticator::new(keys),
             store_check: readiness::StoreCheck::default(),
+            store,
         }
     }
 
@@ -261,7 +262,7 @@ impl Gateway {
         match route.handler {
             Handler::MintToken => {
                 let caller = ctx.caller.as_ref().expect("authorized");
-                let store = self.store.as_ref();
+                let store = self.store.keys.as_ref();
                 let headers = ctx.answer_headers();
                 Box::pin(tokens::mint(
                     session,
@@ -275,7 +276,8 @@ impl Gateway {
             }
             Handler::Webhooks(op) => {
                 let caller = ctx.caller.as_ref().expect("authorized");
-                let (store, insecure) = (self.store.as_ref(), self.allow_insecure_targets);
+                let (store, insecure) =
+                    (self.store.deliveries.as_ref(), self.allow_insecure_targets);
                 let headers = ctx.answer_headers();
                 Box::pin(webhooks::handle(
                     session,
@@ -294,7 +296,7 @@ impl Gateway {
                 let key_id = caller.key.billed_key_id();
                 let _slot = self.listen_streams.open(key_id)?;
                 let listening = listen::Listening::open(
-                    self.store.clone(),
+                    self.store.listen.clone(),
                     &self.listen_hub,
                     caller,
                     &ctx.request_id,
@@ -497,7 +499,7 @@ impl Gateway {
             }
             "/readyz" => match self
                 .store_check
-                .store_answers(&*self.store, ctx.arrived_ms)
+                .store_answers(&*self.store.health, ctx.arrived_ms)
                 .await
             {
                 true => (200, br#"{"status":"ready"}"#.to_vec()),

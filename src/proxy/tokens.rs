@@ -15,7 +15,7 @@ use super::respond;
 use crate::error::ApiError;
 use crate::ids::unix_now;
 use crate::keys::{self, Environment, Scopes};
-use crate::store::Store;
+use crate::store::KeyStore;
 
 /// Longest lifetime of a scoped token, in seconds (the seed's 15 minutes).
 pub const MAX_EXPIRES_IN: u64 = 900;
@@ -52,7 +52,7 @@ struct MintResponse<'a> {
 pub async fn mint(
     session: &mut Session,
     caller: &Authenticated,
-    store: &dyn Store,
+    store: &dyn KeyStore,
     request_id: &str,
     answer_headers: &[(&'static str, String)],
 ) -> Result<(), ApiError> {

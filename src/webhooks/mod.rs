@@ -20,6 +20,7 @@ pub mod notice;
 pub mod sender;
 pub mod signature;
 pub mod slots;
+pub mod store;
 pub mod worker;
 
 pub use signature::{sign, verify, VerifyError};

@@ -9,9 +9,10 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 
 use super::{
-    too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
-    EventFeed, EventPage, KeyChange, KeyChanges, MintedTokens, QueueStats, Rotation, Saved, Store,
-    StoreError, UsageReport, WorkspaceChange,
+    too_many_endpoints, AfterAttempt, AuditStore, ClaimRequest, ClaimedDelivery, DeliveryQueue,
+    EndpointChange, EndpointRetry, EventFeed, EventLog, EventPage, KeyChange, KeyChanges, KeyStore,
+    ListenSlots, MintedTokens, NoticeStore, QueueStats, Rotation, Saved, StoreError, StoreHealth,
+    UsageReport, UsageStore, WorkspaceChange,
 };
 use crate::events::Event;
 use crate::ids::unix_now;
@@ -29,8 +30,8 @@ use std::time::Duration;
 /// The workspace the demo store starts with, so a newcomer can create a key at once.
 pub const DEMO_WORKSPACE: &str = "ws_demo";
 
-/// How many key changes are remembered for [`Store::key_changes_since`].
-pub(super) const CHANGE_LOG_LEN: usize = 10_000;
+/// How many key changes are remembered for [`KeyStore::key_changes_since`].
+pub(crate) const CHANGE_LOG_LEN: usize = 10_000;
 
 #[derive(Default)]
 struct Inner {
@@ -128,8 +129,8 @@ impl MemoryStore {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// [`Store::update_endpoint`]; with `restart`, the endpoint starts afresh even if neither
-    /// its URL nor its status changes ([`Store::resume_endpoint`]).
+    /// [`DeliveryQueue::update_endpoint`]; with `restart`, the endpoint starts afresh even if
+    /// neither its URL nor its status changes ([`DeliveryQueue::resume_endpoint`]).
     fn change_endpoint(
         &self,
         workspace: &str,
@@ -202,11 +203,14 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl StoreHealth for MemoryStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
 
+#[async_trait]
+impl KeyStore for MemoryStore {
     async fn workspaces(
         &self,
         after: Option<&str>,
@@ -414,35 +418,6 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn hold_listen_slot(
-        &self,
-        key_id: &str,
-        stream: &str,
-        max: usize,
-        lease_ms: u64,
-    ) -> Result<bool, StoreError> {
-        let now_ms = crate::ids::unix_millis();
-        let mut inner = self.write();
-        let slots = inner.listen_slots.entry(key_id.to_string()).or_default();
-        slots.retain(|_, until| *until > now_ms);
-        if !slots.contains_key(stream) && slots.len() >= max {
-            return Ok(false);
-        }
-        slots.insert(stream.to_string(), now_ms.saturating_add(lease_ms));
-        Ok(true)
-    }
-
-    async fn release_listen_slot(&self, key_id: &str, stream: &str) -> Result<(), StoreError> {
-        let mut inner = self.write();
-        if let Some(slots) = inner.listen_slots.get_mut(key_id) {
-            slots.remove(stream);
-            if slots.is_empty() {
-                inner.listen_slots.remove(key_id);
-            }
-        }
-        Ok(())
-    }
-
     async fn idempotency_salt(
         &self,
         scope: &str,
@@ -486,7 +461,42 @@ impl Store for MemoryStore {
             .push_back((now.saturating_add(ttl_secs), token.id.clone()));
         Ok(())
     }
+}
 
+#[async_trait]
+impl ListenSlots for MemoryStore {
+    async fn hold_listen_slot(
+        &self,
+        key_id: &str,
+        stream: &str,
+        max: usize,
+        lease_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let now_ms = crate::ids::unix_millis();
+        let mut inner = self.write();
+        let slots = inner.listen_slots.entry(key_id.to_string()).or_default();
+        slots.retain(|_, until| *until > now_ms);
+        if !slots.contains_key(stream) && slots.len() >= max {
+            return Ok(false);
+        }
+        slots.insert(stream.to_string(), now_ms.saturating_add(lease_ms));
+        Ok(true)
+    }
+
+    async fn release_listen_slot(&self, key_id: &str, stream: &str) -> Result<(), StoreError> {
+        let mut inner = self.write();
+        if let Some(slots) = inner.listen_slots.get_mut(key_id) {
+            slots.remove(stream);
+            if slots.is_empty() {
+                inner.listen_slots.remove(key_id);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl UsageStore for MemoryStore {
     async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError> {
         let mut guard = self.write();
         let inner = &mut *guard;
@@ -633,7 +643,10 @@ impl Store for MemoryStore {
             })
             .unwrap_or_default())
     }
+}
 
+#[async_trait]
+impl AuditStore for MemoryStore {
     async fn append_audit(
         &self,
         records: &[AuditRecord],
@@ -665,13 +678,35 @@ impl Store for MemoryStore {
         out.truncate(query.limit);
         Ok(out)
     }
+}
 
+#[async_trait]
+impl EventLog for MemoryStore {
     async fn append_event(&self, event: &Event) -> Result<(), StoreError> {
         self.write().webhooks.log(event.clone());
         self.logged.notify_waiters();
         Ok(())
     }
 
+    async fn tail_events(&self) -> Result<Box<dyn EventFeed>, StoreError> {
+        Ok(self.tail())
+    }
+
+    async fn event_log_floor(&self) -> Result<Option<String>, StoreError> {
+        Ok(self.log_floor())
+    }
+
+    async fn consume_events(
+        &self,
+        _consumer: &str,
+        reclaim_after: Duration,
+    ) -> Result<Box<dyn EventFeed>, StoreError> {
+        Ok(self.consume(reclaim_after))
+    }
+}
+
+#[async_trait]
+impl DeliveryQueue for MemoryStore {
     async fn create_endpoint(&self, endpoint: &Endpoint, most: usize) -> Result<(), StoreError> {
         let mut inner = self.write();
         let list = inner
@@ -736,22 +771,6 @@ impl Store for MemoryStore {
         let removed = list.len() != before;
         inner.webhooks.release(id);
         Ok(removed)
-    }
-
-    async fn tail_events(&self) -> Result<Box<dyn EventFeed>, StoreError> {
-        Ok(self.tail())
-    }
-
-    async fn event_log_floor(&self) -> Result<Option<String>, StoreError> {
-        Ok(self.log_floor())
-    }
-
-    async fn consume_events(
-        &self,
-        _consumer: &str,
-        reclaim_after: Duration,
-    ) -> Result<Box<dyn EventFeed>, StoreError> {
-        Ok(self.consume(reclaim_after))
     }
 
     async fn enqueue_deliveries(
@@ -824,29 +843,6 @@ impl Store for MemoryStore {
         Ok(self.read().webhooks.retry_of(endpoint))
     }
 
-    async fn claim_pause_notices(
-        &self,
-        now_ms: u64,
-        lease: Duration,
-        max: usize,
-    ) -> Result<Vec<PauseNotice>, StoreError> {
-        Ok(self.write().webhooks.claim_notices(now_ms, lease, max))
-    }
-
-    async fn retry_pause_notice(
-        &self,
-        notice: &PauseNotice,
-        due_ms: u64,
-    ) -> Result<(), StoreError> {
-        self.write().webhooks.retry_notice(notice, due_ms);
-        Ok(())
-    }
-
-    async fn remove_pause_notice(&self, id: &str) -> Result<(), StoreError> {
-        self.write().webhooks.remove_notice(id);
-        Ok(())
-    }
-
     async fn deliveries(
         &self,
         endpoint: &str,
@@ -903,6 +899,32 @@ impl Store for MemoryStore {
             paused_endpoints: paused as u64,
             ..inner.webhooks.stats()
         })
+    }
+}
+
+#[async_trait]
+impl NoticeStore for MemoryStore {
+    async fn claim_pause_notices(
+        &self,
+        now_ms: u64,
+        lease: Duration,
+        max: usize,
+    ) -> Result<Vec<PauseNotice>, StoreError> {
+        Ok(self.write().webhooks.claim_notices(now_ms, lease, max))
+    }
+
+    async fn retry_pause_notice(
+        &self,
+        notice: &PauseNotice,
+        due_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.write().webhooks.retry_notice(notice, due_ms);
+        Ok(())
+    }
+
+    async fn remove_pause_notice(&self, id: &str) -> Result<(), StoreError> {
+        self.write().webhooks.remove_notice(id);
+        Ok(())
     }
 }
 

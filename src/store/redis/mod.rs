@@ -64,9 +64,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{
-    too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, EndpointChange, EndpointRetry,
-    EventFeed, EventPage, KeyChange, KeyChanges, MintedTokens, QueueStats, Rotation, Saved, Store,
-    StoreError, UsageReport, WorkspaceChange,
+    too_many_endpoints, AfterAttempt, AuditStore, ClaimRequest, ClaimedDelivery, DeliveryQueue,
+    EndpointChange, EndpointRetry, EventFeed, EventLog, EventPage, KeyChange, KeyChanges, KeyStore,
+    ListenSlots, MintedTokens, NoticeStore, QueueStats, Rotation, Saved, StoreError, StoreHealth,
+    UsageReport, UsageStore, WorkspaceChange,
 };
 use crate::events::Event;
 use crate::keys::Environment;
@@ -424,7 +425,7 @@ return e
     )
 });
 
-/// Applies one usage flush (see [`Store::flush_usage`]). Every key it touches starts with the
+/// Applies one usage flush (see [`UsageStore::flush_usage`]). Every key it touches starts with the
 /// `{ns}` hash tag (ARGV[1]), so it runs on one Cluster slot. ARGV[2] is the flush as JSON.
 /// Answers JSON with totals as decimal strings (Lua numbers would lose digits).
 static FLUSH_USAGE: LazyLock<Script> = LazyLock::new(|| {
@@ -927,7 +928,7 @@ impl RedisStore {
     /// Indexes the workspaces created before the index existed (by an earlier version), once
     /// per namespace: a scan of the namespace's workspace records (a scan cut short starts
     /// again: a `SCAN` cursor means nothing to another Redis process, after a failover or a
-    /// restart). `serve` runs it at start ([`Store::prepare`]); a listing before it is done
+    /// restart). `serve` runs it at start ([`StoreHealth::prepare`]); a listing before it is done
     /// waits for it (or, if it failed, starts it), for a while. Workspaces created since are
     /// indexed as they are created, and any read of a workspace indexes it if it is not.
     ///
@@ -1146,8 +1147,8 @@ impl RedisStore {
         self.connections.manager()
     }
 
-    /// [`Store::update_endpoint`]; with `restart`, the endpoint starts afresh even if neither
-    /// its URL nor its status changes ([`Store::resume_endpoint`]).
+    /// [`DeliveryQueue::update_endpoint`]; with `restart`, the endpoint starts afresh even if
+    /// neither its URL nor its status changes ([`DeliveryQueue::resume_endpoint`]).
     async fn change_endpoint(
         &self,
         workspace: &str,
@@ -1525,7 +1526,7 @@ fn encode<T: serde::Serialize>(value: &T) -> String {
 }
 
 #[async_trait]
-impl Store for RedisStore {
+impl StoreHealth for RedisStore {
     fn reopen_connections(&self) {
         if let Err(e) = self.connections.reconnect() {
             tracing::warn!(error = %e, "cannot reopen the Redis connections");
@@ -1543,7 +1544,10 @@ impl Store for RedisStore {
     async fn prepare(&self) -> Result<(), StoreError> {
         self.fill_workspace_index(None).await
     }
+}
 
+#[async_trait]
+impl KeyStore for RedisStore {
     async fn create_workspace(&self, workspace: &Workspace) -> Result<(), StoreError> {
         let created: i64 = CREATE_WORKSPACE
             .key(self.layout.workspace(&workspace.id))
@@ -1894,31 +1898,6 @@ impl Store for RedisStore {
         )))
     }
 
-    async fn hold_listen_slot(
-        &self,
-        key_id: &str,
-        stream: &str,
-        max: usize,
-        lease_ms: u64,
-    ) -> Result<bool, StoreError> {
-        let held: i64 = HOLD_LISTEN_SLOT
-            .key(self.layout.listen_slots(key_id))
-            .arg(stream)
-            .arg(max)
-            .arg(lease_ms.max(1))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(held == 1)
-    }
-
-    async fn release_listen_slot(&self, key_id: &str, stream: &str) -> Result<(), StoreError> {
-        self.conn()
-            .zrem::<_, _, ()>(self.layout.listen_slots(key_id), stream)
-            .await
-            .map_err(unavailable)
-    }
-
     async fn idempotency_salt(
         &self,
         scope: &str,
@@ -1962,7 +1941,38 @@ impl Store for RedisStore {
     fn minted_tokens(&self) -> Arc<MintedTokens> {
         self.minted.clone()
     }
+}
 
+#[async_trait]
+impl ListenSlots for RedisStore {
+    async fn hold_listen_slot(
+        &self,
+        key_id: &str,
+        stream: &str,
+        max: usize,
+        lease_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let held: i64 = HOLD_LISTEN_SLOT
+            .key(self.layout.listen_slots(key_id))
+            .arg(stream)
+            .arg(max)
+            .arg(lease_ms.max(1))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(held == 1)
+    }
+
+    async fn release_listen_slot(&self, key_id: &str, stream: &str) -> Result<(), StoreError> {
+        self.conn()
+            .zrem::<_, _, ()>(self.layout.listen_slots(key_id), stream)
+            .await
+            .map_err(unavailable)
+    }
+}
+
+#[async_trait]
+impl UsageStore for RedisStore {
     async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError> {
         let batch = serde_json::to_string(flush).expect("flushes serialize");
         let raw: String = FLUSH_USAGE
@@ -2054,7 +2064,10 @@ impl Store for RedisStore {
         }
         Ok(report)
     }
+}
 
+#[async_trait]
+impl AuditStore for RedisStore {
     async fn append_audit(
         &self,
         records: &[AuditRecord],
@@ -2187,7 +2200,10 @@ impl Store for RedisStore {
         out.truncate(query.limit);
         Ok(out)
     }
+}
 
+#[async_trait]
+impl EventLog for RedisStore {
     async fn append_event(&self, event: &Event) -> Result<(), StoreError> {
         let min_id = crate::ids::unix_now().saturating_sub(crate::events::RETENTION_SECS) * 1000;
         redis::cmd("XADD")
@@ -2214,6 +2230,25 @@ impl Store for RedisStore {
             .map_err(unavailable)
     }
 
+    async fn tail_events(&self) -> Result<Box<dyn EventFeed>, StoreError> {
+        self.tail().await
+    }
+
+    async fn event_log_floor(&self) -> Result<Option<String>, StoreError> {
+        self.log_floor().await
+    }
+
+    async fn consume_events(
+        &self,
+        consumer: &str,
+        reclaim_after: Duration,
+    ) -> Result<Box<dyn EventFeed>, StoreError> {
+        self.consume(consumer, reclaim_after).await
+    }
+}
+
+#[async_trait]
+impl DeliveryQueue for RedisStore {
     async fn create_endpoint(&self, endpoint: &Endpoint, most: usize) -> Result<(), StoreError> {
         let created: i64 = CREATE_ENDPOINT
             .key(self.layout.endpoints(&endpoint.workspace))
@@ -2284,22 +2319,6 @@ impl Store for RedisStore {
         Ok(removed > 0)
     }
 
-    async fn tail_events(&self) -> Result<Box<dyn EventFeed>, StoreError> {
-        self.tail().await
-    }
-
-    async fn event_log_floor(&self) -> Result<Option<String>, StoreError> {
-        self.log_floor().await
-    }
-
-    async fn consume_events(
-        &self,
-        consumer: &str,
-        reclaim_after: Duration,
-    ) -> Result<Box<dyn EventFeed>, StoreError> {
-        self.consume(consumer, reclaim_after).await
-    }
-
     async fn enqueue_deliveries(
         &self,
         entries: &[String],
@@ -2326,27 +2345,6 @@ impl Store for RedisStore {
 
     async fn endpoint_retry(&self, endpoint: &str) -> Result<Option<EndpointRetry>, StoreError> {
         self.retry_of(endpoint).await
-    }
-
-    async fn claim_pause_notices(
-        &self,
-        now_ms: u64,
-        lease: Duration,
-        max: usize,
-    ) -> Result<Vec<PauseNotice>, StoreError> {
-        self.claim_notices(now_ms, lease, max).await
-    }
-
-    async fn retry_pause_notice(
-        &self,
-        notice: &PauseNotice,
-        due_ms: u64,
-    ) -> Result<(), StoreError> {
-        self.retry_notice(notice, due_ms).await
-    }
-
-    async fn remove_pause_notice(&self, id: &str) -> Result<(), StoreError> {
-        self.remove_notice(id).await
     }
 
     async fn deliveries(
@@ -2380,5 +2378,29 @@ impl Store for RedisStore {
 
     async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
         self.stats().await
+    }
+}
+
+#[async_trait]
+impl NoticeStore for RedisStore {
+    async fn claim_pause_notices(
+        &self,
+        now_ms: u64,
+        lease: Duration,
+        max: usize,
+    ) -> Result<Vec<PauseNotice>, StoreError> {
+        self.claim_notices(now_ms, lease, max).await
+    }
+
+    async fn retry_pause_notice(
+        &self,
+        notice: &PauseNotice,
+        due_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.retry_notice(notice, due_ms).await
+    }
+
+    async fn remove_pause_notice(&self, id: &str) -> Result<(), StoreError> {
+        self.remove_notice(id).await
     }
 }

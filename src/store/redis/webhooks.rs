@@ -508,7 +508,7 @@ impl RedisStore {
         }))
     }
 
-    /// [`crate::store::Store::event_log_floor`]: from the log's clock, as a tail's own floor
+    /// [`crate::store::EventLog::event_log_floor`]: from the log's clock, as a tail's own floor
     /// ([`Resume`]), not from its newest entry (which the master a gateway still reads may not
     /// have, after a move).
     pub(super) async fn log_floor(&self) -> Result<Option<String>, StoreError> {

@@ -1,0 +1,3 @@
+//! Leaf types every area may use; nothing here imports another module of the crate.
+
+pub mod store;
