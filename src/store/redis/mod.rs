@@ -51,7 +51,6 @@ mod audit_codec;
 mod connection;
 mod streams;
 mod webhooks;
-use webhooks::RESCORE;
 
 use connection::Connections;
 pub use connection::{sentinel_address, Sentinels};
@@ -192,20 +191,8 @@ impl Layout {
 /// Inserts a key record and its indexes, then records the change.
 /// KEYS: record, id index, workspace set, epoch, log. ARGV: json, hash hex, id, created_at,
 /// channel, log length, mark. Returns the new epoch, or -1 if the key or id exists.
-static INSERT_KEY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('SET', KEYS[2], ARGV[2])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
-local e = redis.call('INCR', KEYS[4])
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], e .. '-0', 'h', ARGV[2], 'm', ARGV[7])
-redis.pcall('PUBLISH', ARGV[5], e)
-return e
-",
-    )
-});
+static INSERT_KEY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/insert_key.lua")));
 
 /// Stores a scoped token by digest, and by id (so a token can be shown and revoked like a key),
 /// for `ttl` seconds, unless its digest is taken (0), and tells every replica of it: on the
@@ -214,19 +201,8 @@ return e
 /// set drops the expired, and lives as long as its longest-lived token). KEYS: by digest, by
 /// id, the live tokens. ARGV: record JSON, digest hex, ttl, the tokens channel, its expiry, the
 /// time (unix seconds).
-static INSERT_TOKEN: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[3]) then return 0 end
-redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[6])
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
-if redis.call('TTL', KEYS[3]) < tonumber(ARGV[3]) then redis.call('EXPIRE', KEYS[3], ARGV[3]) end
-redis.pcall('PUBLISH', ARGV[4], ARGV[2] .. ' ' .. ARGV[5])
-return 1
-",
-    )
-});
+static INSERT_TOKEN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/insert_token.lua")));
 
 /// Appends a batch of audit records to a workspace's stream, unless a batch of its id was
 /// appended (when given one), or moves a batch appended under too early an id. KEYS: stream[,
@@ -257,137 +233,50 @@ return 1
 /// against 50 µs for 64 records), on a core a sidecar shares with its model service. Only a
 /// batch whose entry came out earlier than its newest record (a gateway's clock ahead of
 /// Redis's) is then moved by the script, with the first entry's id as ARGV[5].
-const APPEND_AUDIT: &str = r"
-if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local id = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'records', ARGV[2])
-local written = tonumber(string.match(id, '^%d+'))
-local newest = tonumber(ARGV[3])
-if newest > written then
-  local t = redis.call('TIME')
-  local at = math.min(newest, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[4]))
-  if at > written then
-    redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], string.format('%d-0', at), 'records', ARGV[2])
-    redis.call('XDEL', KEYS[1], id)
-  end
-end
-if ARGV[5] then redis.call('XDEL', KEYS[1], ARGV[5]) end
-if KEYS[2] then redis.call('SET', KEYS[2], '1', 'EX', 86400) end
-return 1
-";
+const APPEND_AUDIT: &str = include_str!("scripts/append_audit.lua");
 
 /// Creates a workspace and indexes it. KEYS: record, index. ARGV: json, created_at, id.
 /// Returns 1, or 0 if the id exists.
-static CREATE_WORKSPACE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-return 1
-",
-    )
-});
+static CREATE_WORKSPACE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/create_workspace.lua")));
 
 /// Holds or renews a listen-stream slot. KEYS: the key's slots (stream → lease end, ms).
 /// ARGV: stream, max, lease (ms). Returns 1, or 0 if every slot is held by another. Leases
 /// are timed by Redis's clock, not the replicas' (one running ahead would end the others').
-static HOLD_LISTEN_SLOT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if not redis.call('ZSCORE', KEYS[1], ARGV[1])
-  and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
-  return 0
-end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-",
-    )
-});
+static HOLD_LISTEN_SLOT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/hold_listen_slot.lua")));
 
 /// Takes the lease on filling the workspace index, unless it is filled. KEYS: the index's
 /// filled mark, the lease. ARGV: token, lease (ms). Returns `filled`, `taken` (now the
 /// caller's) or `busy` (another replica's).
-static TAKE_FILL_LEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('EXISTS', KEYS[1]) == 1 then return 'filled' end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 'taken' end
-return 'busy'
-",
-    )
-});
+static TAKE_FILL_LEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/take_fill_lease.lua")));
 
 /// Renews a lease for ARGV[2] ms if KEYS[1] still holds ARGV[1] (the holder's token).
-static RENEW_LEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-",
-    )
-});
+static RENEW_LEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/renew_lease.lua")));
 
 /// Lets go of a lease: deletes KEYS[1] if it still holds ARGV[1] (the holder's token), not a
 /// lease another replica took after this one's ran out.
-static RELEASE_LEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-",
-    )
-});
+static RELEASE_LEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/release_lease.lua")));
 
 /// A value set once: KEYS[1] if it exists, else ARGV[1], stored for ARGV[2] seconds.
-static GET_OR_SET: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local cur = redis.call('GET', KEYS[1])
-if cur then return cur end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return ARGV[1]
-",
-    )
-});
+static GET_OR_SET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/get_or_set.lua")));
 
 /// Replaces a value if it still is what the caller read (compare-and-set). KEYS: the value.
 /// ARGV: expected, new. Returns 1, 0 if it changed meanwhile, -1 if it is gone.
-static SET_IF_UNCHANGED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local cur = redis.call('GET', KEYS[1])
-if not cur then return -1 end
-if cur ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2])
-return 1
-",
-    )
-});
+static SET_IF_UNCHANGED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/set_if_unchanged.lua")));
 
 /// Replaces a key record if it still holds what the caller read (compare-and-set), records
 /// the change and, when given one, appends an event. KEYS: record, epoch, log, events.
 /// ARGV: expected json, new json, hash hex, channel, log length, mark, then (optional) the
 /// event's id, type, created, workspace, environment, data. Returns the new epoch, or -1 if the record
 /// changed meanwhile. A scoped token's record keeps its TTL.
-static UPDATE_KEY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
-local e = redis.call('INCR', KEYS[2])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], e .. '-0', 'h', ARGV[3], 'm', ARGV[6])
-if ARGV[7] then
-  redis.call('XADD', KEYS[4], '*', 'id', ARGV[7], 'type', ARGV[8], 'created', ARGV[9],
-    'workspace', ARGV[10], 'environment', ARGV[11], 'data', ARGV[12])
-end
-redis.pcall('PUBLISH', ARGV[4], e)
-return e
-",
-    )
-});
+static UPDATE_KEY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/update_key.lua")));
 
 /// Rotates a key: the old record (if unchanged) becomes the rotating one, the successor and its
 /// indexes are inserted, the old key's predecessors still in grace are extended with the
@@ -397,130 +286,14 @@ return e
 /// successor id, created_at, channel, log length, mark, then per predecessor its expected json,
 /// new json and hash hex. Returns the epoch, -1 if a record changed meanwhile, -2 if the
 /// successor exists already.
-static ROTATE_KEY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('EXISTS', KEYS[2]) == 1 then return -2 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local n = #KEYS - 6
-for i = 1, n do
-  if redis.call('GET', KEYS[6 + i]) ~= ARGV[8 + 3 * i] then return -1 end
-end
-redis.call('SET', KEYS[1], ARGV[2])
-redis.call('SET', KEYS[2], ARGV[3])
-redis.call('SET', KEYS[3], ARGV[5])
-redis.call('ZADD', KEYS[4], ARGV[7], ARGV[6])
-local e = redis.call('INCR', KEYS[5])
-redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[4], 'm', ARGV[10])
-e = redis.call('INCR', KEYS[5])
-redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[5], 'm', ARGV[10])
-for i = 1, n do
-  redis.call('SET', KEYS[6 + i], ARGV[9 + 3 * i], 'KEEPTTL')
-  e = redis.call('INCR', KEYS[5])
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[9], e .. '-0', 'h', ARGV[10 + 3 * i], 'm', ARGV[10])
-end
-redis.pcall('PUBLISH', ARGV[8], e)
-return e
-",
-    )
-});
+static ROTATE_KEY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/rotate_key.lua")));
 
 /// Applies one usage flush (see [`UsageStore::flush_usage`]). Every key it touches starts with the
 /// `{ns}` hash tag (ARGV[1]), so it runs on one Cluster slot. ARGV[2] is the flush as JSON.
 /// Answers JSON with totals as decimal strings (Lua numbers would lose digits).
-static FLUSH_USAGE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local p = ARGV[1]
-local b = cjson.decode(ARGV[2])
-local function int(n)
-  if n >= 9223372036854775807 then return '9223372036854775807' end
-  return string.format('%d', n)
-end
--- HINCRBY, clamped at the largest 64-bit integer instead of failing the whole batch (which
--- would then be retried for ever): a backend reporting absurd costs must not jam spend.
-local function incr(h, field, n)
-  local r = redis.pcall('HINCRBY', h, field, n)
-  if type(r) == 'table' then
-    redis.call('HSET', h, field, '9223372036854775807')
-    return tonumber('9223372036854775807')
-  end
-  return r
-end
--- A batch is added once: a retry after a lost answer only reads the totals.
-local fresh = redis.call('SET', p .. ':flush:' .. b.id, '1', 'NX', 'EX', 86400)
-local out = {workspaces = {}, rate = {}}
-for _, w in ipairs(b.workspaces) do
-  -- Spend of an earlier month goes to that month, and reads nothing back.
-  local month = w.month or b.month
-  local h = p .. ':spend:' .. w.workspace .. ':' .. month
-  if not fresh then w.total = 0; w.keys = {}; w.projects = {} end
-  local total
-  if w.total ~= 0 then
-    total = incr(h, 'total', int(w.total))
-    redis.call('EXPIRE', h, 34560000)
-  else
-    total = tonumber(redis.call('HGET', h, 'total') or '0')
-  end
-  for id, inc in pairs(w.keys) do incr(h, 'key:' .. id, int(inc)) end
-  for name, inc in pairs(w.projects) do incr(h, 'project:' .. name, int(inc)) end
-  if month == b.month then
-  local res = {total = int(total), keys = {}, projects = {}, project_budgets = {}}
-  for _, id in ipairs(w.watch_keys) do res.keys[id] = redis.call('HGET', h, 'key:' .. id) or '0' end
-  for _, name in ipairs(w.watch_projects) do
-    res.projects[name] = redis.call('HGET', h, 'project:' .. name) or '0'
-  end
-  local budgets = redis.call('HGETALL', p .. ':budgets:' .. w.workspace)
-  for i = 1, #budgets, 2 do res.project_budgets[budgets[i]] = budgets[i + 1] end
-  local raw = redis.call('GET', p .. ':ws:' .. w.workspace)
-  if raw then
-    local ws = cjson.decode(raw)
-    if type(ws.monthly_credits) == 'number' then
-      local credits = math.floor(ws.monthly_credits * 1000000 + 0.5)
-      res.monthly_credits = int(credits)
-      if type(ws.credits_low_threshold) == 'number' then
-        local threshold = math.floor(ws.credits_low_threshold * 1000000 + 0.5)
-        local remaining = credits - total
-        if remaining < threshold then
-          if redis.call('HSETNX', h, 'low_fired', '1') == 1 then
-            local data = cjson.encode({workspace = w.workspace, month = b.month,
-              remaining = math.max(remaining, 0) / 1000000, threshold = threshold / 1000000})
-            redis.call('XADD', p .. ':events', '*', 'id', w.event_id, 'type', 'billing.credits.low',
-              'created', int(b.now), 'workspace', w.workspace, 'environment', 'live', 'data', data)
-          end
-        else
-          redis.call('HDEL', h, 'low_fired')
-        end
-      end
-    end
-  end
-  out.workspaces[w.workspace] = res
-  end
-end
--- Rate counts go in batches of their own: a retry sends the same counts under the same id.
-local fresh_rate = false
-for _, r in ipairs(b.rate) do
-  if r.count > 0 then
-    fresh_rate = redis.call('SET', p .. ':flush:' .. b.rate_id, '1', 'NX', 'EX', 86400)
-    break
-  end
-end
-for _, r in ipairs(b.rate) do
-  local k = p .. ':rl:' .. r.key .. ':'
-  local cur
-  if fresh_rate and r.count > 0 then
-    cur = redis.call('INCRBY', k .. int(r.window), int(r.count))
-    redis.call('EXPIRE', k .. int(r.window), 180)
-  else
-    cur = tonumber(redis.call('GET', k .. int(r.window)) or '0')
-  end
-  local prev = redis.call('GET', k .. int(r.window - 1)) or '0'
-  out.rate[r.key] = {window = int(r.window), previous = prev, current = int(cur)}
-end
-return cjson.encode(out)
-",
-    )
-});
+static FLUSH_USAGE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/flush_usage.lua")));
 
 /// [`UsageSnapshot`] as the flush script writes it: numbers as strings.
 #[derive(serde::Deserialize, Default)]
@@ -594,38 +367,9 @@ impl RawMap {
 /// or it was resumed: the next attempt is a first one, and the delivery that failed goes now). Returns 1, 0 if it changed meanwhile,
 /// -1 if it is gone.
 static ENDPOINT_CAS: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"{RESCORE}
-local p, ws, we = ARGV[1], ARGV[2], ARGV[3]
-local endpoints, member = p .. ':endpoints:' .. ws, ws .. ' ' .. we
-local cur = redis.call('HGET', endpoints, we)
-if not cur then return -1 end
-if cur ~= ARGV[4] then return 0 end
-redis.call('HSET', endpoints, we, ARGV[5])
-if ARGV[6] == '1' then
-  redis.call('SADD', p .. ':wh:paused', member)
-else
-  redis.call('SREM', p .. ':wh:paused', member)
-end
-if ARGV[7] == '1' then
-  local hold, queue = p .. ':wh:hold:' .. we, p .. ':wh:due:' .. we
-  local h = redis.call('HMGET', hold, 'probe', 'tries')
-  if redis.call('DEL', hold) == 1 then
-    -- The failed delivery waiting for its retry goes now (one out on an attempt, claimed
-    -- since, is left to it).
-    if h[1] and tonumber(h[2] or '0') == 0 then
-      local t = redis.call('TIME')
-      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-      local at = redis.call('ZSCORE', queue, h[1])
-      if at and tonumber(at) > now then
-        redis.call('ZADD', queue, string.format('%d', now), h[1])
-      end
-    end
-    rescore(p, member, queue, we)
-  end
-end
-return 1
-"
+    Script::new(concat!(
+        include_str!("scripts/rescore.lua"),
+        include_str!("scripts/endpoint_cas.lua")
     ))
 });
 
@@ -633,36 +377,17 @@ return 1
 /// as it is (its deliveries are skipped as they come). ARGV: prefix, workspace, id. Returns 1
 /// if it existed.
 static DELETE_ENDPOINT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"{RESCORE}
-local p, ws, we = ARGV[1], ARGV[2], ARGV[3]
-local member = ws .. ' ' .. we
-local removed = redis.call('HDEL', p .. ':endpoints:' .. ws, we)
-redis.call('SREM', p .. ':wh:paused', member)
-if redis.call('DEL', p .. ':wh:hold:' .. we) == 1 then
-  rescore(p, member, p .. ':wh:due:' .. we, we)
-end
-return removed
-"
+    Script::new(concat!(
+        include_str!("scripts/rescore.lua"),
+        include_str!("scripts/delete_endpoint.lua")
     ))
 });
 
 /// Stores a new endpoint unless its workspace has as many as it may in its environment. KEYS:
 /// the workspace's endpoints. ARGV: id, JSON, most endpoints, environment. Returns 1, 0 if the
 /// id is taken, -1 if full.
-static CREATE_ENDPOINT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local n = 0
-for _, raw in ipairs(redis.call('HVALS', KEYS[1])) do
-  local ok, e = pcall(cjson.decode, raw)
-  if ok and type(e) == 'table' and e.environment == ARGV[4] then n = n + 1 end
-end
-if n >= tonumber(ARGV[3]) then return -1 end
-return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
-",
-    )
-});
+static CREATE_ENDPOINT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/create_endpoint.lua")));
 
 /// Reads the changes after an epoch. KEYS: epoch, log. ARGV: since, max, the mark the caller
 /// read with `since`. Returns `{epoch, mark}` (nothing new), `{epoch, mark, 'reset'}` (history
@@ -672,30 +397,8 @@ return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 /// after a failover that lost the last writes, or a restore from an older copy, the same
 /// epoch names another change, and only the mark tells. (Entries written before marks read
 /// as `0`; an entry that is gone as `-`.)
-static CHANGES_SINCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local function mark_at(e)
-  if e == 0 then return '0' end
-  local at = redis.call('XRANGE', KEYS[2], e .. '-0', e .. '-0')
-  if #at == 0 then return '-' end
-  return at[1][2][4] or '0'
-end
-local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
-local since = tonumber(ARGV[1])
-local mark = mark_at(cur)
-if cur < since or cur - since > tonumber(ARGV[2]) then return {cur, mark, 'reset'} end
-if since > 0 and mark_at(since) ~= ARGV[3] then return {cur, mark, 'reset'} end
-if cur == since then return {cur, mark} end
-local first = (since + 1) .. '-0'
-local entries = redis.call('XRANGE', KEYS[2], first, '+', 'COUNT', ARGV[2])
-if #entries == 0 or entries[1][1] ~= first then return {cur, mark, 'reset'} end
-local out = {cur, mark}
-for _, entry in ipairs(entries) do out[#out + 1] = entry[2][2] end
-return out
-",
-    )
-});
+static CHANGES_SINCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/changes_since.lua")));
 
 /// One workspace's records of an audit append, rendered for its stream.
 struct AuditBatch<'a> {

@@ -59,60 +59,6 @@ const GROUP: &str = "webhooks";
 /// payload.
 const LISTED_PER_READ: usize = 10;
 
-/// Shared Lua: `newer(a, b)` compares stream ids.
-const NEWER: &str = r"
-local function newer(a, b)
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  if not bm then return true end
-  if not am then return false end
-  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
-  return am > bm or (am == bm and as > bs)
-end
-";
-
-/// Shared Lua: `held_until(p, we)` is when an endpoint held back by a failure may be tried
-/// again (0: not held); `rescore` recomputes an endpoint's place in the ready set from its
-/// queue and its hold; `is_active(raw)` tells whether an endpoint's JSON reads and says it is
-/// active.
-pub(super) const RESCORE: &str = r"
-local function is_active(raw)
-  if not raw then return false end
-  local ok, e = pcall(cjson.decode, raw)
-  return ok and type(e) == 'table' and e.status == 'active'
-end
-local function held_until(p, we)
-  return tonumber(redis.call('HGET', p .. ':wh:hold:' .. we, 'until') or '0')
-end
-local function rescore(p, member, queue, we)
-  local first = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
-  if #first == 0 then
-    redis.call('ZREM', p .. ':wh:ready', member)
-  else
-    local score = math.max(tonumber(first[2]), held_until(p, we))
-    redis.call('ZADD', p .. ':wh:ready', string.format('%d', score), member)
-  end
-end
-";
-
-/// Shared Lua: `before(id)` is the stream id just before `id` (ids of any length, as text).
-const BEFORE: &str = r"
-local function decrement(n)
-  local digits = {string.byte(n, 1, -1)}
-  local i = #digits
-  while digits[i] == 48 do digits[i] = 57; i = i - 1 end
-  digits[i] = digits[i] - 1
-  return (string.gsub(string.char(unpack(digits)), '^0+(%d)', '%1'))
-end
-local function before(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  if not ms then return '0-0' end
-  if not string.match(seq, '^0+$') then return ms .. '-' .. decrement(seq) end
-  if string.match(ms, '^0+$') then return '0-0' end
-  return decrement(ms) .. '-18446744073709551615'
-end
-";
-
 /// Fans event-log entries out. KEYS: the event log. ARGV: prefix, group, ttl, the oldest
 /// `created` kept (unix seconds), then a count and that many entry ids, a count and that many
 /// `(event record key, event json, replay index key, created, event id)`, a count and that many `(workspace,
@@ -130,57 +76,16 @@ end
 /// entry up to it is fanned out, so a group recreated there misses nothing (a newer batch that
 /// succeeded while an older one is pending would otherwise move it past the older one).
 static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"{NEWER}{BEFORE}{RESCORE}
-local p, group, ttl, oldest = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local i = 5
-local n = tonumber(ARGV[i]); i = i + 1
-local newest = ''
-for _ = 1, n do
-  redis.call('XACK', KEYS[1], group, ARGV[i])
-  if newer(ARGV[i], newest) then newest = ARGV[i] end
-  i = i + 1
-end
-if n > 0 then
-  -- No group (Redis lost it meanwhile): the cursor stays, and these entries are read again.
-  local pending = redis.pcall('XPENDING', KEYS[1], group)
-  if type(pending) == 'table' and not pending.err then
-    local safe = newest
-    if tonumber(pending[1]) > 0 then safe = before(pending[2]) end
-    local cursor = redis.call('GET', p .. ':wh:cursor') or ''
-    if newer(safe, cursor) then redis.call('SET', p .. ':wh:cursor', safe) end
-  end
-end
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  redis.call('SET', ARGV[i], ARGV[i + 1], 'EX', ttl)
-  local index = ARGV[i + 2]
-  redis.call('ZADD', index, ARGV[i + 3], ARGV[i + 4])
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. oldest)
-  redis.call('EXPIRE', index, ttl)
-  i = i + 5
-end
-n = tonumber(ARGV[i]); i = i + 1
-local queued = 0
-for _ = 1, n do
-  local ws, we, id, due, json = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  i = i + 5
-  if redis.call('SET', p .. ':wh:dlv:' .. id, json, 'NX', 'EX', ttl) then
-    redis.call('ZADD', p .. ':wh:due:' .. we, due, id)
-    local ready = math.max(tonumber(due), held_until(p, we))
-    redis.call('ZADD', p .. ':wh:ready', 'LT', string.format('%d', ready), ws .. ' ' .. we)
-    local log = p .. ':wh:log:' .. we
-    redis.call('LPUSH', log, id)
-    redis.call('LTRIM', log, 0, {listed} - 1)
-    redis.call('EXPIRE', log, ttl)
-    redis.call('INCR', p .. ':wh:pending')
-    queued = queued + 1
-  end
-end
-return queued
-",
-        listed = DELIVERIES_LISTED
-    ))
+    Script::new(
+        &[
+            format!("local DELIVERIES_LISTED = {DELIVERIES_LISTED}\n").as_str(),
+            include_str!("scripts/newer.lua"),
+            include_str!("scripts/before.lua"),
+            include_str!("scripts/rescore.lua"),
+            include_str!("scripts/enqueue.lua"),
+        ]
+        .concat(),
+    )
 });
 
 /// Claims due deliveries. ARGV: prefix, now ms, lease end ms, max, per endpoint, busy JSON
@@ -192,108 +97,7 @@ return queued
 /// is still queued, and counts as struggling; the hold then lasts to the lease's end, so no
 /// other worker takes a second. A hold on an endpoint that is paused or gone is dropped.
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"{RESCORE}
-local p, now, lease_end = ARGV[1], ARGV[2], ARGV[3]
-local max, per = tonumber(ARGV[4]), tonumber(ARGV[5])
-local busy = cjson.decode(ARGV[6])
-local struggling, struggling_left = cjson.decode(ARGV[7]), tonumber(ARGV[8])
-local out, taken = {{}}, 0
--- Due endpoints, oldest first, a page at a time: endpoints with no room (busy, or failing with
--- their share of slots used up) are passed over without a call, and the pages go on past them,
--- so a thousand dead endpoints cannot keep a healthy one's deliveries waiting. An endpoint
--- claimed from is rescored (its queue's next due time, or its lease) and may come round again
--- in a later page: it is visited once. At most {scan} members are looked at per claim.
-local visited, passed, scanned = {{}}, 0, 0
-while taken < max and scanned < {scan} do
- local ready = redis.call('ZRANGEBYSCORE', p .. ':wh:ready', '-inf', now, 'LIMIT', passed, {page})
- if #ready == 0 then break end
- for _, member in ipairs(ready) do
-  if taken >= max then break end
-  scanned = scanned + 1
-  local sp = string.find(member, ' ', 1, true)
-  local ws, we = string.sub(member, 1, sp - 1), string.sub(member, sp + 1)
-  local room = math.min(per - (busy[we] or 0), max - taken)
-  if struggling[we] then room = math.min(room, struggling_left) end
-  local hold, queue = p .. ':wh:hold:' .. we, p .. ':wh:due:' .. we
-  local endpoint, held, failures, probe, tries = nil, false, '0', nil, 0
-  local step = 'take'
-  if visited[member] or room <= 0 then
-    step = 'pass'
-  else
-    -- Held back by a failure: not before its hold, then one at a time, counted as
-    -- struggling; the endpoint is read only then (a hold on one that is not active goes).
-    local h = redis.call('HMGET', hold, 'until', 'probe', 'failures', 'tries')
-    if h[1] and tonumber(h[1]) > tonumber(now) then
-      step = 'early'
-    elseif h[1] and struggling_left <= 0 then
-      step = 'pass'
-    elseif h[1] then
-      endpoint = redis.call('HGET', p .. ':endpoints:' .. ws, we) or ''
-      if is_active(endpoint) then
-        held, probe, failures, tries = true, h[2], h[3] or '0', tonumber(h[4] or '0')
-        room = math.min(room, 1)
-      else
-        redis.call('DEL', hold)
-      end
-    end
-  end
-  if step == 'pass' then
-    passed = passed + 1
-  elseif step == 'early' then
-    -- Scored before its hold (by an older version): put in its place, out of this range.
-    visited[member] = true
-    rescore(p, member, queue, we)
-  else
-    visited[member] = true
-    local ids
-    local probe_due = held and probe and redis.call('ZSCORE', queue, probe)
-    probe_due = probe_due and tonumber(probe_due) <= tonumber(now)
-    if probe_due and tries < {probe_tries} then
-      ids = {{probe}}
-    elseif held then
-      -- The failed delivery was claimed {probe_tries} times and never saved (its workers died,
-      -- or none can read it): the next one due goes in its place.
-      ids = {{}}
-      for _, id in ipairs(redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'LIMIT', 0, 2)) do
-        if id ~= probe and #ids == 0 then ids[1] = id end
-      end
-      if #ids == 0 and probe_due then ids = {{probe}} end
-    else
-      ids = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'LIMIT', 0, room)
-    end
-    if #ids > 0 and not endpoint then
-      endpoint = redis.call('HGET', p .. ':endpoints:' .. ws, we) or ''
-    end
-    for _, id in ipairs(ids) do
-      local json = redis.call('GET', p .. ':wh:dlv:' .. id)
-      if json then
-        redis.call('ZADD', queue, lease_end, id)
-        out[#out + 1] = endpoint
-        out[#out + 1] = json
-        out[#out + 1] = failures
-        taken = taken + 1
-        if struggling[we] or held then struggling_left = struggling_left - 1 end
-        if held and id == probe then
-          redis.call('HSET', hold, 'until', lease_end, 'tries', tries + 1)
-        elseif held then
-          redis.call('HSET', hold, 'until', lease_end, 'probe', id, 'tries', 1)
-        end
-      else
-        redis.call('ZREM', queue, id)
-        redis.call('DECR', p .. ':wh:pending')
-      end
-    end
-    rescore(p, member, queue, we)
-  end
- end
-end
-return out
-",
-        page = CLAIM_PAGE,
-        scan = CLAIM_SCAN,
-        probe_tries = PROBE_TRIES
-    ))
+    Script::new(&[format!("local CLAIM_SCAN = {CLAIM_SCAN}\nlocal CLAIM_PAGE = {CLAIM_PAGE}\nlocal PROBE_TRIES = {PROBE_TRIES}\n").as_str(), include_str!("scripts/rescore.lua"), include_str!("scripts/claim.lua")].concat())
 });
 
 /// Claims of a held endpoint's failed delivery with no attempt saved (its workers died, or
@@ -318,154 +122,25 @@ const CLAIM_SCAN: usize = 20_000;
 /// URL is no longer the one attempted, or the attempt was a retry and the hold it was claimed
 /// under is gone (a resume, or an answer).
 static SAVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"{RESCORE}
-local p, ws, we, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local queue, member = p .. ':wh:due:' .. we, ws .. ' ' .. we
-local hold, after = p .. ':wh:hold:' .. we, ARGV[11]
--- A failure at a URL the endpoint no longer has says nothing of it: nothing is saved.
-if (after == 'failing' or after == 'pause') and ARGV[13] ~= '' then
-  local raw = redis.call('HGET', p .. ':endpoints:' .. ws, we)
-  if raw then
-    local ok, e = pcall(cjson.decode, raw)
-    if ok and type(e) == 'table' and e.url ~= ARGV[13] then return 2 end
-  end
-end
--- Nor does a retry's failure whose hold is gone (a resume, or an answer, since its claim;
--- another delivery's failure may have made a new one), unless this is that very save again
--- (its reply was lost). A claim under a hold makes the claimed delivery its probe.
-if (after == 'failing' or after == 'pause') and tonumber(ARGV[12]) >= 2
-    and redis.call('HGET', hold, 'probe') ~= id
-    and redis.call('GET', p .. ':wh:dlv:' .. id) ~= ARGV[5] then
-  return 2
-end
-redis.call('SET', p .. ':wh:dlv:' .. id, ARGV[5], 'EX', ARGV[7])
-if redis.call('EXPIRE', ARGV[14], ARGV[7]) == 0 and ARGV[15] ~= '' then
-  redis.call('SET', ARGV[14], ARGV[15], 'EX', ARGV[7])
-end
-if tonumber(ARGV[6]) >= 0 then
-  redis.call('ZADD', queue, ARGV[6], id)
-elseif redis.call('ZREM', queue, id) == 1 then
-  redis.call('DECR', p .. ':wh:pending')
-end
-if after == 'answered' or after == 'pause' then
-  redis.call('DEL', hold)
-elseif after == 'failing' and is_active(redis.call('HGET', p .. ':endpoints:' .. ws, we)) then
-  -- A later step, or the probe itself again (its lease ran out and it was claimed anew): an
-  -- attempt that was in flight alongside it changes nothing.
-  local failures = tonumber(ARGV[12])
-  local h = redis.call('HMGET', hold, 'failures', 'probe')
-  local current = tonumber(h[1] or '0')
-  if failures > current or (failures == current and h[2] == id) then
-    redis.call('HSET', hold, 'failures', failures, 'until', ARGV[6], 'probe', id, 'tries', 0)
-    redis.call('EXPIRE', hold, ARGV[7])
-  end
-end
-rescore(p, member, queue, we)
-local notice = ARGV[8]
-if notice ~= '' then
-  local endpoints = p .. ':endpoints:' .. ws
-  local raw = redis.call('HGET', endpoints, we)
-  if raw then
-    local e = cjson.decode(raw)
-    if e.status == 'active' then
-      e.status = 'paused'
-      redis.call('HSET', endpoints, we, cjson.encode(e))
-      redis.call('SADD', p .. ':wh:paused', member)
-      redis.call('HSET', p .. ':wh:notices', notice, ARGV[9])
-      redis.call('ZADD', p .. ':wh:notices:due', ARGV[10], notice)
-      return 1
-    end
-  end
-end
-return 0
-"
+    Script::new(concat!(
+        include_str!("scripts/rescore.lua"),
+        include_str!("scripts/save.lua")
     ))
 });
 
 /// A page of a replay index: the ids of events created at or after ARGV[1] (unix seconds), in
 /// (created, id) order, past ARGV[2] among those created at ARGV[1] itself (a continuation; ''
 /// for none), at most ARGV[3], each with its `created`. KEYS: the index.
-static REPLAY_PAGE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
--- Byte order, as sorted sets order members (Lua's own `<=` follows the locale).
-local function bytes_le(a, b)
-  local n = math.min(#a, #b)
-  for i = 1, n do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a <= #b
-end
-local key, since, after, max = KEYS[1], tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local first = redis.call('ZRANGEBYSCORE', key, ARGV[1], '+inf', 'LIMIT', 0, 1)
-if #first == 0 then return {} end
-local start = redis.call('ZRANK', key, first[1])
-if after ~= '' then
-  local rank = nil
-  local score = redis.call('ZSCORE', key, after)
-  if score and tonumber(score) == since then rank = redis.call('ZRANK', key, after) end
-  if rank then
-    start = rank + 1
-  else
-    -- Not there any more: past the ids of that second that sort before it (at most ten
-    -- pages of them: past that, a few may come again, which receivers deduplicate).
-    for _ = 1, 10 do
-      local page = redis.call('ZRANGE', key, start, start + 999, 'WITHSCORES')
-      if #page == 0 then return {} end
-      local moved = false
-      for j = 1, #page, 2 do
-        if tonumber(page[j + 1]) == since and bytes_le(page[j], after) then
-          start = start + 1
-          moved = true
-        else
-          moved = false
-          break
-        end
-      end
-      if not moved then break end
-    end
-  end
-end
-return redis.call('ZRANGE', key, start, start + max - 1, 'WITHSCORES')
-",
-    )
-});
+static REPLAY_PAGE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/replay_page.lua")));
 
 /// Claims due pause notices. ARGV: prefix, now ms, lease end ms, max. Returns their JSON.
-static CLAIM_NOTICES: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local p = ARGV[1]
-local due, all = p .. ':wh:notices:due', p .. ':wh:notices'
-local out = {}
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[2], 'LIMIT', 0, ARGV[4])) do
-  local json = redis.call('HGET', all, id)
-  if json then
-    redis.call('ZADD', due, ARGV[3], id)
-    out[#out + 1] = json
-  else
-    redis.call('ZREM', due, id)
-  end
-end
-return out
-",
-    )
-});
+static CLAIM_NOTICES: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/claim_notices.lua")));
 
 /// Puts a claimed pause notice back, if it is still queued. ARGV: prefix, id, json, due ms.
-static RETRY_NOTICE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local p = ARGV[1]
-if redis.call('HEXISTS', p .. ':wh:notices', ARGV[2]) == 0 then return 0 end
-redis.call('HSET', p .. ':wh:notices', ARGV[2], ARGV[3])
-redis.call('ZADD', p .. ':wh:notices:due', ARGV[4], ARGV[2])
-return 1
-",
-    )
-});
+static RETRY_NOTICE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/retry_notice.lua")));
 
 impl RedisStore {
     pub(super) fn prefix(&self) -> String {
@@ -1227,20 +902,13 @@ const TRIM_EVERY: Duration = Duration::from_secs(60);
 /// ARGV[2] ms (workers that are gone: each worker names itself anew when it starts), except
 /// ARGV[1]. Atomic, so a consumer that takes an entry meanwhile keeps it. KEYS: the event log.
 static DROP_IDLE_CONSUMERS: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"
-local dropped = 0
-for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], '{GROUP}')) do
-  local info = {{}}
-  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
-  if info.name ~= ARGV[1] and tonumber(info.pending) == 0
-     and tonumber(info.idle) > tonumber(ARGV[2]) then
-    dropped = dropped + redis.call('XGROUP', 'DELCONSUMER', KEYS[1], '{GROUP}', info.name) + 1
-  end
-end
-return dropped
-"
-    ))
+    Script::new(
+        &[
+            format!("local GROUP = '{GROUP}'\n").as_str(),
+            include_str!("scripts/drop_idle_consumers.lua"),
+        ]
+        .concat(),
+    )
 });
 
 impl Group {
