@@ -17,7 +17,9 @@ use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
 use crate::shutdown::{Draining, DrainingSignalWatch};
-use crate::store::{KeyCache, MemoryStore, RedisStore, StoreHealth, Stores, WorkerStores};
+use crate::store::{
+    KeyCache, MemoryStore, RedisStore, StoreError, StoreHealth, Stores, WorkerStores,
+};
 use crate::webhooks::mail::Mailer;
 use crate::webhooks::{Worker, WorkerSettings};
 
@@ -37,6 +39,9 @@ pub enum StartError {
     /// Part of the configuration could not be turned into a running component.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The store holds data this build cannot use (a newer version wrote it).
+    #[error("cannot use the store: {0}")]
+    Store(String),
 }
 
 /// Options of `svcgate serve` that are not configuration.
@@ -101,6 +106,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         let _guard = store_runtime.enter();
         connect_store(&config)?
     };
+    schema_checked(store_runtime.block_on(store.health.check_schema()))?;
     let keys = Arc::new(KeyCache::new(store.keys.clone(), config.store.cache()));
     if let Err(e) = store_runtime.block_on(keys.sync()) {
         tracing::warn!(error = %e, "key store unreachable at start; not ready until it answers");
@@ -297,6 +303,19 @@ fn connect_store(config: &Config) -> Result<Stores, StartError> {
     })
 }
 
+/// Refuses to start on data a newer version wrote; a store that does not answer yet is checked
+/// again by its upkeep ([`prepare_store`]).
+fn schema_checked(checked: Result<(), StoreError>) -> Result<(), StartError> {
+    match checked {
+        Err(StoreError::Conflict(why)) => Err(StartError::Store(why)),
+        Err(e) => {
+            tracing::warn!(error = %e, "store schema version not checked at start");
+            Ok(())
+        }
+        Ok(()) => Ok(()),
+    }
+}
+
 /// Runs the webhook worker alone (`svcgate worker`) with `/metrics`, `/healthz` and `/readyz`
 /// on the metrics listener, until SIGTERM or SIGINT.
 pub fn work(config: Config) -> Result<(), StartError> {
@@ -323,6 +342,7 @@ pub fn work(config: Config) -> Result<(), StartError> {
             );
         }
         let store = connect_store(&config)?;
+        schema_checked(store.health.check_schema().await)?;
         let worker = webhook_worker(&config, store.worker())?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let running = tokio::spawn(worker.run(stopped));

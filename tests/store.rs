@@ -13,7 +13,7 @@ use svcgate::metering::audit::{AuditCursor, AuditQuery, AuditRecord};
 use svcgate::store::{
     AfterAttempt, AuditStore, ClaimRequest, ClaimedDelivery, DeliveryQueue, EventLog,
     IndexFillTiming, KeyStore, ListenSlots, MemoryStore, NoticeStore, RedisStore, Saved,
-    StoreError, StoreHealth, UsageStore,
+    StoreError, StoreHealth, UsageStore, SCHEMA_VERSION,
 };
 use svcgate::webhooks::delivery::{Attempt, Delivery, DeliveryStatus, DeliverySummary};
 use svcgate::webhooks::endpoint::{Endpoint, EndpointStatus};
@@ -2122,6 +2122,47 @@ store_suite!(
     a_retry_in_flight_when_its_endpoint_is_resumed_counts_for_nothing
 );
 
+/// The schema version: none (data of a version before it was kept) or an older one passes the
+/// start-up check, and the upkeep writes the current one; one newer than this build knows fails
+/// both, and is left as it is.
+#[tokio::test]
+async fn redis_the_schema_version_is_written_by_the_upkeep_and_a_newer_one_refused() {
+    let ns = TestNamespace::new();
+    let store = RedisStore::connect(&redis_url(), &ns.name).unwrap();
+    let client = ::redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!("{{{}}}:schema", ns.name);
+
+    assert_eq!(store.schema_version().await.unwrap(), None);
+    store.check_schema().await.unwrap();
+    store.prepare().await.unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), Some(SCHEMA_VERSION));
+    store.check_schema().await.unwrap();
+    store.prepare().await.unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), Some(SCHEMA_VERSION));
+
+    let _: () = ::redis::AsyncCommands::set(&mut conn, &key, 1)
+        .await
+        .unwrap();
+    store.check_schema().await.unwrap();
+    store.prepare().await.unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), Some(SCHEMA_VERSION));
+
+    let newer = SCHEMA_VERSION + 1;
+    let _: () = ::redis::AsyncCommands::set(&mut conn, &key, newer)
+        .await
+        .unwrap();
+    match store.check_schema().await {
+        Err(StoreError::Conflict(why)) => assert!(why.contains("newer"), "{why}"),
+        other => panic!("a newer schema version is refused, not {other:?}"),
+    }
+    assert!(matches!(
+        store.prepare().await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(store.schema_version().await.unwrap(), Some(newer));
+}
+
 /// Workspaces an earlier version created, with no index, are listed too: those there at the
 /// first listing, and one created later (during a rolling upgrade) once it is read; and a page
 /// after such a one does not start again from the first.
@@ -2287,7 +2328,7 @@ async fn redis_consumers_of_workers_that_are_gone_leave_the_group() {
     assert_eq!(names, ["fresh", "holding"]);
 }
 
-/// An event kept by id alone (before session 12) can still be replayed by id, by its own
+/// An event kept by id alone (before schema version 2) can still be replayed by id, by its own
 /// workspace only.
 #[tokio::test]
 async fn redis_an_event_kept_by_id_alone_is_still_found_for_its_workspace() {
@@ -2360,8 +2401,8 @@ async fn redis_a_delivery_that_does_not_read_does_not_hold_up_its_claim() {
 
 /// Redis keeps an event's payload once, in the event's record, not once per delivery: each
 /// claim reads it back whole; a save keeps the record as long as the delivery; a record from
-/// before session 23 with its payload still goes out and is saved without it; a delivery whose
-/// event's record is gone is skipped, not sent empty.
+/// before schema version 4 with its payload still goes out and is saved without it; a delivery
+/// whose event's record is gone is skipped, not sent empty.
 #[tokio::test]
 async fn redis_an_events_payload_is_stored_once_for_all_its_deliveries() {
     use ::redis::AsyncCommands;

@@ -32,10 +32,18 @@ pub trait StoreHealth: Send + Sync + 'static {
     /// writes. Nothing to do for a store without connections.
     fn reopen_connections(&self) {}
 
+    /// Fails with [`StoreError::Conflict`] if the store holds data in a newer format (schema
+    /// version) than this build knows: `serve` and `worker` then refuse to start. Data of an
+    /// earlier version, or of none, passes: [`StoreHealth::prepare`] brings it up to date.
+    async fn check_schema(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Brings up to date what an earlier version wrote and this one reads differently (the
     /// Redis store indexes the workspaces created before its index existed). Run by `serve` at
     /// start, in the background, until it succeeds; every read that needs it also works
-    /// without it, only slower. Idempotent. Nothing to do for a store with no such data.
+    /// without it, only slower. Idempotent. Nothing to do for a store with no such data. The
+    /// Redis store then records the schema version this build writes.
     async fn prepare(&self) -> Result<(), StoreError> {
         Ok(())
     }

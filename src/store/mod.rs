@@ -24,7 +24,7 @@ pub use crate::webhooks::store::{
     WorkerStores,
 };
 pub use memory::MemoryStore;
-pub use redis::{sentinel_address, IndexFillTiming, RedisStore, Sentinels};
+pub use redis::{sentinel_address, IndexFillTiming, RedisStore, Sentinels, SCHEMA_VERSION};
 
 /// One backing store, by area: what `serve` hands to each part of the gateway.
 #[derive(Clone)]

@@ -61,7 +61,7 @@ pub(super) const AUDIT_AHEAD_MAX_MS: u64 = 10 * 60 * 1000;
 
 /// How far ahead of Redis's clock a gateway's may run without its audit records being left
 /// out of a `since` query or a page: the stream entries read go back this much further. Needed
-/// for entries written before session 26, which took Redis's time as their id whatever their
+/// for entries of schema versions before 5, which took Redis's time as their id whatever their
 /// records' times; an entry written since has an id no earlier than its newest record
 /// ([`APPEND_AUDIT`]).
 pub(super) const AUDIT_CLOCK_SKEW_MS: u64 = 2_000;

@@ -15,8 +15,8 @@
 //! An event's payload is kept once, in the event's own record, which each of its deliveries
 //! keeps alive (it lasts as long as the longest-kept of them); a delivery's record holds the
 //! rest ([`WithoutPayload`]), and a claim reads the payloads of what it took in one more call.
-//! Until session 23 each delivery held a copy: such records are still read, and saved without
-//! it after their next attempt.
+//! Before schema version 4 each delivery held a copy: such records are still read, and saved
+//! without it after their next attempt.
 
 use async_trait::async_trait;
 use redis::{AsyncCommands, Script};
@@ -197,8 +197,8 @@ impl DeliveryQueue for RedisStore {
     }
 }
 
-/// Delivery records a listing reads at once: one written before session 23 holds its event's
-/// payload.
+/// Delivery records a listing reads at once: one written before schema version 4 holds its
+/// event's payload.
 pub(super) const LISTED_PER_READ: usize = 10;
 
 /// Fans event-log entries out. KEYS: the event log. ARGV: prefix, group, ttl, the oldest
@@ -260,7 +260,7 @@ pub(super) const CLAIM_SCAN: usize = 20_000;
 /// first, unless a hold with more failures is there; `pause`: drop the hold; `skipped`), its
 /// failures in a row, the URL the attempt went to ('' if unknown), and the key and JSON of its
 /// event's record: kept for the ttl from now, and written again if it is gone (a delivery
-/// stored with its payload, before session 23, may outlive it; JSON '': not written). Returns
+/// stored with its payload, before schema version 4, may outlive it; JSON '': not written). Returns
 /// 1 if it paused the endpoint (and queued the notice), 2 if it saved nothing: the endpoint's
 /// URL is no longer the one attempted, or the attempt was a retry and the hold it was claimed
 /// under is gone (a resume, or an answer).
@@ -617,7 +617,7 @@ impl RedisStore {
         if let Some(event) = self.get_json::<Event>(&record).await? {
             return Ok(Some(event));
         }
-        // Kept by id alone before session 12: still there for up to 30 days after an upgrade.
+        // Kept by id alone before schema version 2: still there for up to 30 days after an upgrade.
         let legacy: Option<Event> = self
             .get_json(&format!("{}:wh:evt:{id}", self.prefix()))
             .await?;

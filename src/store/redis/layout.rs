@@ -3,6 +3,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
+//! | `{ns}:schema` | integer | the schema version of the data ([`super::schema`]) |
 //! | `{ns}:ws:<id>` | string | workspace JSON |
 //! | `{ns}:workspaces` | sorted set | workspace ids, scored by creation time (unix seconds) |
 //! | `{ns}:workspaces:filled` | string | set once the index holds the workspaces of versions before it |
@@ -23,16 +24,16 @@
 //! | `{ns}:wh:cursor` | string | an event-log entry id such that every entry up to it is fanned out (kept behind the oldest entry pending in the group); where a lost consumer group restarts |
 //! | `{ns}:wh:ready` | sorted set | `<ws> <endpoint id>` of every endpoint with queued deliveries, scored by the earliest due time (ms) |
 //! | `{ns}:wh:due:<endpoint id>` | sorted set | the endpoint's queued delivery ids, scored by due time (ms); a claimed one by its lease's end |
-//! | `{ns}:wh:dlv:<delivery id>` | string | delivery JSON: its event but for the payload (in the event's record; with it before session 23), status, attempts, last attempt (30 days from its last save) |
+//! | `{ns}:wh:dlv:<delivery id>` | string | delivery JSON: its event but for the payload (in the event's record; with it before schema version 4), status, attempts, last attempt (30 days from its last save) |
 //! | `{ns}:wh:log:<endpoint id>` | list | the endpoint's latest delivery ids, newest first (1,000) |
-//! | `{ns}:wh:evt:<ws>:<env>:<event id>` | string | event JSON, for replay and its deliveries' payload (30 days, and as long as any of its delivery records; `{ns}:wh:evt:<event id>` before session 12, still read) |
+//! | `{ns}:wh:evt:<ws>:<env>:<event id>` | string | event JSON, for replay and its deliveries' payload (30 days, and as long as any of its delivery records; `{ns}:wh:evt:<event id>` before schema version 2, still read) |
 //! | `{ns}:wh:replay:<ws>:<env>` | sorted set | the workspace's event ids in one environment, scored by `created` (unix seconds), for replays since a time (30 days) |
 //! | `{ns}:wh:hold:<endpoint id>` | hash | an endpoint held back by a failure: `failures` in a row, `until` (ms) nothing of its queue is due, `probe` the delivery that goes first then, `tries` its claims with no attempt saved; gone once it answers, is paused, deleted, resumed or given a new URL |
 //! | `{ns}:wh:pending` | integer | queued deliveries |
 //! | `{ns}:wh:paused` | set | `<ws> <endpoint id>` of paused endpoints |
 //! | `{ns}:wh:notices` | hash | pause notice id → notice JSON: an e-mail owed to a workspace's admins, queued with the pause, removed once sent |
 //! | `{ns}:wh:notices:due` | sorted set | pause notice ids, scored by when the next try is due (ms); a claimed one by its lease's end |
-//! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array, zstd-compressed; written uncompressed before session 30) |
+//! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array, zstd-compressed; written uncompressed before schema version 6) |
 //! | `ns:audit:{<ws>}:once:<id>` | string | an audit spool write already appended (a day) |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |
 //! | channel `ns:tokens:minted` | pub/sub | `<digest hex> <expires_at>` of every scoped token minted (the key directory) |
@@ -60,6 +61,10 @@ impl Layout {
     /// Every workspace's id, scored by its creation time.
     pub(super) fn workspace_index(&self) -> String {
         format!("{{{}}}:workspaces", self.ns)
+    }
+    /// The schema version of the data ([`super::schema`]).
+    pub(super) fn schema(&self) -> String {
+        format!("{{{}}}:schema", self.ns)
     }
     /// Set once the index holds the workspaces created before it existed.
     pub(super) fn workspace_index_filled(&self) -> String {

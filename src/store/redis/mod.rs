@@ -20,6 +20,7 @@ mod keys;
 mod layout;
 mod listen;
 mod notices;
+mod schema;
 mod streams;
 mod tokens;
 mod usage;
@@ -32,6 +33,7 @@ use connection::Connections;
 pub use connection::{sentinel_address, Sentinels};
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncCommands, Value};
+pub use schema::SCHEMA_VERSION;
 use std::sync::Arc;
 use tokio::sync::Notify;
 pub use workspaces::IndexFillTiming;
@@ -278,7 +280,13 @@ impl StoreHealth for RedisStore {
         Ok(())
     }
 
+    async fn check_schema(&self) -> Result<(), StoreError> {
+        self.check_schema_version().await
+    }
+
     async fn prepare(&self) -> Result<(), StoreError> {
-        self.fill_workspace_index(None).await
+        self.check_schema_version().await?;
+        self.fill_workspace_index(None).await?;
+        self.write_schema_version().await
     }
 }
