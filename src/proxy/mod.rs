@@ -177,6 +177,7 @@ enum Admission {
 
 impl Gateway {
     /// Assembles the gateway.
+    #[allow(clippy::too_many_arguments)] // the parts built at start, each of its own kind
     pub fn new(
         store: Stores,
         keys: Arc<KeyCache>,
