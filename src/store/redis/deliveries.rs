@@ -36,10 +36,11 @@ use crate::webhooks::delivery::{
 use crate::webhooks::endpoint::Endpoint;
 
 /// Replaces an endpoint if it still is what the caller read, and keeps the set of paused
-/// endpoints (for the metric) and its retry hold in step with it, in one step. ARGV: prefix,
-/// workspace, id, expected JSON, new JSON, 1 if paused, 1 to drop the hold (its URL changed,
-/// or it was resumed: the next attempt is a first one, and the delivery that failed goes now). Returns 1, 0 if it changed meanwhile,
-/// -1 if it is gone.
+/// endpoints (for the metric) and its retry hold in step with it, in one step. KEYS: the
+/// workspace's endpoints, the paused set, the endpoint's hold, its queue, the ready set
+/// ([`RedisStore::endpoint_keys`]). ARGV: workspace, id, expected JSON, new JSON, 1 if paused,
+/// 1 to drop the hold (its URL changed, or it was resumed: the next attempt is a first one, and
+/// the delivery that failed goes now). Returns 1, 0 if it changed meanwhile, -1 if it is gone.
 pub(super) static ENDPOINT_CAS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("scripts/rescore.lua"),
@@ -48,8 +49,8 @@ pub(super) static ENDPOINT_CAS: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Deletes an endpoint, its retry hold and its place among the paused, and puts its queue due
-/// as it is (its deliveries are skipped as they come). ARGV: prefix, workspace, id. Returns 1
-/// if it existed.
+/// as it is (its deliveries are skipped as they come). KEYS: as [`ENDPOINT_CAS`]'s. ARGV:
+/// workspace, id. Returns 1 if it existed.
 pub(super) static DELETE_ENDPOINT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("scripts/rescore.lua"),
@@ -125,8 +126,13 @@ impl DeliveryQueue for RedisStore {
     }
 
     async fn delete_endpoint(&self, workspace: &str, id: &str) -> Result<bool, StoreError> {
+        let [endpoints, paused_set, hold, queue, ready] = self.endpoint_keys(workspace, id);
         let removed: i64 = DELETE_ENDPOINT
-            .arg(self.prefix())
+            .key(endpoints)
+            .key(paused_set)
+            .key(hold)
+            .key(queue)
+            .key(ready)
             .arg(workspace)
             .arg(id)
             .invoke_async(&mut self.conn())
@@ -278,6 +284,19 @@ pub(super) static REPLAY_PAGE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/replay_page.lua")));
 
 impl RedisStore {
+    /// The keys a change to endpoint `id` of `workspace` touches: the workspace's endpoints,
+    /// the paused set, the endpoint's hold, its queue, the ready set.
+    fn endpoint_keys(&self, workspace: &str, id: &str) -> [String; 5] {
+        let p = self.prefix();
+        [
+            self.layout.endpoints(workspace),
+            format!("{p}:wh:paused"),
+            format!("{p}:wh:hold:{id}"),
+            format!("{p}:wh:due:{id}"),
+            format!("{p}:wh:ready"),
+        ]
+    }
+
     /// [`DeliveryQueue::update_endpoint`]; with `restart`, the endpoint starts afresh even if
     /// neither its URL nor its status changes ([`DeliveryQueue::resume_endpoint`]).
     pub(super) async fn change_endpoint(
@@ -300,8 +319,13 @@ impl RedisStore {
             next.secret = current.secret;
             let paused = next.status == crate::webhooks::endpoint::EndpointStatus::Paused;
             let fresh_start = restart || next.url != current.url || next.status != current.status;
+            let [endpoints, paused_set, hold, queue, ready] = self.endpoint_keys(workspace, id);
             let swapped: i64 = ENDPOINT_CAS
-                .arg(self.prefix())
+                .key(endpoints)
+                .key(paused_set)
+                .key(hold)
+                .key(queue)
+                .key(ready)
                 .arg(workspace)
                 .arg(id)
                 .arg(&raw)

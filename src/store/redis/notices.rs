@@ -33,11 +33,13 @@ impl NoticeStore for RedisStore {
     }
 }
 
-/// Claims due pause notices. ARGV: prefix, now ms, lease end ms, max. Returns their JSON.
+/// Claims due pause notices. KEYS: the due set, the notices. ARGV: now ms, lease end ms, max.
+/// Returns their JSON.
 pub(super) static CLAIM_NOTICES: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/claim_notices.lua")));
 
-/// Puts a claimed pause notice back, if it is still queued. ARGV: prefix, id, json, due ms.
+/// Puts a claimed pause notice back, if it is still queued. KEYS: the notices, the due set.
+/// ARGV: id, json, due ms.
 pub(super) static RETRY_NOTICE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/retry_notice.lua")));
 
@@ -48,9 +50,10 @@ impl RedisStore {
         lease: Duration,
         max: usize,
     ) -> Result<Vec<PauseNotice>, StoreError> {
+        let p = self.prefix();
         let raws: Vec<String> = CLAIM_NOTICES
-            .prepare_invoke()
-            .arg(self.prefix())
+            .key(format!("{p}:wh:notices:due"))
+            .key(format!("{p}:wh:notices"))
             .arg(now_ms)
             .arg(now_ms + lease.as_millis() as u64)
             .arg(max)
@@ -71,9 +74,10 @@ impl RedisStore {
         notice: &PauseNotice,
         due_ms: u64,
     ) -> Result<(), StoreError> {
+        let p = self.prefix();
         RETRY_NOTICE
-            .prepare_invoke()
-            .arg(self.prefix())
+            .key(format!("{p}:wh:notices"))
+            .key(format!("{p}:wh:notices:due"))
             .arg(&notice.id)
             .arg(encode(notice))
             .arg(due_ms)

@@ -47,7 +47,7 @@ while taken < max and scanned < CLAIM_SCAN do
   elseif step == 'early' then
     -- Scored before its hold (by an older version): put in its place, out of this range.
     visited[member] = true
-    rescore(p, member, queue, we)
+    rescore(p .. ':wh:ready', p .. ':wh:hold:' .. we, member, queue)
   else
     visited[member] = true
     local ids
@@ -88,7 +88,7 @@ while taken < max and scanned < CLAIM_SCAN do
         redis.call('DECR', p .. ':wh:pending')
       end
     end
-    rescore(p, member, queue, we)
+    rescore(p .. ':wh:ready', p .. ':wh:hold:' .. we, member, queue)
   end
  end
 end

@@ -1,8 +1,9 @@
-local p, ws, we = ARGV[1], ARGV[2], ARGV[3]
+local endpoints, paused, hold, queue, ready = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ws, we = ARGV[1], ARGV[2]
 local member = ws .. ' ' .. we
-local removed = redis.call('HDEL', p .. ':endpoints:' .. ws, we)
-redis.call('SREM', p .. ':wh:paused', member)
-if redis.call('DEL', p .. ':wh:hold:' .. we) == 1 then
-  rescore(p, member, p .. ':wh:due:' .. we, we)
+local removed = redis.call('HDEL', endpoints, we)
+redis.call('SREM', paused, member)
+if redis.call('DEL', hold) == 1 then
+  rescore(ready, hold, member, queue)
 end
 return removed

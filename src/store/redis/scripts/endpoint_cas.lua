@@ -1,16 +1,16 @@
-local p, ws, we = ARGV[1], ARGV[2], ARGV[3]
-local endpoints, member = p .. ':endpoints:' .. ws, ws .. ' ' .. we
+local endpoints, paused, hold, queue, ready = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ws, we = ARGV[1], ARGV[2]
+local member = ws .. ' ' .. we
 local cur = redis.call('HGET', endpoints, we)
 if not cur then return -1 end
-if cur ~= ARGV[4] then return 0 end
-redis.call('HSET', endpoints, we, ARGV[5])
-if ARGV[6] == '1' then
-  redis.call('SADD', p .. ':wh:paused', member)
+if cur ~= ARGV[3] then return 0 end
+redis.call('HSET', endpoints, we, ARGV[4])
+if ARGV[5] == '1' then
+  redis.call('SADD', paused, member)
 else
-  redis.call('SREM', p .. ':wh:paused', member)
+  redis.call('SREM', paused, member)
 end
-if ARGV[7] == '1' then
-  local hold, queue = p .. ':wh:hold:' .. we, p .. ':wh:due:' .. we
+if ARGV[6] == '1' then
   local h = redis.call('HMGET', hold, 'probe', 'tries')
   if redis.call('DEL', hold) == 1 then
     -- The failed delivery waiting for its retry goes now (one out on an attempt, claimed
@@ -23,7 +23,7 @@ if ARGV[7] == '1' then
         redis.call('ZADD', queue, string.format('%d', now), h[1])
       end
     end
-    rescore(p, member, queue, we)
+    rescore(ready, hold, member, queue)
   end
 end
 return 1

@@ -33,7 +33,7 @@ for _ = 1, n do
   i = i + 5
   if redis.call('SET', p .. ':wh:dlv:' .. id, json, 'NX', 'EX', ttl) then
     redis.call('ZADD', p .. ':wh:due:' .. we, due, id)
-    local ready = math.max(tonumber(due), held_until(p, we))
+    local ready = math.max(tonumber(due), held_until(p .. ':wh:hold:' .. we))
     redis.call('ZADD', p .. ':wh:ready', 'LT', string.format('%d', ready), ws .. ' ' .. we)
     local log = p .. ':wh:log:' .. we
     redis.call('LPUSH', log, id)

@@ -1,5 +1,4 @@
-local p = ARGV[1]
-if redis.call('HEXISTS', p .. ':wh:notices', ARGV[2]) == 0 then return 0 end
-redis.call('HSET', p .. ':wh:notices', ARGV[2], ARGV[3])
-redis.call('ZADD', p .. ':wh:notices:due', ARGV[4], ARGV[2])
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 return 1

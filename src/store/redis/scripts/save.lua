@@ -39,7 +39,7 @@ elseif after == 'failing' and is_active(redis.call('HGET', p .. ':endpoints:' ..
     redis.call('EXPIRE', hold, ARGV[7])
   end
 end
-rescore(p, member, queue, we)
+rescore(p .. ':wh:ready', p .. ':wh:hold:' .. we, member, queue)
 local notice = ARGV[8]
 if notice ~= '' then
   local endpoints = p .. ':endpoints:' .. ws
