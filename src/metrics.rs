@@ -10,8 +10,8 @@ use prometheus::{
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use crate::keys::cache::CacheOutcome;
 use crate::keys::Environment;
-use crate::store::CacheOutcome;
 
 static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(

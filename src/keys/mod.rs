@@ -1,7 +1,8 @@
 //! The key model: environments, key records and scopes.
 //!
-//! Pure data and pure functions; the stores persist these types and the request path reads
-//! them.
+//! Pure data and pure functions; the stores persist these types ([`store`] is the storage it
+//! needs) and the request path reads them through the key cache ([`cache`], with the
+//! [`directory`] of every key held).
 
 pub mod cache;
 pub mod directory;

@@ -3,7 +3,8 @@
 //! - [`usage`]: credit spend per key, project and workspace, and monthly budgets;
 //! - [`ratelimit`]: per-key limits shared across replicas;
 //! - [`audit`]: one record per authenticated request, off the request path;
-//! - [`meter`]: the three together, and the background flush that talks to the store.
+//! - [`meter`]: the three together, and the background flush that talks to the store;
+//! - [`store`]: the storage metering needs (usage and budgets; audit).
 
 pub mod audit;
 mod credits;

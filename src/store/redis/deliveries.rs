@@ -259,14 +259,16 @@ pub(super) const CLAIM_PAGE: usize = 1_000;
 /// nothing else meanwhile) with tens of thousands of endpoints due.
 pub(super) const CLAIM_SCAN: usize = 20_000;
 
-/// Saves a delivery after an attempt. ARGV: prefix, workspace, endpoint, delivery id, json
-/// (without the payload), next due ms (-1: final), ttl, then, to pause the endpoint, a pause
+/// Saves a delivery after an attempt. KEYS: the workspace's endpoints, the endpoint's queue,
+/// its hold, the delivery's record, the pending count, the ready set, the paused set, the
+/// notices, the notices' due set, the event's record. ARGV: workspace, endpoint, delivery id,
+/// json (without the payload), next due ms (-1: final), ttl, then, to pause the endpoint, a pause
 /// notice's id, json and due ms (id '': no pause), then what the attempt says of the endpoint
 /// (`answered`: release its hold; `failing`: hold it until the next due ms with this delivery
 /// first, unless a hold with more failures is there; `pause`: drop the hold; `skipped`), its
-/// failures in a row, the URL the attempt went to ('' if unknown), and the key and JSON of its
-/// event's record: kept for the ttl from now, and written again if it is gone (a delivery
-/// stored with its payload, before schema version 4, may outlive it; JSON '': not written). Returns
+/// failures in a row, the URL the attempt went to ('' if unknown), and the JSON of its event's
+/// record: kept for the ttl from now, and written again if it is gone (a delivery stored with
+/// its payload, before schema version 4, may outlive it; JSON '': not written). Returns
 /// 1 if it paused the endpoint (and queued the notice), 2 if it saved nothing: the endpoint's
 /// URL is no longer the one attempted, or the attempt was a retry and the hold it was claimed
 /// under is gone (a resume, or an answer).
@@ -529,9 +531,20 @@ impl RedisStore {
             (false, Some(ms)) => ms as i64,
             _ => -1,
         };
+        let p = self.prefix();
+        let e = &d.event;
         let mut invocation = SAVE.prepare_invoke();
         invocation
-            .arg(self.prefix())
+            .key(self.layout.endpoints(&d.workspace))
+            .key(format!("{p}:wh:due:{}", d.endpoint))
+            .key(format!("{p}:wh:hold:{}", d.endpoint))
+            .key(format!("{p}:wh:dlv:{}", d.id))
+            .key(format!("{p}:wh:pending"))
+            .key(format!("{p}:wh:ready"))
+            .key(format!("{p}:wh:paused"))
+            .key(format!("{p}:wh:notices"))
+            .key(format!("{p}:wh:notices:due"))
+            .key(self.event_record(&e.workspace, e.environment, &e.id))
             .arg(&d.workspace)
             .arg(&d.endpoint)
             .arg(&d.id)
@@ -554,10 +567,8 @@ impl RedisStore {
                 .arg(failures),
             AfterAttempt::Skipped => invocation.arg("").arg("").arg(0).arg("skipped").arg(0),
         };
-        let e = &d.event;
         invocation
             .arg(d.attempted_url().unwrap_or_default())
-            .arg(self.event_record(&e.workspace, e.environment, &e.id))
             .arg(event_json);
         let saved: i64 = invocation
             .invoke_async(&mut self.conn())
