@@ -207,13 +207,14 @@ impl DeliveryQueue for RedisStore {
 /// event's payload.
 pub(super) const LISTED_PER_READ: usize = 10;
 
-/// Fans event-log entries out. KEYS: the event log. ARGV: prefix, group, ttl, the oldest
-/// `created` kept (unix seconds), then a count and that many entry ids, a count and that many
-/// `(event record key, event json, replay index key, created, event id)`, a count and that many `(workspace,
-/// endpoint, delivery id, due ms, delivery json)`. A delivery whose id is stored already (its
-/// entry was fanned out before) is left as it is. Returns how many deliveries it queued. An
-/// event's record is written, or written again, for the ttl from now: its deliveries read
-/// their payload there.
+/// Fans event-log entries out. KEYS: the event log, the cursor, the ready set, the pending
+/// count, then `(event record, replay index)` of each event and `(delivery record, endpoint
+/// queue, endpoint hold, endpoint log)` of each delivery. ARGV: group, ttl, the oldest `created`
+/// kept (unix seconds), then a count and that many entry ids, a count and that many `(event
+/// json, created, event id)`, a count and that many `(workspace, endpoint, delivery id, due ms,
+/// delivery json)`. A delivery whose id is stored already (its entry was fanned out before) is
+/// left as it is. Returns how many deliveries it queued. An event's record is written, or
+/// written again, for the ttl from now: its deliveries read their payload there.
 ///
 /// Each event is kept for replay by workspace, environment and id
 /// (`{ns}:wh:evt:<ws>:<env>:<id>`: backends choose ids, and two workspaces may choose the
@@ -350,10 +351,13 @@ impl RedisStore {
         events: &[&Event],
         deliveries: &[Delivery],
     ) -> Result<(), StoreError> {
+        let p = self.prefix();
         let mut invocation = ENQUEUE.prepare_invoke();
         invocation
             .key(self.layout.events())
-            .arg(self.prefix())
+            .key(format!("{p}:wh:cursor"))
+            .key(format!("{p}:wh:ready"))
+            .key(format!("{p}:wh:pending"))
             .arg(GROUP)
             .arg(DELIVERY_RETENTION_SECS)
             .arg(crate::ids::unix_now().saturating_sub(RETENTION_SECS))
@@ -362,9 +366,9 @@ impl RedisStore {
             .arg(events.len());
         for event in events {
             invocation
-                .arg(self.event_record(&event.workspace, event.environment, &event.id))
+                .key(self.event_record(&event.workspace, event.environment, &event.id))
+                .key(self.replay_index(&event.workspace, event.environment))
                 .arg(encode(event))
-                .arg(self.replay_index(&event.workspace, event.environment))
                 .arg(event.created)
                 .arg(&event.id);
         }
@@ -381,6 +385,10 @@ impl RedisStore {
                 false => encode(d),
             };
             invocation
+                .key(format!("{p}:wh:dlv:{}", d.id))
+                .key(format!("{p}:wh:due:{}", d.endpoint))
+                .key(format!("{p}:wh:hold:{}", d.endpoint))
+                .key(format!("{p}:wh:log:{}", d.endpoint))
                 .arg(&d.workspace)
                 .arg(&d.endpoint)
                 .arg(&d.id)
