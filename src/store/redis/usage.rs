@@ -9,8 +9,10 @@ use super::*;
 use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
 use crate::store::{StoreError, UsageReport, UsageStore};
 
-/// Applies one usage flush (see [`UsageStore::flush_usage`]). Every key it touches starts with the
-/// `{ns}` hash tag (ARGV[1]), so it runs on one Cluster slot. ARGV[2] is the flush as JSON.
+/// Applies one usage flush (see [`UsageStore::flush_usage`]). KEYS: the event log, the batch's
+/// marker, its rate counts' marker, then `(spend, budgets, workspace record)` of each workspace
+/// and `(this window, the one before)` of each rate count, in the flush's order; every one
+/// starts with the `{ns}` hash tag, so it runs on one Cluster slot. ARGV[1] is the flush as JSON.
 /// Answers JSON with totals as decimal strings (Lua numbers would lose digits).
 pub(super) static FLUSH_USAGE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/flush_usage.lua")));
@@ -85,9 +87,26 @@ impl RawMap {
 impl UsageStore for RedisStore {
     async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError> {
         let batch = serde_json::to_string(flush).expect("flushes serialize");
-        let raw: String = FLUSH_USAGE
+        let p = self.prefix();
+        let mut invocation = FLUSH_USAGE.prepare_invoke();
+        invocation
             .key(self.layout.events())
-            .arg(self.prefix())
+            .key(format!("{p}:flush:{}", flush.id))
+            .key(format!("{p}:flush:{}", flush.rate_id));
+        for w in &flush.workspaces {
+            let month = w.month.as_deref().unwrap_or(&flush.month);
+            invocation
+                .key(self.layout.spend(&w.workspace, month))
+                .key(self.layout.budgets(&w.workspace))
+                .key(self.layout.workspace(&w.workspace));
+        }
+        for r in &flush.rate {
+            let window = i128::from(r.window);
+            invocation
+                .key(format!("{p}:rl:{}:{window}", r.key))
+                .key(format!("{p}:rl:{}:{}", r.key, window - 1));
+        }
+        let raw: String = invocation
             .arg(batch)
             .invoke_async(&mut self.conn())
             .await

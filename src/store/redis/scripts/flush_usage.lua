@@ -1,5 +1,4 @@
-local p = ARGV[1]
-local b = cjson.decode(ARGV[2])
+local b = cjson.decode(ARGV[1])
 local function int(n)
   if n >= 9223372036854775807 then return '9223372036854775807' end
   return string.format('%d', n)
@@ -15,12 +14,14 @@ local function incr(h, field, n)
   return r
 end
 -- A batch is added once: a retry after a lost answer only reads the totals.
-local fresh = redis.call('SET', p .. ':flush:' .. b.id, '1', 'NX', 'EX', 86400)
+local fresh = redis.call('SET', KEYS[2], '1', 'NX', 'EX', 86400)
 local out = {workspaces = {}, rate = {}}
+local k = 4
 for _, w in ipairs(b.workspaces) do
+  local h, budgets_key, workspace_key = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+  k = k + 3
   -- Spend of an earlier month goes to that month, and reads nothing back.
   local month = w.month or b.month
-  local h = p .. ':spend:' .. w.workspace .. ':' .. month
   if not fresh then w.total = 0; w.keys = {}; w.projects = {} end
   local total
   if w.total ~= 0 then
@@ -37,9 +38,9 @@ for _, w in ipairs(b.workspaces) do
   for _, name in ipairs(w.watch_projects) do
     res.projects[name] = redis.call('HGET', h, 'project:' .. name) or '0'
   end
-  local budgets = redis.call('HGETALL', p .. ':budgets:' .. w.workspace)
+  local budgets = redis.call('HGETALL', budgets_key)
   for i = 1, #budgets, 2 do res.project_budgets[budgets[i]] = budgets[i + 1] end
-  local raw = redis.call('GET', p .. ':ws:' .. w.workspace)
+  local raw = redis.call('GET', workspace_key)
   if raw then
     local ws = cjson.decode(raw)
     if type(ws.monthly_credits) == 'number' then
@@ -52,7 +53,7 @@ for _, w in ipairs(b.workspaces) do
           if redis.call('HSETNX', h, 'low_fired', '1') == 1 then
             local data = cjson.encode({workspace = w.workspace, month = b.month,
               remaining = math.max(remaining, 0) / 1000000, threshold = threshold / 1000000})
-            redis.call('XADD', p .. ':events', '*', 'id', w.event_id, 'type', 'billing.credits.low',
+            redis.call('XADD', KEYS[1], '*', 'id', w.event_id, 'type', 'billing.credits.low',
               'created', int(b.now), 'workspace', w.workspace, 'environment', 'live', 'data', data)
           end
         else
@@ -68,20 +69,21 @@ end
 local fresh_rate = false
 for _, r in ipairs(b.rate) do
   if r.count > 0 then
-    fresh_rate = redis.call('SET', p .. ':flush:' .. b.rate_id, '1', 'NX', 'EX', 86400)
+    fresh_rate = redis.call('SET', KEYS[3], '1', 'NX', 'EX', 86400)
     break
   end
 end
 for _, r in ipairs(b.rate) do
-  local k = p .. ':rl:' .. r.key .. ':'
+  local current, previous = KEYS[k], KEYS[k + 1]
+  k = k + 2
   local cur
   if fresh_rate and r.count > 0 then
-    cur = redis.call('INCRBY', k .. int(r.window), int(r.count))
-    redis.call('EXPIRE', k .. int(r.window), 180)
+    cur = redis.call('INCRBY', current, int(r.count))
+    redis.call('EXPIRE', current, 180)
   else
-    cur = tonumber(redis.call('GET', k .. int(r.window)) or '0')
+    cur = tonumber(redis.call('GET', current) or '0')
   end
-  local prev = redis.call('GET', k .. int(r.window - 1)) or '0'
+  local prev = redis.call('GET', previous) or '0'
   out.rate[r.key] = {window = int(r.window), previous = prev, current = int(cur)}
 end
 return cjson.encode(out)
