@@ -1,3 +1,6 @@
+-- The one script that builds keys from the prefix (ARGV[1]) instead of taking them in KEYS:
+-- the endpoints it claims from are found in the ready set as it goes. On Redis Cluster a claim
+-- would first read the ready set, then claim per endpoint with its keys.
 local p, now, lease_end = ARGV[1], ARGV[2], ARGV[3]
 local max, per = tonumber(ARGV[4]), tonumber(ARGV[5])
 local busy = cjson.decode(ARGV[6])
