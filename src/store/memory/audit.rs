@@ -1,8 +1,8 @@
 //! The audit log in memory.
 
 use super::*;
-use super::{AuditStore, StoreError};
 use crate::metering::audit::{AuditQuery, AuditRecord};
+use crate::store::{AuditStore, StoreError};
 use async_trait::async_trait;
 
 /// How many audit records the memory store keeps per workspace.

@@ -1,12 +1,12 @@
 //! Webhook endpoints and the delivery queue in memory.
 
 use super::*;
-use super::{
+use crate::events::Event;
+use crate::keys::Environment;
+use crate::store::{
     too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, DeliveryQueue, EndpointChange,
     EndpointRetry, EventPage, QueueStats, Saved, StoreError,
 };
-use crate::events::Event;
-use crate::keys::Environment;
 use crate::webhooks::delivery::{Delivery, DeliverySummary};
 use crate::webhooks::endpoint::Endpoint;
 use crate::webhooks::endpoint::EndpointStatus;

@@ -1,8 +1,8 @@
 //! The event log in memory.
 
 use super::*;
-use super::{EventFeed, EventLog, StoreError};
 use crate::events::Event;
+use crate::store::{EventFeed, EventLog, StoreError};
 use async_trait::async_trait;
 use std::time::Duration;
 

@@ -1,11 +1,13 @@
 //! Workspaces, keys, scoped tokens and the key change log in memory.
 
 use super::*;
-use super::{KeyChange, KeyChanges, KeyStore, MintedTokens, Rotation, StoreError, WorkspaceChange};
 use crate::events::Event;
 use crate::ids::unix_now;
 use crate::keys::KeyStatus;
 use crate::keys::{KeyHash, KeyRecord, Workspace};
+use crate::store::{
+    KeyChange, KeyChanges, KeyStore, MintedTokens, Rotation, StoreError, WorkspaceChange,
+};
 use async_trait::async_trait;
 use std::sync::Arc;
 use tokio::sync::Notify;

@@ -1,7 +1,7 @@
 //! The slots of `svcgate listen` streams in memory.
 
 use super::*;
-use super::{ListenSlots, StoreError};
+use crate::store::{ListenSlots, StoreError};
 use async_trait::async_trait;
 
 #[async_trait]

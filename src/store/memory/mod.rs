@@ -10,35 +10,21 @@ mod notices;
 mod usage;
 mod webhooks;
 
-use async_trait::async_trait;
-
-use std::collections::{HashMap, VecDeque};
-
-use std::sync::{Arc, RwLock};
-
-use tokio::sync::Notify;
-
-use super::{
-    too_many_endpoints, AfterAttempt, AuditStore, ClaimRequest, ClaimedDelivery, DeliveryQueue,
-    EndpointChange, EndpointRetry, EventFeed, EventLog, EventPage, KeyChange, KeyChanges, KeyStore,
-    ListenSlots, MintedTokens, NoticeStore, QueueStats, Rotation, Saved, StoreError, StoreHealth,
-    UsageReport, UsageStore, WorkspaceChange,
-};
-
+use super::{MintedTokens, StoreError, StoreHealth};
 use crate::events::Event;
-
 use crate::ids::unix_now;
-
 use crate::keys::{KeyHash, KeyRecord, Workspace};
-
 use crate::metering::audit::AuditRecord;
-
 use crate::webhooks::endpoint::Endpoint;
+use async_trait::async_trait;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, RwLock};
+use tokio::sync::Notify;
 
 /// The workspace the demo store starts with, so a newcomer can create a key at once.
 pub const DEMO_WORKSPACE: &str = "ws_demo";
 
-/// How many key changes are remembered for [`KeyStore::key_changes_since`].
+/// How many key changes are remembered for [`KeyStore::key_changes_since`](crate::store::KeyStore::key_changes_since).
 pub(crate) const CHANGE_LOG_LEN: usize = 10_000;
 
 #[derive(Default)]
@@ -165,6 +151,7 @@ fn first_sight(seen: &mut std::collections::VecDeque<String>, id: &str) -> bool 
 mod tests {
     use super::*;
     use crate::keys::{format, Environment, KeyStatus, Scopes};
+    use crate::store::KeyStore;
 
     fn key(workspace: &str, created_at: u64) -> KeyRecord {
         let new = format::generate(Environment::Live);

@@ -1,7 +1,7 @@
 //! Pause notices in memory.
 
 use super::*;
-use super::{NoticeStore, StoreError};
+use crate::store::{NoticeStore, StoreError};
 use crate::webhooks::notice::PauseNotice;
 use async_trait::async_trait;
 use std::time::Duration;

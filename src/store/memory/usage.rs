@@ -1,8 +1,8 @@
 //! Spend, rate counts and budgets in memory.
 
 use super::*;
-use super::{StoreError, UsageReport, UsageStore};
 use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
+use crate::store::{StoreError, UsageReport, UsageStore};
 use async_trait::async_trait;
 use std::collections::HashMap;
 
