@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use svcgate::keys::{self, Environment, KeyParams, Scopes};
-use svcgate::store::{CacheConfig, KeyCache, MemoryStore, Store};
+use svcgate::store::{CacheConfig, KeyCache, KeyStore, MemoryStore};
 
 fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();

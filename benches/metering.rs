@@ -17,7 +17,7 @@ use svcgate::metering::meter::MeterConfig;
 use svcgate::metering::ratelimit::Limit;
 use svcgate::metering::{Credits, Meter};
 use svcgate::proxy::auth::Authenticator;
-use svcgate::store::{CacheConfig, KeyCache, RedisStore, Store};
+use svcgate::store::{CacheConfig, KeyCache, KeyStore, RedisStore, StoreHealth};
 
 fn commands(conn: &mut redis::Connection) -> u64 {
     let info: String = redis::cmd("INFO")
@@ -48,7 +48,7 @@ fn main() {
         .get_connection()
         .unwrap();
     rt.block_on(async {
-        let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&url, &ns).unwrap());
+        let store = Arc::new(RedisStore::connect(&url, &ns).unwrap());
         store.ping().await.expect("Redis answers at REDIS_URL");
         let mut headers = Vec::new();
         for i in 0..50 {
@@ -71,6 +71,7 @@ fn main() {
         let auth = Authenticator::new(cache);
         let spool = tempfile_dir(&ns);
         let (meter, writer) = Meter::new(
+            store.clone(),
             store.clone(),
             MeterConfig {
                 flush_interval: Duration::from_millis(200),

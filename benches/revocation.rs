@@ -39,8 +39,7 @@ fn main() {
     let mut samples = rt.block_on(async {
         let a = replica(&url, &ns);
         let b = replica(&url, &ns);
-        a.store().ping().await.expect("Redis answers at REDIS_URL");
-        a.sync().await.unwrap();
+        a.sync().await.expect("Redis answers at REDIS_URL");
         b.sync().await.unwrap();
         let mut samples = Vec::with_capacity(rounds);
         for _ in 0..rounds {

@@ -23,7 +23,7 @@ use svcgate::metering::usage::{KeyBudget, Usage, UsageSnapshot, Verdict, Workspa
 use svcgate::metering::Credits;
 use svcgate::proxy::auth::Authenticator;
 use svcgate::proxy::routes::RouteTable;
-use svcgate::store::{CacheConfig, KeyCache, MemoryStore, Store};
+use svcgate::store::{CacheConfig, KeyCache, KeyStore, MemoryStore};
 use svcgate::webhooks::endpoint::matches_filter;
 use svcgate::webhooks::signature;
 

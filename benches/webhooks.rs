@@ -25,7 +25,7 @@ use svcgate::config::{SmtpConfig, WebhooksConfig};
 use svcgate::events::Event;
 use svcgate::ids::{new_id, unix_millis, unix_now};
 use svcgate::keys::Environment;
-use svcgate::store::{RedisStore, Store};
+use svcgate::store::{DeliveryQueue, EventLog, RedisStore, StoreHealth, Stores};
 use svcgate::webhooks::endpoint::{new_secret, Endpoint, EndpointStatus};
 use svcgate::webhooks::mail::Mailer;
 use svcgate::webhooks::{verify, Worker, WorkerSettings};
@@ -104,7 +104,7 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&url, &ns).expect("Redis URL"));
+        let store = Arc::new(RedisStore::connect(&url, &ns).expect("Redis URL"));
         store.ping().await.expect("Redis answers at REDIS_URL");
         for ws in &workspaces {
             store
@@ -149,7 +149,7 @@ fn main() {
             ..WebhooksConfig::default()
         };
         let mailer = Mailer::new(&SmtpConfig::default(), &config).expect("outbox mailer");
-        let worker = Worker::new(store.clone(), WorkerSettings::from_config(&config), mailer)
+        let worker = Worker::new(Stores::of(store.clone()).worker(), WorkerSettings::from_config(&config), mailer)
             .expect("worker");
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let started = Instant::now();

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use svcgate::keys::{self, Environment, KeyParams, Scopes};
-use svcgate::store::{RedisStore, Store};
+use svcgate::store::{KeyStore, RedisStore, StoreHealth};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -19,7 +19,7 @@ async fn main() {
         std::process::exit(2);
     };
     let n: usize = n.parse().expect("N is a number");
-    let store: Arc<dyn Store> = Arc::new(RedisStore::connect(url, namespace).expect("Redis URL"));
+    let store = Arc::new(RedisStore::connect(url, namespace).expect("Redis URL"));
     store.ping().await.expect("Redis answers");
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut pending = Vec::new();

@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 
 use crate::keys::format::{last4, redact, rewrite_words};
+use crate::shared::store::StoreError;
 
 /// Message text: static on the hot path, owned where it names the input.
 pub type Message = Cow<'static, str>;
@@ -142,13 +143,13 @@ fn without_secrets(text: &str) -> Cow<'_, str> {
     }
 }
 
-impl From<crate::store::StoreError> for ApiError {
-    fn from(e: crate::store::StoreError) -> Self {
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
         match e {
-            crate::store::StoreError::Unavailable(_) | crate::store::StoreError::Reconnected => {
+            StoreError::Unavailable(_) | StoreError::Reconnected => {
                 ApiError::ServiceUnavailable("the store is unreachable; retry shortly".into())
             }
-            crate::store::StoreError::Conflict(what) => ApiError::invalid(what),
+            StoreError::Conflict(what) => ApiError::invalid(what),
         }
     }
 }

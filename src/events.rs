@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{new_id, unix_now};
-use crate::keys::Environment;
+use crate::shared::environment::Environment;
 
 /// The event types of the service interface.
 pub const EVENT_TYPES: [&str; 8] = [

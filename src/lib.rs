@@ -3,7 +3,8 @@
 //! The module tree is the architecture:
 //! - [`proxy`]: the request path (auth → route → policy → upstream), as Pingora phases;
 //! - [`keys`]: the key model (format, records, scopes);
-//! - [`store`]: shared state behind one trait (memory; Redis);
+//! - [`store`]: shared state (memory; Redis), implementing each area's storage trait;
+//! - [`shared`]: leaf types every area may use;
 //! - [`metering`]: credits (budgets, spend and audit build on it);
 //! - [`admin`]: the operators' API; [`cli`]: the command line;
 //! - [`shared`]: the leaf every area may use (credits, ids, bearer parsing, address checks);

@@ -10,8 +10,7 @@ use prometheus::{
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use crate::keys::Environment;
-use crate::store::CacheOutcome;
+use crate::shared::environment::Environment;
 
 static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
@@ -417,6 +416,17 @@ pub fn record_auth_failure(reason: &str) {
 /// lookup is counted without label hashing.
 static KEY_LOOKUP_SERIES: LazyLock<[prometheus::IntCounter; 3]> =
     LazyLock::new(|| ["hit", "negative_hit", "miss"].map(|o| KEY_LOOKUPS.with_label_values(&[o])));
+
+/// How the key cache answered a lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// Answered from memory.
+    Hit,
+    /// Answered "unknown" from memory.
+    NegativeHit,
+    /// Fetched from the store.
+    Miss,
+}
 
 /// Counts one key lookup by cache outcome.
 pub fn record_key_lookup(outcome: CacheOutcome) {

@@ -17,7 +17,9 @@ use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
 use crate::shutdown::{Draining, DrainingSignalWatch};
-use crate::store::{KeyCache, MemoryStore, RedisStore, Store};
+use crate::store::{
+    KeyCache, MemoryStore, RedisStore, StoreError, StoreHealth, Stores, WorkerStores,
+};
 use crate::webhooks::mail::Mailer;
 use crate::webhooks::{Worker, WorkerSettings};
 
@@ -37,6 +39,9 @@ pub enum StartError {
     /// Part of the configuration could not be turned into a running component.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The store holds data this build cannot use (a newer version wrote it).
+    #[error("cannot use the store: {0}")]
+    Store(String),
 }
 
 /// Options of `svcgate serve` that are not configuration.
@@ -97,15 +102,16 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         let _guard = store_runtime.enter();
         connect_store(&config)?
     };
-    let keys = Arc::new(KeyCache::new(store.clone(), config.store.cache()));
+    schema_checked(store_runtime.block_on(store.health.check_schema()))?;
+    let keys = Arc::new(KeyCache::new(store.keys.clone(), config.store.cache()));
     if let Err(e) = store_runtime.block_on(keys.sync()) {
         tracing::warn!(error = %e, "key store unreachable at start; not ready until it answers");
     }
     store_runtime.spawn(keys.clone().follow());
-    store_runtime.spawn(prepare_store(store.clone()));
+    store_runtime.spawn(prepare_store(store.health.clone()));
     let meter_config = config.meter();
     let configured_budgets = meter_config.project_budgets.clone();
-    let (meter, audit_writer) = Meter::new(store.clone(), meter_config);
+    let (meter, audit_writer) = Meter::new(store.usage.clone(), store.audit.clone(), meter_config);
     let (stop_meter, meter_stopped) = tokio::sync::watch::channel(false);
     let metering = store_runtime.spawn(meter.clone().run(audit_writer, meter_stopped));
     let (stop_worker, worker_stopped) = tokio::sync::watch::channel(false);
@@ -114,7 +120,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         false => {
             let worker = {
                 let _guard = store_runtime.enter();
-                webhook_worker(&config, store.clone())?
+                webhook_worker(&config, store.worker())?
             };
             Some(store_runtime.spawn(worker.run(worker_stopped)))
         }
@@ -151,6 +157,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
 
     let draining = Draining::default();
     let gateway = Gateway::new(
+        store.clone(),
         keys.clone(),
         routes,
         upstreams,
@@ -181,6 +188,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
 
     let admin_router = admin::router(
         AdminState::new(
+            store.clone(),
             keys,
             &server_cfg.admin_token,
             config.keys.rotation_grace_seconds,
@@ -220,7 +228,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     // request or the admin API reopened runs on a Pingora runtime, stopped now.
     {
         let _guard = store_runtime.enter();
-        store.reopen_connections();
+        store.health.reopen_connections();
     }
     // Requests have drained: write what they spent and their audit records (or spool them),
     // at once, not after the worker: spend is in memory alone until then. Meanwhile the
@@ -247,7 +255,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     Ok(())
 }
 
-fn webhook_worker(config: &Config, store: Arc<dyn Store>) -> Result<Arc<Worker>, StartError> {
+fn webhook_worker(config: &Config, store: WorkerStores) -> Result<Arc<Worker>, StartError> {
     if config.smtp.host.is_none() {
         writable_dir("webhooks.outbox_dir", &config.webhooks.outbox_dir)?;
     }
@@ -268,16 +276,16 @@ fn writable_dir(key: &str, dir: &str) -> Result<(), StartError> {
     std::fs::remove_file(&probe).map_err(fail)
 }
 
-fn connect_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
+fn connect_store(config: &Config) -> Result<Stores, StartError> {
     Ok(match config.store.kind {
-        StoreKind::Memory => Arc::new(MemoryStore::with_demo_workspace()),
+        StoreKind::Memory => Stores::of(Arc::new(MemoryStore::with_demo_workspace())),
         StoreKind::Redis => {
             let tls = config
                 .store
                 .tls()
                 .map_err(|p| StartError::Config(format!("{}: {}", p.key, p.reason)))?;
             let sentinels = config.store.sentinels();
-            Arc::new(
+            Stores::of(Arc::new(
                 RedisStore::connect_with(
                     &config.store.url,
                     &config.store.namespace,
@@ -286,9 +294,22 @@ fn connect_store(config: &Config) -> Result<Arc<dyn Store>, StartError> {
                 )
                 .map_err(|e| StartError::Config(format!("store.url: {e}")))?
                 .with_audit_retention_days(config.metering.audit_retention_days),
-            )
+            ))
         }
     })
+}
+
+/// Refuses to start on data a newer version wrote; a store that does not answer yet is checked
+/// again by its upkeep ([`prepare_store`]).
+fn schema_checked(checked: Result<(), StoreError>) -> Result<(), StartError> {
+    match checked {
+        Err(StoreError::Conflict(why)) => Err(StartError::Store(why)),
+        Err(e) => {
+            tracing::warn!(error = %e, "store schema version not checked at start");
+            Ok(())
+        }
+        Ok(()) => Ok(()),
+    }
 }
 
 /// Runs the webhook worker alone (`svcgate worker`) with `/metrics`, `/healthz` and `/readyz`
@@ -317,13 +338,16 @@ pub fn work(config: Config) -> Result<(), StartError> {
             );
         }
         let store = connect_store(&config)?;
-        let worker = webhook_worker(&config, store.clone())?;
+        schema_checked(store.health.check_schema().await)?;
+        let worker = webhook_worker(&config, store.worker())?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let running = tokio::spawn(worker.run(stopped));
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| StartError::Config(format!("server.metrics_listen: {e}")))?;
         let probes =
-            tokio::spawn(async move { axum::serve(listener, admin::probes_router(store)).await });
+            tokio::spawn(
+                async move { axum::serve(listener, admin::probes_router(store.health)).await },
+            );
         tracing::info!(
             metrics = %config.server.metrics_listen,
             store = ?config.store.kind,
@@ -338,10 +362,10 @@ pub fn work(config: Config) -> Result<(), StartError> {
     })
 }
 
-/// Brings what an earlier version wrote up to date ([`Store::prepare`]), off every request's
+/// Brings what an earlier version wrote up to date ([`StoreHealth::prepare`]), off every request's
 /// path, trying again while it fails: after 10 s, then twice as long each time, up to 5 min (a
 /// Redis that refuses it — full, read-only after a failover — is not scanned again and again).
-async fn prepare_store(store: Arc<dyn Store>) {
+async fn prepare_store(store: Arc<dyn StoreHealth>) {
     const FIRST_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
     const LONGEST_RETRY: std::time::Duration = std::time::Duration::from_secs(300);
     let mut retry = FIRST_RETRY;

@@ -78,7 +78,7 @@ pub(super) async fn create(
     if let Some(id) = body.id {
         event.id = id;
     }
-    state.store.append_event(&event).await?;
+    state.store.events.append_event(&event).await?;
     tracing::info!(event_id = %event.id, event_type = %event.event_type, workspace = %event.workspace, "event accepted");
     Ok((StatusCode::ACCEPTED, Json(Accepted { id: event.id })))
 }

@@ -129,7 +129,7 @@ pub(super) async fn create(
             _ => Environment::Live,
         };
         let twin = state.new_key(other, Some(idem), context);
-        if state.store.key_by_hash(&twin.hash).await?.is_some() {
+        if state.store.keys.key_by_hash(&twin.hash).await?.is_some() {
             return Err(ApiError::invalid(
                 "this Idempotency-Key was used for a different key",
             ));
@@ -144,7 +144,7 @@ pub(super) async fn create(
         monthly_budget: body.monthly_budget,
     };
     let record = keys::record_of(params, &new_key, now);
-    let record = match state.store.insert_key(&record).await {
+    let record = match state.store.keys.insert_key(&record).await {
         Ok(()) => {
             tracing::info!(key_id = %record.id, workspace = %record.workspace, "key created");
             record
@@ -153,6 +153,7 @@ pub(super) async fn create(
         Err(StoreError::Conflict(_)) if idempotency.is_some() => {
             let existing = state
                 .store
+                .keys
                 .key_by_hash(&new_key.hash)
                 .await?
                 .ok_or_else(|| ApiError::not_found("the key created no longer exists"))?;
@@ -221,7 +222,7 @@ pub(super) async fn list(
     let limit = page_limit(query.limit)?;
     if let Some(after) = &query.starting_after {
         // A cursor must be one of this workspace's keys (not a token, not another's key).
-        let known = state.store.key_by_id(after).await?;
+        let known = state.store.keys.key_by_id(after).await?;
         if !known.is_some_and(|k| k.workspace == workspace && k.scoped.is_none()) {
             return Err(ApiError::invalid(
                 "starting_after must be the id of a key of this workspace",
@@ -230,6 +231,7 @@ pub(super) async fn list(
     }
     let mut keys = state
         .store
+        .keys
         .keys_in_workspace(&workspace, query.starting_after.as_deref(), limit + 1)
         .await?;
     let has_more = keys.len() > limit;
@@ -255,6 +257,7 @@ pub(super) async fn show(
 ) -> Result<Json<KeyView>, ApiError> {
     let key = state
         .store
+        .keys
         .key_by_id(&id)
         .await?
         .ok_or_else(|| no_such_key(&id))?;
@@ -295,6 +298,7 @@ pub(super) async fn patch(
     }
     let updated = state
         .store
+        .keys
         .update_key(&id, &|k: &mut KeyRecord| {
             if let Some(scopes) = &scopes {
                 k.scopes = scopes.clone();
@@ -327,6 +331,7 @@ pub(super) async fn revoke(
 ) -> Result<Json<KeyView>, ApiError> {
     let revoked = state
         .store
+        .keys
         .update_key(&id, &|k: &mut KeyRecord| {
             k.status = KeyStatus::Revoked;
             k.grace_until = None;
@@ -386,6 +391,7 @@ pub(super) async fn rotate(
     let idempotency_key = idempotency_key(&headers)?;
     let old = state
         .store
+        .keys
         .key_by_id(&id)
         .await?
         .ok_or_else(|| no_such_key(&id))?;
@@ -396,6 +402,7 @@ pub(super) async fn rotate(
     let successor = keys::successor(&old, &new_key, now);
     let record = match state
         .store
+        .keys
         .rotate_key(&old.id, &successor, now.saturating_add(grace))
         .await?
     {
@@ -406,6 +413,7 @@ pub(super) async fn rotate(
         Rotation::AlreadyRotated => {
             let existing = state
                 .store
+                .keys
                 .key_by_hash(&new_key.hash)
                 .await?
                 .ok_or_else(|| ApiError::not_found("the rotated key no longer exists"))?;
@@ -462,6 +470,7 @@ pub(super) async fn end_grace(
     refuse_token(&id)?;
     let current = state
         .store
+        .keys
         .key_by_id(&id)
         .await?
         .ok_or_else(|| no_such_key(&id))?;
@@ -471,6 +480,7 @@ pub(super) async fn end_grace(
     let now = unix_now();
     let updated = state
         .store
+        .keys
         .update_key(&id, &|k: &mut KeyRecord| {
             if k.status == KeyStatus::Rotating {
                 k.grace_until = Some(k.grace_until.map_or(now, |g| g.min(now)));

@@ -83,7 +83,7 @@ async fn handle(
     let Ok(environment) = format::parse(token) else {
         return Ok((None, "not_found"));
     };
-    let Some(key) = state.store.key_by_hash(&KeyHash::of(token)).await? else {
+    let Some(key) = state.store.keys.key_by_hash(&KeyHash::of(token)).await? else {
         return Ok((None, "not_found"));
     };
     let key_id = Some(key.id.clone());
@@ -114,6 +114,7 @@ async fn handle(
     );
     let revoked = state
         .store
+        .keys
         .update_key_emitting(&key.id, &revoke, &event)
         .await?;
     match revoked {

@@ -79,7 +79,7 @@ pub(super) async fn audit(
         cursor,
         limit: limit + 1,
     };
-    let mut data = state.store.audit(&query).await?;
+    let mut data = state.store.audit.audit(&query).await?;
     let has_more = data.len() > limit;
     data.truncate(limit);
     let next_cursor = match (has_more, data.last()) {
@@ -132,7 +132,7 @@ pub(super) async fn usage(
         return Err(ApiError::invalid("month must be YYYY-MM"));
     }
     state.require_workspace(&workspace).await?;
-    let report = state.store.usage_report(&workspace, &month).await?;
+    let report = state.store.usage.usage_report(&workspace, &month).await?;
     let credits = |m: std::collections::HashMap<String, i64>| {
         m.into_iter()
             .map(|(k, v)| (k, Credits::from_micros(v)))
@@ -178,7 +178,7 @@ async fn budgets_in_force(
         .filter(|((ws, _), _)| ws == workspace)
         .map(|((_, project), micros)| (project.clone(), (Credits::from_micros(*micros), "config")))
         .collect();
-    for (project, micros) in state.store.project_budgets(workspace).await? {
+    for (project, micros) in state.store.usage.project_budgets(workspace).await? {
         budgets.insert(project, (Credits::from_micros(micros), "api"));
     }
     Ok(budgets)
@@ -270,6 +270,7 @@ pub(super) async fn set_project_budget(
     state.require_workspace(&workspace).await?;
     state
         .store
+        .usage
         .set_project_budget(
             &workspace,
             &project,

@@ -32,7 +32,7 @@ use crate::keys::format::{self, redact, NewKey};
 use crate::keys::Environment;
 use crate::proxy::respond::REQUEST_ID;
 use crate::shutdown::Draining;
-use crate::store::{KeyCache, Store};
+use crate::store::{KeyCache, StoreHealth, Stores};
 pub use openapi::document as openapi_document;
 pub use service::AdminService;
 
@@ -59,7 +59,7 @@ struct Idempotency {
 #[derive(Clone)]
 pub struct AdminState {
     /// Shared state.
-    pub store: Arc<dyn Store>,
+    pub store: Stores,
     /// This replica's key cache, brought up to date after every key change made here.
     keys: Arc<KeyCache>,
     /// Grace period of a rotation that names none (seconds).
@@ -79,9 +79,14 @@ pub struct AdminState {
 
 impl AdminState {
     /// State for a router guarded by `admin_token`.
-    pub fn new(keys: Arc<KeyCache>, admin_token: &str, rotation_grace_seconds: u64) -> Self {
+    pub fn new(
+        store: Stores,
+        keys: Arc<KeyCache>,
+        admin_token: &str,
+        rotation_grace_seconds: u64,
+    ) -> Self {
         Self {
-            store: keys.store().clone(),
+            store,
             keys,
             rotation_grace_seconds,
             token_digest: Sha256::digest(admin_token.as_bytes()).into(),
@@ -118,6 +123,7 @@ impl AdminState {
         let scope = hex::encode(mac.finalize().into_bytes());
         let salt = self
             .store
+            .keys
             .idempotency_salt(
                 &scope,
                 &crate::ids::new_id("salt"),
@@ -173,7 +179,7 @@ impl AdminState {
     /// Answers 404 for a workspace the store does not know, so reading one is refused the same
     /// way as writing to it, instead of looking like an empty workspace.
     async fn require_workspace(&self, id: &str) -> Result<(), ApiError> {
-        match self.store.workspace(id).await? {
+        match self.store.keys.workspace(id).await? {
             Some(_) => Ok(()),
             None => Err(unknown("workspace", id)),
         }
@@ -240,12 +246,12 @@ pub fn router(state: AdminState) -> Router {
 }
 
 /// Probes and `/metrics` for a process without an admin API (`svcgate worker`).
-pub fn probes_router(store: Arc<dyn Store>) -> Router {
+pub fn probes_router(store: Arc<dyn StoreHealth>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route(
             "/readyz",
-            get(|State(store): State<Arc<dyn Store>>| async move {
+            get(|State(store): State<Arc<dyn StoreHealth>>| async move {
                 store.ping().await?;
                 Ok::<_, ApiError>(Json(serde_json::json!({"status": "ready"})))
             }),
@@ -295,7 +301,7 @@ async fn readyz(State(state): State<AdminState>) -> Result<Json<serde_json::Valu
     if state.draining.is_draining() {
         return Err(ApiError::ServiceUnavailable("shutting down".into()));
     }
-    state.store.ping().await?;
+    state.store.health.ping().await?;
     Ok(Json(serde_json::json!({"status": "ready"})))
 }
 
@@ -367,11 +373,9 @@ mod tests {
     use crate::store::{CacheConfig, MemoryStore};
 
     fn state() -> AdminState {
-        let keys = Arc::new(KeyCache::new(
-            Arc::new(MemoryStore::new()),
-            CacheConfig::default(),
-        ));
-        AdminState::new(keys, "an-admin-token-long-enough", 3600)
+        let store = Arc::new(MemoryStore::new());
+        let keys = Arc::new(KeyCache::new(store.clone(), CacheConfig::default()));
+        AdminState::new(Stores::of(store), keys, "an-admin-token-long-enough", 3600)
     }
 
     #[tokio::test]

@@ -30,7 +30,7 @@ pub(super) async fn list(
     PathParams(workspace): PathParams<String>,
 ) -> Result<Json<Value>, ApiError> {
     state.require_workspace(&workspace).await?;
-    let all = state.store.endpoints(&workspace).await?;
+    let all = state.store.deliveries.endpoints(&workspace).await?;
     Ok(Json(manage::list_body(all.iter())))
 }
 
@@ -47,8 +47,8 @@ pub(super) async fn show(
     State(state): State<AdminState>,
     PathParams((workspace, id)): PathParams<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let endpoint = manage::find(&*state.store, &workspace, None, &id).await?;
-    Ok(Json(manage::show(&*state.store, &endpoint).await?).into_response())
+    let endpoint = manage::find(&*state.store.deliveries, &workspace, None, &id).await?;
+    Ok(Json(manage::show(&*state.store.deliveries, &endpoint).await?).into_response())
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -73,9 +73,9 @@ pub(super) async fn deliveries(
     QueryParams(params): QueryParams<DeliveriesParams>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = manage::deliveries_limit(params.limit.as_deref())?;
-    let endpoint = manage::find(&*state.store, &workspace, None, &id).await?;
+    let endpoint = manage::find(&*state.store.deliveries, &workspace, None, &id).await?;
     Ok(Json(
-        manage::deliveries(&*state.store, &endpoint, limit).await?,
+        manage::deliveries(&*state.store.deliveries, &endpoint, limit).await?,
     ))
 }
 
@@ -92,8 +92,8 @@ pub(super) async fn resume(
     State(state): State<AdminState>,
     PathParams((workspace, id)): PathParams<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let endpoint = manage::find(&*state.store, &workspace, None, &id).await?;
-    let resumed = manage::resume(&*state.store, &endpoint).await?;
+    let endpoint = manage::find(&*state.store.deliveries, &workspace, None, &id).await?;
+    let resumed = manage::resume(&*state.store.deliveries, &endpoint).await?;
     tracing::info!(workspace, endpoint = %resumed.id, "webhook endpoint resumed by an operator");
     Ok(Json(EndpointView::of(&resumed)).into_response())
 }
@@ -114,7 +114,7 @@ pub(super) async fn replay(
     PathParams((workspace, id)): PathParams<(String, String)>,
     JsonBody(input): JsonBody<ReplayInput>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let endpoint = manage::find(&*state.store, &workspace, None, &id).await?;
-    let queued = manage::replay(&*state.store, &endpoint, input).await?;
+    let endpoint = manage::find(&*state.store.deliveries, &workspace, None, &id).await?;
+    let queued = manage::replay(&*state.store.deliveries, &endpoint, input).await?;
     Ok((StatusCode::ACCEPTED, Json(queued)))
 }

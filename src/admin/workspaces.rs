@@ -42,7 +42,7 @@ pub(super) async fn create(
         credits_low_threshold: body.credits_low_threshold,
         created_at: unix_now(),
     };
-    state.store.create_workspace(&workspace).await?;
+    state.store.keys.create_workspace(&workspace).await?;
     Ok((StatusCode::CREATED, Json(workspace)))
 }
 
@@ -75,7 +75,7 @@ pub(super) async fn list(
 ) -> Result<Json<WorkspaceList>, ApiError> {
     let limit = page_limit(query.limit)?;
     if let Some(after) = &query.starting_after {
-        if state.store.workspace(after).await?.is_none() {
+        if state.store.keys.workspace(after).await?.is_none() {
             return Err(ApiError::invalid(
                 "starting_after must be the id of a workspace",
             ));
@@ -83,6 +83,7 @@ pub(super) async fn list(
     }
     let (data, has_more) = state
         .store
+        .keys
         .workspaces(query.starting_after.as_deref(), limit)
         .await?;
     Ok(Json(WorkspaceList { data, has_more }))
@@ -101,7 +102,7 @@ pub(super) async fn show(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,
 ) -> Result<Json<Workspace>, ApiError> {
-    let workspace = state.store.workspace(&id).await?;
+    let workspace = state.store.keys.workspace(&id).await?;
     workspace
         .map(Json)
         .ok_or_else(|| super::unknown("workspace", &id))
@@ -142,6 +143,7 @@ pub(super) async fn patch(
     let admin_emails = body.admin_emails.map(valid_emails).transpose()?;
     let updated = state
         .store
+        .keys
         .update_workspace(&id, &|w: &mut Workspace| {
             if let Some(name) = &name {
                 w.name = name.clone();

@@ -1,54 +1,24 @@
 //! The key model: environments, key records and scopes.
 //!
-//! Pure data and pure functions; the stores persist these types and the request path reads
-//! them.
+//! Pure data and pure functions; the stores persist these types ([`store`] is the storage it
+//! needs) and the request path reads them through the key cache ([`cache`], with the
+//! [`directory`] of every key held).
 
+pub mod cache;
 pub mod config;
+pub mod directory;
 pub mod format;
 pub mod scopes;
+pub mod store;
 
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+pub use crate::shared::environment::Environment;
 use crate::shared::Credits;
 pub use format::{KeyFormatError, KeyHash, NewKey};
 pub use scopes::{Scope, Scopes};
-
-/// Which environment a key belongs to, selected by its prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Environment {
-    /// `svc_live_`: bills credits, reaches production backends.
-    Live,
-    /// `svc_test_`: never billed, never reaches production backends.
-    Test,
-    /// `svc_scoped_`: short-lived token minted from a parent key.
-    Scoped,
-}
-
-impl Environment {
-    /// Every environment, in prefix-matching order.
-    pub const ALL: [Environment; 3] = [Environment::Live, Environment::Test, Environment::Scoped];
-
-    /// The key prefix that selects this environment.
-    pub const fn key_prefix(self) -> &'static str {
-        match self {
-            Self::Live => "svc_live_",
-            Self::Test => "svc_test_",
-            Self::Scoped => "svc_scoped_",
-        }
-    }
-
-    /// The name used in headers, metrics and JSON.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Live => "live",
-            Self::Test => "test",
-            Self::Scoped => "scoped",
-        }
-    }
-}
 
 /// Lifecycle state of a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -18,10 +18,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use thread_local::ThreadLocal;
 
 use super::spool;
+use super::store::AuditStore;
 use crate::ids::RequestId;
 use crate::keys::{CachedKey, Environment};
 use crate::metering::Credits;
-use crate::store::Store;
 
 /// One authenticated request. Never holds a secret: the key appears as prefix and last four.
 ///
@@ -400,7 +400,7 @@ pub struct AuditWriter {
     /// An empty vector, swapped for a thread's queue when draining it: the queue keeps its
     /// capacity, and does not grow again from nothing after every drain.
     spare: Vec<PendingAudit>,
-    store: Arc<dyn Store>,
+    store: Arc<dyn AuditStore>,
     /// Records taken from the queues and not yet written, oldest first.
     backlog: VecDeque<AuditRecord>,
     spool: Spool,
@@ -411,7 +411,7 @@ pub struct AuditWriter {
 
 /// An audit log handle and the writer that serves it.
 pub fn audit_log(
-    store: Arc<dyn Store>,
+    store: Arc<dyn AuditStore>,
     spool_dir: PathBuf,
     max_backlog: usize,
 ) -> (AuditLog, AuditWriter) {

@@ -16,10 +16,10 @@ use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
 use super::spend_spool::Checkpoint;
 use super::spool;
+use super::store::{AuditStore, UsageStore};
 use super::usage::{BudgetScope, KeyBudget, RateFlush, Usage, UsageFlush, Verdict};
 use crate::error::ApiError;
 use crate::keys::{CachedKey, Environment};
-use crate::store::Store;
 
 /// How the meter is set up.
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ pub struct Meter {
     pub(super) usage: Usage,
     pub(super) rate: RateLimiter,
     pub(super) audit: AuditLog,
-    pub(super) store: Arc<dyn Store>,
+    pub(super) store: Arc<dyn UsageStore>,
     pub(super) config: MeterConfig,
     /// Where the next flush resumes refreshing idle keys' global counts.
     pub(super) idle_cursor: std::sync::atomic::AtomicUsize,
@@ -95,13 +95,15 @@ fn add_idle_refreshes(
 }
 
 impl Meter {
-    /// A meter over `store`, and the audit writer [`Meter::run`] drives.
-    pub fn new(store: Arc<dyn Store>, config: MeterConfig) -> (Arc<Self>, AuditWriter) {
-        let (audit, writer) = audit_log(
-            store.clone(),
-            config.spool_dir.clone(),
-            config.audit_backlog,
-        );
+    /// A meter over `store`, writing audit records to `audit_store`, and the audit writer
+    /// [`Meter::run`] drives.
+    pub fn new(
+        store: Arc<dyn UsageStore>,
+        audit_store: Arc<dyn AuditStore>,
+        config: MeterConfig,
+    ) -> (Arc<Self>, AuditWriter) {
+        let (audit, writer) =
+            audit_log(audit_store, config.spool_dir.clone(), config.audit_backlog);
         let meter = Arc::new(Self {
             usage: Usage::new(config.project_budgets.clone()),
             rate: RateLimiter::new(),
@@ -405,7 +407,7 @@ mod audit_tests {
         use crate::keys::{KeyStatus, Scopes};
         use crate::metering::audit::AuditQuery;
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let store = Arc::new(MemoryStore::new());
         let config = MeterConfig {
             flush_interval: Duration::from_secs(3600),
             live_limit: Limit {
@@ -420,7 +422,7 @@ mod audit_tests {
             audit_backlog: 10_000,
             project_budgets: HashMap::new(),
         };
-        let (meter, writer) = Meter::new(store.clone(), config);
+        let (meter, writer) = Meter::new(store.clone(), store.clone(), config);
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let run = tokio::spawn(meter.clone().run(writer, stopped));
         let record = crate::keys::tests::record(KeyStatus::Active, None);

@@ -7,7 +7,8 @@
 //! - [`audit`]: one record per authenticated request, off the request path;
 //! - [`meter`]: the three together, and the background flush that talks to the store; the
 //!   spend it keeps on disk while the store is away is in `spend_spool.rs`;
-//! - [`config`]: the `[metering]` and `[limits]` sections.
+//! - [`config`]: the `[metering]` and `[limits]` sections;
+//! - [`store`]: the storage metering needs (usage and budgets; audit).
 
 pub mod audit;
 pub mod budget;
@@ -19,6 +20,7 @@ pub mod meter;
 pub mod ratelimit;
 mod spend_spool;
 mod spool;
+pub mod store;
 pub mod usage;
 
 pub use crate::shared::month;

@@ -343,7 +343,8 @@ mod tests {
             audit_backlog: 10,
             project_budgets: HashMap::new(),
         };
-        Meter::new(Arc::new(MemoryStore::new()), config).0
+        let store = Arc::new(MemoryStore::new());
+        Meter::new(store.clone(), store, config).0
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Credit spend and monthly budgets, with no store round trip per request.
 //!
 //! Each replica adds what its requests cost to local accumulators and, every flush interval,
-//! sends them to the store in one batch ([`Store::flush_usage`](crate::store::Store)) — which
+//! sends them to the store in one batch ([`UsageStore::flush_usage`](super::store::UsageStore::flush_usage)) — which
 //! adds them atomically, fires `billing.credits.low` once per crossing, and answers with the
 //! month's totals of every workspace, key and project this replica watches (its own spend and
 //! every other replica's). Budget checks compare a budget with those totals plus what this

@@ -57,7 +57,7 @@ impl Gateway {
         match route.handler {
             Handler::MintToken => {
                 let caller = ctx.caller.as_ref().expect("authorized");
-                let store = self.store.as_ref();
+                let store = self.store.keys.as_ref();
                 let headers = ctx.answer_headers();
                 Box::pin(tokens::mint(
                     session,
@@ -71,7 +71,8 @@ impl Gateway {
             }
             Handler::Webhooks(op) => {
                 let caller = ctx.caller.as_ref().expect("authorized");
-                let (store, insecure) = (self.store.as_ref(), self.allow_insecure_targets);
+                let (store, insecure) =
+                    (self.store.deliveries.as_ref(), self.allow_insecure_targets);
                 let headers = ctx.answer_headers();
                 Box::pin(webhooks::handle(
                     session,
@@ -90,7 +91,7 @@ impl Gateway {
                 let key_id = caller.key.billed_key_id();
                 let _slot = self.listen_streams.open(key_id)?;
                 let listening = listen::Listening::open(
-                    self.store.clone(),
+                    self.store.listen.clone(),
                     &self.listen_hub,
                     caller,
                     &ctx.request_id,

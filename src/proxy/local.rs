@@ -104,7 +104,7 @@ impl Gateway {
             }
             "/readyz" => match self
                 .store_check
-                .store_answers(&*self.store, ctx.arrived_ms)
+                .store_answers(&*self.store.health, ctx.arrived_ms)
                 .await
             {
                 true => (200, br#"{"status":"ready"}"#.to_vec()),

@@ -52,7 +52,7 @@ use crate::metering::ratelimit::Decision;
 use crate::metering::{Credits, Meter};
 use crate::metrics;
 use crate::shutdown::Draining;
-use crate::store::{KeyCache, Store};
+use crate::store::{KeyCache, Stores};
 use auth::{Authenticated, Authenticator};
 use client_ip::TrustedProxies;
 use cors::Cors;
@@ -154,7 +154,7 @@ pub struct Gateway {
     routes: RouteTable,
     upstreams: Upstreams,
     meter: Arc<Meter>,
-    store: Arc<dyn Store>,
+    store: Stores,
     /// Whether webhook endpoints may be `http://` or internal (development and tests).
     allow_insecure_targets: bool,
     /// How long an idle client connection stays open between requests.
@@ -545,7 +545,9 @@ impl ProxyHttp for Gateway {
 
 impl Gateway {
     /// Assembles the gateway.
+    #[allow(clippy::too_many_arguments)] // the parts built at start, each of its own kind
     pub fn new(
+        store: Stores,
         keys: Arc<KeyCache>,
         routes: RouteTable,
         upstreams: Upstreams,
@@ -555,7 +557,6 @@ impl Gateway {
         draining: Draining,
     ) -> Self {
         Self {
-            store: keys.store().clone(),
             openapi: api::openapi::serialized(&routes),
             routes,
             upstreams,
@@ -566,9 +567,10 @@ impl Gateway {
             cors: Cors::default(),
             trusted_proxies: TrustedProxies::default(),
             listen_streams: listen::OpenStreams::default(),
-            listen_hub: event_hub::EventHub::new(keys.store().clone()),
+            listen_hub: event_hub::EventHub::new(store.events.clone()),
             auth: Authenticator::new(keys),
             store_check: readiness::StoreCheck::default(),
+            store,
         }
     }
 

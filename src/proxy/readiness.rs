@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::store::Store;
+use crate::store::StoreHealth;
 
 /// How long an answer of the store is reused.
 const FRESH_MS: u64 = 1_000;
@@ -22,7 +22,7 @@ pub struct StoreCheck {
 impl StoreCheck {
     /// Whether the store answers, as of at most [`FRESH_MS`] ago at `now_ms`. One probe at a
     /// time asks the store; the others meanwhile take the last answer.
-    pub async fn store_answers(&self, store: &dyn Store, now_ms: u64) -> bool {
+    pub async fn store_answers(&self, store: &dyn StoreHealth, now_ms: u64) -> bool {
         let checked = self.checked_ms.load(Ordering::Acquire);
         let stale = checked == 0 || now_ms.saturating_sub(checked) >= FRESH_MS;
         if !stale

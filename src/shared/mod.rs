@@ -2,19 +2,23 @@
 //! so any module may depend on it without forming a loop.
 //!
 //! - [`credits`]: credit amounts, exact to the micro-credit;
+//! - [`environment`]: live, test and scoped;
 //! - [`ids`]: identifiers (`req_…`, `key_…`) and the wall clock;
 //! - [`month`]: the calendar months spend is charged to;
 //! - [`bearer`]: the `Authorization: Bearer` header;
 //! - [`net`]: the internal-address check;
 //! - [`problem`]: what a configuration check reports;
-//! - [`project`]: the names of projects that spend is attributed to.
+//! - [`project`]: the names of projects that spend is attributed to;
+//! - [`store`]: why a store call failed, and the store's health as a whole.
 
 pub mod bearer;
 pub mod credits;
+pub mod environment;
 pub mod ids;
 pub mod month;
 pub mod net;
 pub mod problem;
 pub mod project;
+pub mod store;
 
 pub use credits::Credits;

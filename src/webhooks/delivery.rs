@@ -272,7 +272,7 @@ impl Delivery {
     /// spent, `Failed`. Returns whether the delivery has failed for good.
     ///
     /// The schedule is the endpoint's, not the delivery's: while an endpoint fails, only one
-    /// of its deliveries is attempted (see [`crate::store::AfterAttempt`]), so its retries
+    /// of its deliveries is attempted (see [`super::store::AfterAttempt`]), so its retries
     /// keep to the schedule however long its queue.
     pub fn fail(&mut self, attempt: Attempt, schedule: &[Duration], failures: u32) -> bool {
         let now_ms = attempt.at_ms + attempt.duration_ms;

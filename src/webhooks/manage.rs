@@ -8,11 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use super::delivery::{Delivery, DeliverySummary, DELIVERIES_LISTED};
 use super::endpoint::{Endpoint, EndpointStatus};
+use super::store::DeliveryQueue;
 use crate::error::ApiError;
 use crate::events::{Event, RETENTION_SECS};
 use crate::ids::{unix_millis, unix_now};
 use crate::keys::Environment;
-use crate::store::Store;
 
 /// Most events one replay queues.
 pub const REPLAY_MAX: usize = 10_000;
@@ -135,7 +135,7 @@ pub struct ReplayInput {
 
 /// The endpoint `id` of `workspace`, if it is in `environment` (any, when `None`).
 pub async fn find(
-    store: &dyn Store,
+    store: &dyn DeliveryQueue,
     workspace: &str,
     environment: Option<Environment>,
     id: &str,
@@ -154,7 +154,10 @@ pub fn not_found(id: &str) -> ApiError {
 }
 
 /// One endpoint, without its secret, with its retry while a failure holds it back.
-pub async fn show(store: &dyn Store, endpoint: &Endpoint) -> Result<serde_json::Value, ApiError> {
+pub async fn show(
+    store: &dyn DeliveryQueue,
+    endpoint: &Endpoint,
+) -> Result<serde_json::Value, ApiError> {
     let retry = match endpoint.status {
         EndpointStatus::Active => store.endpoint_retry(&endpoint.id).await?,
         EndpointStatus::Paused => None,
@@ -178,7 +181,7 @@ pub fn list_body<'a>(endpoints: impl Iterator<Item = &'a Endpoint>) -> serde_jso
 /// Makes a paused endpoint active again, and one held back by a failure tries again now (the
 /// customer says the receiver is fixed); deliveries that failed for good are not resent (that
 /// is a replay).
-pub async fn resume(store: &dyn Store, endpoint: &Endpoint) -> Result<Endpoint, ApiError> {
+pub async fn resume(store: &dyn DeliveryQueue, endpoint: &Endpoint) -> Result<Endpoint, ApiError> {
     store
         .resume_endpoint(&endpoint.workspace, &endpoint.id)
         .await?
@@ -187,7 +190,7 @@ pub async fn resume(store: &dyn Store, endpoint: &Endpoint) -> Result<Endpoint, 
 
 /// `{"data": [deliveries]}`, newest first, at most `limit` (see [`deliveries_limit`]).
 pub async fn deliveries(
-    store: &dyn Store,
+    store: &dyn DeliveryQueue,
     endpoint: &Endpoint,
     limit: usize,
 ) -> Result<serde_json::Value, ApiError> {
@@ -233,7 +236,7 @@ pub fn deliveries_limit(limit: Option<&str>) -> Result<usize, ApiError> {
 /// after the store took it is replayed again by that `next`: its events arrive twice, under
 /// their ids).
 pub async fn replay(
-    store: &dyn Store,
+    store: &dyn DeliveryQueue,
     endpoint: &Endpoint,
     input: ReplayInput,
 ) -> Result<serde_json::Value, ApiError> {
@@ -324,7 +327,7 @@ pub async fn replay(
 /// Replays the endpoint's events since `since` (past `after`), [`REPLAY_STEP`] at a time and at
 /// most [`REPLAY_MAX`]: the new deliveries' ids, and where the rest starts if any is left.
 async fn replay_since(
-    store: &dyn Store,
+    store: &dyn DeliveryQueue,
     endpoint: &Endpoint,
     since: u64,
     after: Option<String>,
@@ -385,7 +388,7 @@ async fn replay_since(
 /// Queues a replayed delivery of each of `events`; their ids. The events go along, so that
 /// their records are kept for as long as the new deliveries (which read their payload there).
 async fn queue_replays(
-    store: &dyn Store,
+    store: &dyn DeliveryQueue,
     endpoint: &Endpoint,
     events: &[Event],
 ) -> Result<Vec<String>, ApiError> {

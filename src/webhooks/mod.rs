@@ -9,7 +9,8 @@
 //! - [`mail`]: e-mail to workspace admins when an endpoint is paused;
 //! - [`notice`]: the pause notices the store keeps until that e-mail is sent, and the loop
 //!   that sends them;
-//! - [`worker`]: consumes the event log and delivers, retries and pauses.
+//! - [`worker`]: consumes the event log and delivers, retries and pauses;
+//! - [`store`]: the storage webhooks need (event log, delivery queue, notices, listen slots).
 
 pub mod config;
 pub mod delivery;
@@ -21,6 +22,7 @@ pub mod notice;
 pub mod sender;
 pub mod signature;
 pub mod slots;
+pub mod store;
 pub mod worker;
 
 pub use signature::{sign, verify, VerifyError};

@@ -2,7 +2,7 @@
 //! endpoints failed and the endpoint was paused.
 //!
 //! The store queues a notice in the same atomic step that pauses the endpoint
-//! ([`Store::save_delivery`]), so the notice outlives the worker that paused it, a mail relay
+//! ([`DeliveryQueue::save_delivery`](super::store::DeliveryQueue::save_delivery)), so the notice outlives the worker that paused it, a mail relay
 //! that is down for hours, and a lost reply to that step. Workers claim due notices for a lease
 //! (a worker that dies mid-send leaves its notice to be claimed again when the lease ends), mail
 //! them, and remove one only once the relay has taken the mail; a failed try is retried on a
@@ -16,9 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 
+use super::store::WorkerStores;
 use crate::ids::{new_id, unix_millis};
 use crate::metrics;
-use crate::store::{Store, StoreError};
+use crate::shared::store::StoreError;
 use crate::webhooks::delivery::Delivery;
 use crate::webhooks::mail::{MailError, Mailer};
 use crate::webhooks::worker::Backoff;
@@ -91,7 +92,7 @@ enum Tried {
 
 /// Mails due pause notices: one loop per worker, sharing the queue with every other worker.
 pub struct Notifier {
-    store: Arc<dyn Store>,
+    store: WorkerStores,
     mailer: Mailer,
     /// Wakes the loop: a notice was queued by this worker.
     wake: Notify,
@@ -99,7 +100,7 @@ pub struct Notifier {
 
 impl Notifier {
     /// A notifier on `store`, mailing through `mailer`.
-    pub fn new(store: Arc<dyn Store>, mailer: Mailer) -> Arc<Self> {
+    pub fn new(store: WorkerStores, mailer: Mailer) -> Arc<Self> {
         Arc::new(Self {
             store,
             mailer,
@@ -119,6 +120,7 @@ impl Notifier {
         loop {
             let claimed = self
                 .store
+                .notices
                 .claim_pause_notices(unix_millis(), NOTICE_LEASE, NOTICE_BATCH)
                 .await;
             match claimed {
@@ -177,7 +179,7 @@ impl Notifier {
                     "could not e-mail the admins; will retry"
                 );
                 let due_ms = unix_millis() + wait.as_millis() as u64;
-                self.store.retry_pause_notice(&notice, due_ms).await
+                self.store.notices.retry_pause_notice(&notice, due_ms).await
             }
         };
         if let Err(e) = finished {
@@ -186,10 +188,10 @@ impl Notifier {
     }
 
     async fn try_send(&self, notice: &PauseNotice) -> Result<Tried, StoreError> {
-        let Some(workspace) = self.store.workspace(&notice.workspace).await? else {
+        let Some(workspace) = self.store.workspaces.workspace(&notice.workspace).await? else {
             return Ok(Tried::Gone("the workspace was deleted"));
         };
-        let endpoints = self.store.endpoints(&notice.workspace).await?;
+        let endpoints = self.store.deliveries.endpoints(&notice.workspace).await?;
         let Some(endpoint) = endpoints.iter().find(|e| e.id == notice.endpoint) else {
             return Ok(Tried::Gone("the endpoint was deleted"));
         };
@@ -215,7 +217,7 @@ impl Notifier {
         let mut backoff = Backoff::default();
         let deadline = tokio::time::Instant::now() + NOTICE_LEASE / 4;
         loop {
-            match self.store.remove_pause_notice(&notice.id).await {
+            match self.store.notices.remove_pause_notice(&notice.id).await {
                 Ok(()) => return Ok(()),
                 Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
                 Err(_) => backoff.wait().await,

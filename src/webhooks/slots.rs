@@ -4,7 +4,7 @@
 //! to one endpoint. Those two caps alone let endpoints that hang take every slot between them
 //! (32 of them at the defaults) and hold up deliveries to every other endpoint until their
 //! attempts time out. So an endpoint whose last attempt failed gets one slot at a time (the
-//! store holds it back for every worker, see [`crate::store::AfterAttempt`]; this is the
+//! store holds it back for every worker, see [`super::store::AfterAttempt`]; this is the
 //! worker's own view, which also covers attempts of its that were in flight together), and the
 //! endpoints whose last attempt failed or was slow (over half the timeout) share at most half
 //! of the slots (the one slot of a worker that has only one): the other half stays free for

@@ -3,7 +3,7 @@
 //!
 //! Four loops share one [`Worker`]:
 //! - **intake** reads the event log in the workers' consumer group and hands each batch to
-//!   [`Store::enqueue_deliveries`], which stores one delivery per subscribed, active endpoint
+//!   [`DeliveryQueue::enqueue_deliveries`](super::store::DeliveryQueue::enqueue_deliveries), which stores one delivery per subscribed, active endpoint
 //!   and acknowledges the entries in the same step;
 //! - **dispatch** claims due deliveries (first attempts and retries alike) within the global and
 //!   per-endpoint in-flight caps and each endpoint's share of them ([`Slots`]: endpoints that
@@ -29,10 +29,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
+use super::store::{AfterAttempt, ClaimRequest, ClaimedDelivery, Saved, WorkerStores};
 use crate::events::{Event, LoggedEvent};
 use crate::ids::{new_id, unix_millis};
 use crate::metrics;
-use crate::store::{AfterAttempt, ClaimRequest, ClaimedDelivery, Saved, Store, StoreError};
+use crate::shared::store::StoreError;
 use crate::webhooks::delivery::{body, Delivery, DeliveryStatus};
 use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use crate::webhooks::mail::Mailer;
@@ -99,7 +100,7 @@ impl WorkerSettings {
 
 /// One webhook worker.
 pub struct Worker {
-    store: Arc<dyn Store>,
+    store: WorkerStores,
     sender: Sender,
     /// Mails the admins of workspaces whose endpoints were paused.
     notifier: Arc<Notifier>,
@@ -115,7 +116,7 @@ pub struct Worker {
 impl Worker {
     /// A worker on `store`.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: WorkerStores,
         settings: WorkerSettings,
         mailer: Mailer,
     ) -> Result<Arc<Self>, String> {
@@ -169,6 +170,7 @@ impl Worker {
         loop {
             let mut feed = match self
                 .store
+                .events
                 .consume_events(&self.consumer, self.settings.lease())
                 .await
             {
@@ -223,7 +225,12 @@ impl Worker {
         let mut workspaces: Vec<&str> = batch.iter().map(|l| l.event.workspace.as_str()).collect();
         workspaces.sort_unstable();
         workspaces.dedup();
-        let lists = try_join_all(workspaces.iter().map(|ws| self.store.endpoints(ws))).await?;
+        let lists = try_join_all(
+            workspaces
+                .iter()
+                .map(|ws| self.store.deliveries.endpoints(ws)),
+        )
+        .await?;
         let endpoints: HashMap<&str, Vec<Endpoint>> = workspaces.into_iter().zip(lists).collect();
         // Per event, the endpoints it goes to.
         let subscribers: Vec<Vec<&Endpoint>> = batch
@@ -264,6 +271,7 @@ impl Worker {
             let positions: Vec<String> = entries.iter().map(|l| l.position.clone()).collect();
             let events: Vec<_> = entries.iter().map(|l| &l.event).collect();
             self.store
+                .deliveries
                 .enqueue_deliveries(&positions, &events, &deliveries)
                 .await?;
             queued += deliveries.len();
@@ -303,6 +311,7 @@ impl Worker {
         let struggling: Vec<&str> = limits.struggling.iter().map(String::as_str).collect();
         let claimed = self
             .store
+            .deliveries
             .claim_deliveries(&ClaimRequest {
                 now_ms: unix_millis(),
                 lease: self.settings.lease(),
@@ -429,7 +438,7 @@ impl Worker {
         let mut backoff = Backoff::default();
         let deadline = tokio::time::Instant::now() + self.settings.lease() / 2;
         loop {
-            match self.store.save_delivery(delivery, after).await {
+            match self.store.deliveries.save_delivery(delivery, after).await {
                 Ok(paused) => return Ok(paused),
                 Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
                 Err(_) => backoff.wait().await,
@@ -439,7 +448,7 @@ impl Worker {
 
     async fn stats(self: Arc<Self>) {
         loop {
-            if let Ok(stats) = self.store.queue_stats().await {
+            if let Ok(stats) = self.store.deliveries.queue_stats().await {
                 let overdue = stats
                     .oldest_due_ms
                     .map(|due| unix_millis().saturating_sub(due))

@@ -7,7 +7,7 @@
 //! its own.
 //!
 //! A stream gets the events the hub reads after it joins, but only those logged after the
-//! position the store gave it when it joined ([`Store::event_log_floor`]): with Redis, half a
+//! position the store gave it when it joined ([`EventLog::event_log_floor`]): with Redis, half a
 //! second before it joined, by the log's clock. That holds even when the hub, on a new master
 //! after a failover, reads again what was logged there before it noticed the move: a stream
 //! that joined meanwhile gets at most the last half second before it joined, if the two
@@ -34,7 +34,7 @@ use crate::error::ApiError;
 use crate::events::{log_position, Event};
 use crate::keys::Environment;
 use crate::metrics;
-use crate::store::{EventFeed, Store, StoreError};
+use crate::store::{EventFeed, EventLog, StoreError};
 use crate::webhooks::endpoint::matches_filter;
 
 /// Most events read from the log at once, and handed to a stream at once.
@@ -46,7 +46,7 @@ const BLOCK: Duration = Duration::from_secs(2);
 const READ_GRACE: Duration = Duration::from_secs(5);
 /// Longest a stream waits for the log to open.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(2);
-/// Longest a stream waits for its floor ([`Store::event_log_floor`]: one Redis `TIME`).
+/// Longest a stream waits for its floor ([`EventLog::event_log_floor`]: one Redis `TIME`).
 const FLOOR_TIMEOUT: Duration = Duration::from_secs(1);
 /// Events a stream's queue holds before the stream is dropped for falling behind.
 pub const QUEUED_EVENTS: usize = 1_000;
@@ -76,7 +76,7 @@ impl Selection {
 
 /// The gateway's reader of the event log.
 pub struct EventHub {
-    store: Arc<dyn Store>,
+    store: Arc<dyn EventLog>,
     state: Mutex<State>,
     /// Held by a stream that opens the log for a reader, so streams that arrive together
     /// while none runs open it once, not once each.
@@ -109,12 +109,12 @@ struct Joined {
 
 impl EventHub {
     /// A hub over `store`'s event log; it reads only while a stream is open.
-    pub fn new(store: Arc<dyn Store>) -> Arc<Self> {
+    pub fn new(store: Arc<dyn EventLog>) -> Arc<Self> {
         Self::with_queue(store, QUEUED_EVENTS)
     }
 
     /// A hub whose streams' queues hold `events` events.
-    fn with_queue(store: Arc<dyn Store>, events: usize) -> Arc<Self> {
+    fn with_queue(store: Arc<dyn EventLog>, events: usize) -> Arc<Self> {
         Arc::new(Self {
             store,
             state: Mutex::default(),

@@ -30,7 +30,7 @@ use crate::proxy::auth::{Authenticated, Authenticator};
 use crate::proxy::policy::check_scope;
 use crate::proxy::respond::REQUEST_ID;
 use crate::proxy::routes::Route;
-use crate::store::{Store, StoreError};
+use crate::store::{ListenSlots, StoreError};
 use crate::webhooks::endpoint::{check_filter, new_secret};
 use crate::webhooks::{delivery, sign};
 use std::sync::Arc;
@@ -76,7 +76,7 @@ fn too_many_for_key() -> ApiError {
 /// Holds, or renews, stream `stream`'s slot among key `key_id`'s [`STREAMS_PER_KEY`], shared by
 /// every replica (behind a load balancer, a key would otherwise hold that many on each):
 /// `false` if the key's other streams hold them all.
-async fn hold(store: &dyn Store, key_id: &str, stream: &str) -> Result<bool, StoreError> {
+async fn hold(store: &dyn ListenSlots, key_id: &str, stream: &str) -> Result<bool, StoreError> {
     let lease_ms = u64::try_from(SLOT_LEASE.as_millis()).unwrap_or(u64::MAX);
     store
         .hold_listen_slot(key_id, stream, STREAMS_PER_KEY, lease_ms)
@@ -86,7 +86,7 @@ async fn hold(store: &dyn Store, key_id: &str, stream: &str) -> Result<bool, Sto
 /// A stream's slot among its key's, freed when dropped (however the stream ends; else its
 /// lease runs out).
 struct HeldSlot {
-    store: Arc<dyn Store>,
+    store: Arc<dyn ListenSlots>,
     key_id: String,
     stream: String,
     /// Whether the store may hold the slot: from before it is asked to, until it says no.
@@ -100,7 +100,11 @@ impl HeldSlot {
     /// The guard exists before the store is asked: a hold that fails or is dropped part way
     /// (a timeout, a client gone) may still have reached the store, and its slot is let go
     /// rather than held for its lease.
-    async fn take(store: Arc<dyn Store>, key_id: &str, stream: &str) -> Result<Self, ApiError> {
+    async fn take(
+        store: Arc<dyn ListenSlots>,
+        key_id: &str,
+        stream: &str,
+    ) -> Result<Self, ApiError> {
         let mut slot = Self {
             store,
             key_id: key_id.to_string(),
@@ -155,7 +159,7 @@ impl Listening {
     /// reader of the event log (a 503 when the store is down, before the answer begins rather
     /// than as an empty stream).
     pub async fn open(
-        store: Arc<dyn Store>,
+        store: Arc<dyn ListenSlots>,
         hub: &Arc<EventHub>,
         caller: &Authenticated,
         stream: &str,

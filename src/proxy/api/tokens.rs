@@ -15,7 +15,7 @@ use crate::keys::{self, Environment, Scopes};
 use crate::proxy::auth::Authenticated;
 use crate::proxy::body::read_bounded;
 use crate::proxy::respond;
-use crate::store::Store;
+use crate::store::KeyStore;
 
 /// Longest lifetime of a scoped token, in seconds (15 minutes, as the API promises).
 pub const MAX_EXPIRES_IN: u64 = 900;
@@ -52,7 +52,7 @@ struct MintResponse<'a> {
 pub async fn mint(
     session: &mut Session,
     caller: &Authenticated,
-    store: &dyn Store,
+    store: &dyn KeyStore,
     request_id: &str,
     answer_headers: &[(&'static str, String)],
 ) -> Result<(), ApiError> {

@@ -9,7 +9,7 @@ use crate::ids::{new_id, unix_now};
 use crate::proxy::auth::Authenticated;
 use crate::proxy::body::read_bounded;
 use crate::proxy::respond;
-use crate::store::Store;
+use crate::store::DeliveryQueue;
 use crate::webhooks::endpoint::{
     check_filter, check_url, new_secret, Endpoint, EndpointStatus, MAX_ENDPOINTS_PER_WORKSPACE,
 };
@@ -55,7 +55,7 @@ pub async fn handle(
     session: &mut Session,
     op: WebhookOp,
     caller: &Authenticated,
-    store: &dyn Store,
+    store: &dyn DeliveryQueue,
     allow_insecure: bool,
     request_id: &str,
     answer_headers: &[(&'static str, String)],

@@ -5,8 +5,8 @@
 //! (30 days by default): uncompressed, a stream held about 370 bytes of memory per request.
 //! A batch's records share their workspace, keys, routes and models, and compress about
 //! sevenfold at zstd's level 1 (64 records: 20 KB to 2.8 KB, in about 30 µs on the store
-//! thread), which also leaves Redis less to copy on every append. Entries written before
-//! session 30 hold the JSON as it is; a zstd frame cannot be mistaken for one (JSON begins
+//! thread), which also leaves Redis less to copy on every append. Entries of schema versions
+//! before 6 hold the JSON as it is; a zstd frame cannot be mistaken for one (JSON begins
 //! with `[`), so both are read.
 
 use std::borrow::Cow;

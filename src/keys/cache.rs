@@ -16,8 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::directory::KeyDirectory;
-use super::{Store, StoreError};
+use super::store::KeyStore;
 use crate::keys::{CachedKey, KeyHash, KeyRecord, Scopes};
+use crate::shared::store::StoreError;
 
 /// How many times a fetch reads the store when syncs keep overlapping it.
 const FETCH_ATTEMPTS: u32 = 3;
@@ -68,20 +69,11 @@ impl Default for CacheConfig {
     }
 }
 
-/// Cache hit/miss counts, for metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheOutcome {
-    /// Answered from memory.
-    Hit,
-    /// Answered "unknown" from memory.
-    NegativeHit,
-    /// Fetched from the store.
-    Miss,
-}
+pub use crate::metrics::CacheOutcome;
 
 /// Key records by digest, kept in step with the store.
 pub struct KeyCache {
-    store: Arc<dyn Store>,
+    store: Arc<dyn KeyStore>,
     // Keyed by SHA-256 digests, which are uniformly spread already: a fast seeded hash, not
     // SipHash, on every request's lookup.
     known: DashMap<KeyHash, Arc<CachedKey>, foldhash::fast::RandomState>,
@@ -124,7 +116,7 @@ pub struct KeyCache {
 impl KeyCache {
     /// An empty cache in front of `store`. Call [`KeyCache::sync`] once, then run
     /// [`KeyCache::follow`] in the background.
-    pub fn new(store: Arc<dyn Store>, config: CacheConfig) -> Self {
+    pub fn new(store: Arc<dyn KeyStore>, config: CacheConfig) -> Self {
         Self {
             directory: KeyDirectory::new(store.minted_tokens()),
             store,
@@ -149,7 +141,7 @@ impl KeyCache {
     }
 
     /// The store behind the cache.
-    pub fn store(&self) -> &Arc<dyn Store> {
+    pub fn store(&self) -> &Arc<dyn KeyStore> {
         &self.store
     }
 
@@ -625,7 +617,7 @@ mod tests {
         // More changes than the log keeps: the keys in the gap are found by listing again, and
         // until then a digest not listed may be a key's.
         let mut gap = Vec::new();
-        for _ in 0..=super::super::memory::CHANGE_LOG_LEN {
+        for _ in 0..=crate::store::memory::CHANGE_LOG_LEN {
             let key = new_key();
             store.insert_key(&key).await.unwrap();
             gap.push(key.hash);
