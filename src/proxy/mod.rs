@@ -324,7 +324,7 @@ impl ProxyHttp for Gateway {
         if ctx.gateway_names {
             hygiene::drop_gateway_names(upstream_request);
         }
-        if upstream_request.uri.authority().is_some() {
+        if upstream_request.raw_path().first() != Some(&b'/') {
             // An absolute-form target (`GET http://host/v1/models`) names a host of the
             // client's choosing; the backend gets the origin form and its own address as `Host`.
             framing::to_origin_form(upstream_request, self.upstreams.host(ctx.target))?;
