@@ -9,16 +9,33 @@ use super::common::*;
 #[tokio::test]
 async fn a_short_admin_token_on_a_shared_store_is_refused_at_start() {
     let namespace = TestNamespace::new();
-    let out = svcgate_command()
+    let dir = tempfile::tempdir().unwrap();
+    let stderr_path = dir.path().join("stderr");
+    let mut child = svcgate_command()
         .arg("serve")
         .env("SVCGATE_STORE_KIND", "redis")
         .env("SVCGATE_STORE_URL", redis_url())
         .env("SVCGATE_STORE_NAMESPACE", &namespace.name)
         .env("SVCGATE_SERVER_ADMIN_TOKEN", "abc")
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // A gateway that accepts the token runs on: it is stopped rather than waited for.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{stderr}");
     assert!(stderr.contains("server.admin_token"), "{stderr}");
     assert!(stderr.contains("shorter than 16 characters"), "{stderr}");
 }
