@@ -233,6 +233,7 @@ async fn the_gateway_document_follows_the_configured_route_table() {
                 path: "/v1/embeddings/{model}".to_string(),
                 scope: "embeddings:create".to_string(),
                 price: Credits::from_micros(250_000),
+                upgrade: false,
             }]
         })
         .start()

@@ -19,6 +19,12 @@ use crate::keys::{Environment, KeyHash, KeyRecord, KeyStatus};
 
 /// Most tokens one report may carry.
 const MAX_REPORTED: usize = 1_000;
+/// Most characters of a reported token: a key is 50; a scanner's match may carry more.
+const MAX_TOKEN_CHARS: usize = 512;
+/// Most characters of `url`.
+const MAX_URL_CHARS: usize = 2_048;
+/// Most characters of `source` and `type`.
+const MAX_LABEL_CHARS: usize = 256;
 
 #[derive(Deserialize, ToSchema)]
 pub(super) struct FoundToken {
@@ -55,21 +61,75 @@ pub(super) async fn report(
             "at most {MAX_REPORTED} tokens per report"
         )));
     }
+    for (i, item) in found.iter().enumerate() {
+        check_fields(i, item)?;
+    }
     let mut results = Vec::with_capacity(found.len());
-    let mut revoked_any = false;
     for item in &found {
-        let (key_id, action) = handle(&state, item).await?;
-        revoked_any |= action == "revoked";
+        let (key_id, action) = match handle(&state, item).await {
+            Ok(done) => done,
+            Err(err) => return Err(stopped(&state, err, &results, found.len()).await),
+        };
         results.push(LeakResult {
             token_last4: last4(item.token.trim()).to_string(),
             key_id,
             action,
         });
     }
-    if revoked_any {
+    if results.iter().any(|r| r.action == "revoked") {
         state.refresh_keys().await;
     }
     Ok(Json(results))
+}
+
+/// Refuses a reported token whose fields are longer than any real report's (400, naming the
+/// token's place in the list).
+fn check_fields(index: usize, item: &FoundToken) -> Result<(), ApiError> {
+    let fields = [
+        ("token", Some(&item.token), MAX_TOKEN_CHARS),
+        ("url", item.url.as_ref(), MAX_URL_CHARS),
+        ("source", item.source.as_ref(), MAX_LABEL_CHARS),
+        ("type", item._token_type.as_ref(), MAX_LABEL_CHARS),
+    ];
+    for (name, value, max) in fields {
+        if value.is_some_and(|v| v.chars().count() > max) {
+            return Err(ApiError::invalid(format!(
+                "token {index}: '{name}' is longer than {max} characters"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The error for a report the store failed in the middle of: the keys revoked before it are
+/// revoked (and their events sent), so the answer names them, and the tokens not handled.
+async fn stopped(
+    state: &AdminState,
+    err: ApiError,
+    results: &[LeakResult],
+    total: usize,
+) -> ApiError {
+    let revoked: Vec<&str> = results
+        .iter()
+        .filter(|r| r.action == "revoked")
+        .filter_map(|r| r.key_id.as_deref())
+        .collect();
+    if !revoked.is_empty() {
+        state.refresh_keys().await;
+    }
+    let revoked = match revoked.as_slice() {
+        [] => "none".to_string(),
+        ids => ids.join(", "),
+    };
+    let message = format!(
+        "{err}; the first {done} of {total} tokens were handled, keys revoked: {revoked}; \
+         report the other tokens again",
+        done = results.len(),
+    );
+    match err {
+        ApiError::InvalidRequest(_) => ApiError::invalid(message),
+        _ => ApiError::ServiceUnavailable(message.into()),
+    }
 }
 
 /// What to do with one reported token: `revoked` (a live key, or a scoped token of one),

@@ -6,6 +6,7 @@
 pub mod config;
 mod events;
 mod extract;
+mod guard;
 mod keys;
 mod leaks;
 mod metering;
@@ -75,6 +76,10 @@ pub struct AdminState {
     /// Monthly budgets of projects from the configuration (micro-credits), by workspace and
     /// project: those the admin API sets override them.
     configured_budgets: Arc<HashMap<(String, String), i64>>,
+    /// Whether the admin token is the demo's, accepted only with a loopback `Host`.
+    demo_token: bool,
+    /// Failed authentications by client address, throttled.
+    failed_auths: Arc<guard::FailedAuths>,
 }
 
 impl AdminState {
@@ -93,6 +98,8 @@ impl AdminState {
             idempotency_secret: derived_secret(admin_token, b"svcgate idempotent keys"),
             draining: Draining::default(),
             configured_budgets: Arc::default(),
+            demo_token: admin_token == config::DEMO_ADMIN_TOKEN,
+            failed_auths: Arc::default(),
         }
     }
 
@@ -237,7 +244,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route(openapi::PATH, get(openapi::serve))
-        .fallback(|| async { ApiError::not_found("no such admin route") })
+        .fallback(unmatched)
         .method_not_allowed_fallback(|| async {
             ApiError::MethodNotAllowed("method not allowed on this path".into())
         })
@@ -306,14 +313,67 @@ async fn readyz(State(state): State<AdminState>) -> Result<Json<serde_json::Valu
 }
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    match check_token(&state, &req) {
+        Ok(()) => next.run(req).await,
+        Err(refused) => refused.into_response(),
+    }
+}
+
+/// A path no route has: 404, to a caller with the token only, so that the answer tells
+/// nothing of which paths exist.
+async fn unmatched(State(state): State<AdminState>, req: Request) -> ApiError {
+    match check_token(&state, &req) {
+        Ok(()) => ApiError::not_found("no such admin route"),
+        Err(refused) => refused,
+    }
+}
+
+/// The admin token of `req`, and who may present it: an address past
+/// [`guard::MAX_FAILURES`] failed attempts within a minute gets 429 whatever it presents; the
+/// demo token is refused with a `Host` that is not loopback (a web page's request, through DNS
+/// rebinding, names its own host).
+fn check_token(state: &AdminState, req: &Request) -> Result<(), ApiError> {
+    let address = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    let now = std::time::Instant::now();
+    if let Some(retry_after_secs) = state.failed_auths.throttled(address, now) {
+        return Err(ApiError::RateLimited {
+            message: format!(
+                "more than {} failed admin authentications from this address within a minute",
+                guard::MAX_FAILURES
+            )
+            .into(),
+            retry_after_secs,
+        });
+    }
     // Parsed as the gateway parses API keys: one header, `Bearer` in any case.
     let presented = crate::shared::bearer::authorization(req.headers())
         .ok()
         .flatten()
         .and_then(|v| crate::shared::bearer::bearer_credential(Some(v)).ok());
     match presented {
-        Some(token) if state.token_matches(token) => next.run(req).await,
-        _ => ApiError::Authentication("a valid admin token is required".into()).into_response(),
+        Some(token) if state.token_matches(token) => {
+            let host = req
+                .headers()
+                .get(http::header::HOST)
+                .map(HeaderValue::as_bytes);
+            if state.demo_token && !host.is_some_and(guard::is_loopback_host) {
+                return Err(ApiError::Permission(
+                    "the demo admin token is accepted only with a loopback Host (localhost, \
+                     127.0.0.1, [::1]); set SVCGATE_SERVER_ADMIN_TOKEN to use another"
+                        .into(),
+                ));
+            }
+            Ok(())
+        }
+        _ => {
+            state.failed_auths.fail(address, now);
+            Err(ApiError::Authentication(
+                "a valid admin token is required".into(),
+            ))
+        }
     }
 }
 

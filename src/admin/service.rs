@@ -41,7 +41,12 @@ impl BackgroundService for AdminService {
                 return;
             }
         };
-        let served = axum::serve(listener, self.router.clone())
+        // With each connection's peer address, which the token check throttles by.
+        let service = self
+            .router
+            .clone()
+            .into_make_service_with_connect_info::<std::net::SocketAddr>();
+        let served = axum::serve(listener, service)
             .with_graceful_shutdown(async move {
                 let _ = shutdown.changed().await;
             })

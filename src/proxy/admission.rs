@@ -8,7 +8,8 @@ use super::auth::{self, Authenticated};
 use super::routes::{Handler, Route, RouteId};
 use super::upstream::Target;
 use super::{
-    api, framing, listen, peer_ip, policy, tokens, webhooks, Admission, Gateway, RequestCtx,
+    api, framing, hygiene, listen, peer_ip, policy, tokens, webhooks, Admission, Gateway,
+    RequestCtx,
 };
 use super::{ACCESS_CONTROL_REQUEST_METHOD, ORIGIN, SERVICE_PROJECT};
 use crate::error::ApiError;
@@ -148,7 +149,9 @@ impl Gateway {
         };
         // Known before the route: an authenticated request is audited whatever its answer.
         let caller = ctx.caller.insert(caller);
-        let checked = self.check_request(req, caller, ctx.route, ctx.cors_origin.is_some());
+        let found = hygiene::scan(&req.headers);
+        ctx.gateway_names = found.gateway_names;
+        let checked = self.check_request(req, caller, ctx.route, found, ctx.cors_origin.is_some());
         let (project, billable) = match &checked {
             Ok((route, project)) => (*project, route.handler == Handler::Forward),
             Err(_) => (None, false),
@@ -175,12 +178,14 @@ impl Gateway {
     }
 
     /// What an authenticated caller asks for, if the gateway serves it and lets them: the route
-    /// (404), its scope (403), the project (400); a live key from a browser is refused (403).
+    /// (404), its headers (a method override, or an upgrade the route does not take: 400), its
+    /// scope (403), the project (400); a live key from a browser is refused (403).
     fn check_request<'a>(
         &self,
         req: &'a RequestHeader,
         caller: &Authenticated,
         route: Option<RouteId>,
+        found: hygiene::Findings,
         from_browser: bool,
     ) -> Result<(&Route, Option<&'a str>), ApiError> {
         if from_browser && caller.key.environment == Environment::Live {
@@ -198,6 +203,15 @@ impl Gateway {
             ))
         })?;
         let route = self.routes.get(id);
+        if found.method_override {
+            return Err(ApiError::invalid(
+                "method-override headers (X-HTTP-Method-Override, X-HTTP-Method, \
+                 X-Method-Override) are not allowed; send the method itself",
+            ));
+        }
+        if found.upgrade && !route.upgrade {
+            return Err(ApiError::invalid("upgrades are not allowed on this route"));
+        }
         policy::check_scope(caller, route)?;
         let project = policy::check_project(req.headers.get_all(&SERVICE_PROJECT))?;
         Ok((route, project))

@@ -117,6 +117,9 @@ pub struct RouteConfig {
     /// Credits charged when the backend reports no `Service-Credits`.
     #[serde(default)]
     pub price: Credits,
+    /// Whether the route takes protocol upgrades (WebSocket): refused on every other route.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub upgrade: bool,
 }
 
 impl RouteConfig {
@@ -126,6 +129,7 @@ impl RouteConfig {
             path: path.into(),
             scope: scope.into(),
             price: Credits::from_micros(price_micros),
+            upgrade: false,
         }
     }
 }

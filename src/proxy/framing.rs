@@ -13,6 +13,9 @@
 //!   closes the connection after the answer, per RFC 9112 §6.1.)
 //! - An HTTP/1.0 request without `Host` goes to the backend as HTTP/1.1, which must have one:
 //!   it gets the backend's address as configured.
+//! - An absolute-form target (`GET http://host/v1/models`) goes to the backend in origin form
+//!   (`/v1/models`) with the backend's address as `Host`: the host the client named is not
+//!   the backend's to act on.
 //!
 //! And on the way back: an HTTP/1.0 client does not know chunks, so a streamed (chunked)
 //! answer goes to it as the body until the connection closes (RFC 9112 §6.1: no
@@ -59,6 +62,29 @@ pub fn for_backend(
     }
     if came_as == Version::HTTP_10 && !req.headers.contains_key(HOST) {
         req.insert_header(HOST, backend.clone())?;
+    }
+    Ok(())
+}
+
+/// Makes an absolute-form target (`http://host/path?query`) the origin form (`/path?query`),
+/// with `backend` (the configured backend's address) as `Host`.
+pub fn to_origin_form(
+    req: &mut RequestHeader,
+    backend: Option<&HeaderValue>,
+) -> pingora::Result<()> {
+    let origin = req
+        .uri
+        .path_and_query()
+        .map_or("/", http::uri::PathAndQuery::as_str);
+    let uri = http::Uri::try_from(origin).map_err(|_| {
+        pingora::Error::explain(
+            pingora::ErrorType::InvalidHTTPHeader,
+            "no origin-form target",
+        )
+    })?;
+    req.set_uri(uri);
+    if let Some(host) = backend {
+        req.insert_header(HOST, host.clone())?;
     }
     Ok(())
 }

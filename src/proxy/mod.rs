@@ -22,6 +22,7 @@ pub mod config;
 pub mod cors;
 pub mod framing;
 pub mod headers;
+pub mod hygiene;
 mod local;
 pub mod policy;
 pub mod readiness;
@@ -111,6 +112,8 @@ pub struct RequestCtx {
     refused_key: Option<Arc<CachedKey>>,
     /// Header values for a forwarded request's answer, made with its identity's.
     answer_values: Option<AnswerValues>,
+    /// Whether the client sent headers of the gateway's namespace, dropped before forwarding.
+    gateway_names: bool,
 }
 
 /// A forwarded request's answer's header values, made with the request's identity header
@@ -216,6 +219,7 @@ impl ProxyHttp for Gateway {
             cors_origin: None,
             refused_key: None,
             answer_values: None,
+            gateway_names: false,
         })
     }
 
@@ -317,6 +321,14 @@ impl ProxyHttp for Gateway {
             limit,
             remaining,
         });
+        if ctx.gateway_names {
+            hygiene::drop_gateway_names(upstream_request);
+        }
+        if upstream_request.raw_path().first() != Some(&b'/') {
+            // An absolute-form target (`GET http://host/v1/models`) names a host of the
+            // client's choosing; the backend gets the origin form and its own address as `Host`.
+            framing::to_origin_form(upstream_request, self.upstreams.host(ctx.target))?;
+        }
         upstream::set_identity_headers(upstream_request, identity, forwarded_for)?;
         if let Some(backend) = self.upstreams.host(ctx.target) {
             framing::for_backend(upstream_request, session.req_header().version, backend)?;

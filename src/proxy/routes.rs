@@ -93,6 +93,8 @@ pub struct Route {
     pub price: Credits,
     /// Who answers it.
     pub handler: Handler,
+    /// Whether it takes protocol upgrades (`Upgrade`, WebSocket).
+    pub upgrade: bool,
     /// Its metric series.
     pub metrics: crate::metrics::RouteMetrics,
 }
@@ -134,6 +136,7 @@ impl RouteTable {
                     path: path.to_string(),
                     scope: scope.to_string(),
                     price: Credits::ZERO,
+                    upgrade: false,
                 },
                 *handler,
             )
@@ -164,6 +167,7 @@ impl RouteTable {
                 scope: config.scope.as_str().into(),
                 price: config.price,
                 handler,
+                upgrade: config.upgrade,
                 metrics: crate::metrics::RouteMetrics::new(&config.path),
             });
         }
@@ -320,12 +324,14 @@ mod tests {
             path: "/v1/files/{id}".into(),
             scope: "files:check".into(),
             price: Credits::ZERO,
+            upgrade: false,
         });
         routes.push(RouteConfig {
             method: "GET".into(),
             path: "/v1/files/{id}".into(),
             scope: "files:read".into(),
             price: Credits::ZERO,
+            upgrade: false,
         });
         let t = RouteTable::new(&routes).unwrap();
         let models = t.find(&Method::HEAD, "/v1/models").unwrap();
@@ -357,6 +363,7 @@ mod tests {
             path: "/v1/tokens".into(),
             scope: "x:y".into(),
             price: Credits::ZERO,
+            upgrade: false,
         });
         assert!(RouteTable::new(&routes).is_err());
     }
@@ -384,6 +391,7 @@ mod tests {
             path: "/v1/files/{*path}".into(),
             scope: "files:write".into(),
             price: Credits::ZERO,
+            upgrade: false,
         });
         let t = RouteTable::new(&routes).unwrap();
         let file = t

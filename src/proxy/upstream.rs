@@ -151,14 +151,14 @@ impl Identity {
 /// Rewrites the request for the backend: drops the credential, states who is calling. For a
 /// scoped token, `Service-Key-Id` names the parent key (the one billed) and `Service-Token-Id`
 /// the token. `X-Forwarded-For` becomes `forwarded_for` ([`super::client_ip`]), or goes.
-/// Header names go out without the client's capitalization ([`super::headers`]).
+/// Header names go out without the client's capitalization ([`super::headers`]). The client's
+/// other `Service-*` headers are gone already ([`super::hygiene`]).
 pub fn set_identity_headers(
     req: &mut RequestHeader,
     identity: Identity,
     forwarded_for: Option<HeaderValue>,
 ) -> pingora::Result<()> {
     let [workspace, key_id, environment, request, token] = &IDENTITY_HEADERS;
-    drop_lookalikes(req);
     let token_id = identity.token_id;
     let identity = [
         (workspace, identity.workspace),
@@ -193,33 +193,6 @@ pub fn set_identity_headers(
 
 /// A client address some backends read (nginx's `real_ip_header`, many frameworks).
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-
-/// Drops client headers that backends may read as the gateway's own: CGI, WSGI and Rack turn
-/// both `-` and `_` into `_`, so to them `Service_Workspace` is `Service-Workspace` (and
-/// `Service_Project` an unvalidated project), and `X_Forwarded_For` the gateway's
-/// `X-Forwarded-For`. The whole `service-` namespace is the gateway's.
-fn drop_lookalikes(req: &mut RequestHeader) {
-    // The common case, no `_` in any name, costs one look at each name.
-    if !req.headers.keys().any(|n| n.as_str().contains('_')) {
-        return;
-    }
-    let lookalikes: Vec<http::HeaderName> = req
-        .headers
-        .keys()
-        .filter(|n| {
-            n.as_str().contains('_') && {
-                let dashed = n.as_str().replace('_', "-");
-                dashed.starts_with("service-")
-                    || dashed == "x-forwarded-for"
-                    || dashed == "x-real-ip"
-            }
-        })
-        .cloned()
-        .collect();
-    for name in lookalikes {
-        req.remove_header(&name);
-    }
-}
 
 #[cfg(test)]
 mod tests {
