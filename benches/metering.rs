@@ -80,6 +80,7 @@ fn main() {
                 spool_dir: spool.clone(),
                 audit_backlog: 1_000_000,
                 project_budgets: Default::default(),
+                max_credits_per_request: svcgate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
             },
         );
         let (stop, stopped) = tokio::sync::watch::channel(false);

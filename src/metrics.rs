@@ -91,6 +91,14 @@ static OVERHEAD: LazyLock<Histogram> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+static REPORTED_CREDITS_REFUSED: LazyLock<prometheus::IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!(
+        "svcgate_reported_credits_refused_total",
+        "Responses whose Service-Credits exceeded metering.max_credits_per_request: not charged as sent; the route's price applied."
+    )
+    .expect("metric registers once")
+});
+
 static CACHE_KEYS: LazyLock<IntGauge> = LazyLock::new(|| {
     register_int_gauge!(
         "svcgate_key_cache_entries",
@@ -240,6 +248,7 @@ pub fn init() {
     LazyLock::force(&POLICY_REJECTIONS);
     LazyLock::force(&UPSTREAM_DURATION);
     LazyLock::force(&OVERHEAD);
+    LazyLock::force(&REPORTED_CREDITS_REFUSED);
     LazyLock::force(&CACHE_KEYS);
     LazyLock::force(&CACHE_SYNC_AGE);
 }
@@ -257,6 +266,11 @@ pub fn init_webhooks() {
     LazyLock::force(&IN_FLIGHT);
     LazyLock::force(&PAUSE_MAILS);
     LazyLock::force(&PAUSE_NOTICES);
+}
+
+/// Counts one response whose `Service-Credits` was over the cap.
+pub fn record_reported_credits_refused() {
+    REPORTED_CREDITS_REFUSED.inc();
 }
 
 /// Records the time a forwarded request spent in the gateway before it went to the backend.

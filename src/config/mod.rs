@@ -73,6 +73,7 @@ impl Config {
             },
             spool_dir: self.metering.spool_dir.clone().into(),
             audit_backlog: self.metering.audit_backlog,
+            max_credits_per_request: self.metering.max_credits_per_request,
             project_budgets: self
                 .metering
                 .project_budgets

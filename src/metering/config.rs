@@ -20,7 +20,13 @@ pub struct MeteringConfig {
     pub audit_retention_days: u64,
     /// Monthly budgets of projects, set here rather than through the admin API.
     pub project_budgets: Vec<ProjectBudgetConfig>,
+    /// The most a backend's `Service-Credits` may report for one request; a larger figure is
+    /// not charged as sent (a backend bug must not drain a budget): the route's price applies.
+    pub max_credits_per_request: Credits,
 }
+
+/// 1,000,000 credits: far above any one request's real cost, far below what would overflow.
+pub const DEFAULT_MAX_CREDITS_PER_REQUEST: Credits = Credits::from_micros(1_000_000 * 1_000_000);
 
 impl Default for MeteringConfig {
     fn default() -> Self {
@@ -30,6 +36,7 @@ impl Default for MeteringConfig {
             audit_backlog: 100_000,
             audit_retention_days: 30,
             project_budgets: Vec::new(),
+            max_credits_per_request: DEFAULT_MAX_CREDITS_PER_REQUEST,
         }
     }
 }
@@ -60,6 +67,12 @@ impl MeteringConfig {
         if self.flush_interval_ms == 0 {
             problems.push(Problem::new(
                 "metering.flush_interval_ms",
+                "must be greater than 0",
+            ));
+        }
+        if self.max_credits_per_request <= Credits::ZERO {
+            problems.push(Problem::new(
+                "metering.max_credits_per_request",
                 "must be greater than 0",
             ));
         }

@@ -20,6 +20,7 @@ use super::store::{AuditStore, UsageStore};
 use super::usage::{BudgetScope, KeyBudget, RateFlush, Usage, UsageFlush, Verdict};
 use crate::error::ApiError;
 use crate::keys::{CachedKey, Environment};
+use crate::shared::Credits;
 
 /// How the meter is set up.
 #[derive(Debug, Clone)]
@@ -37,6 +38,8 @@ pub struct MeterConfig {
     pub audit_backlog: usize,
     /// Monthly budgets per `(workspace, project)` from the configuration (micro-credits).
     pub project_budgets: HashMap<(String, String), i64>,
+    /// The most a backend's `Service-Credits` may report for one request.
+    pub max_credits_per_request: Credits,
 }
 
 /// Rate limits, budgets, spend and audit.
@@ -185,6 +188,23 @@ impl Meter {
             }
         };
         (decision, verdict)
+    }
+
+    /// The cost a backend reported in `Service-Credits`, if it is to be charged as sent:
+    /// a figure over `max_credits_per_request` is a backend fault, not a price, and is
+    /// logged and counted instead (the caller then charges the route's price).
+    pub fn reported_cost(&self, reported: Credits, route: &str) -> Option<Credits> {
+        if reported <= self.config.max_credits_per_request {
+            return Some(reported);
+        }
+        tracing::warn!(
+            route,
+            reported = %reported,
+            max = %self.config.max_credits_per_request,
+            "Service-Credits over metering.max_credits_per_request; the route's price applies"
+        );
+        crate::metrics::record_reported_credits_refused();
+        None
     }
 
     /// After the response: charges the cost (never for test keys) and queues the audit record.
@@ -421,6 +441,7 @@ mod audit_tests {
             spool_dir: dir.path().to_path_buf(),
             audit_backlog: 10_000,
             project_budgets: HashMap::new(),
+            max_credits_per_request: crate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
         };
         let (meter, writer) = Meter::new(store.clone(), store.clone(), config);
         let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -342,6 +342,7 @@ mod tests {
             spool_dir: spool_dir.to_path_buf(),
             audit_backlog: 10,
             project_budgets: HashMap::new(),
+            max_credits_per_request: crate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
         };
         let store = Arc::new(MemoryStore::new());
         Meter::new(store.clone(), store, config).0

@@ -367,6 +367,10 @@ impl ProxyHttp for Gateway {
             // An unreadable figure is no figure: the route's price applies. So do two figures,
             // on two lines as on one (`5, 7`).
             ctx.reported_credits = v.to_str().ok().and_then(Credits::parse_decimal);
+            if let Some(reported) = ctx.reported_credits {
+                let route = self.route(ctx).map_or("", |r| &r.template);
+                ctx.reported_credits = self.meter.reported_cost(reported, route);
+            }
         }
         if ctx.model.is_none() {
             ctx.model = upstream_response

@@ -162,6 +162,40 @@ async fn two_service_credits_figures_are_no_figure() {
     assert_eq!(only_audit_record(&gw).await["credits"], 1.0);
 }
 
+/// A backend that reports an absurd cost (a bug, or a compromised backend) cannot drain a
+/// budget: over `metering.max_credits_per_request` the figure is counted and the route's price
+/// charged.
+#[tokio::test]
+async fn a_figure_over_the_cap_is_not_charged_as_sent() {
+    let backend = RawBackend::start(
+        b"HTTP/1.1 200 OK\r\nService-Credits: 5000\r\n\
+          Content-Length: 2\r\nConnection: close\r\n\r\n{}",
+    )
+    .await;
+    let gw = Gateway::builder()
+        .live(backend.addr)
+        .config(|c| c.metering.max_credits_per_request = Credits::from_micros(4_000_000_000))
+        .start()
+        .await;
+    let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    assert_eq!(gw.chat(&key).await.status(), 200);
+    // The route's price (1), not 5,000.
+    assert_eq!(only_audit_record(&gw).await["credits"], 1.0);
+    eventually(Duration::from_secs(5), || async {
+        let usage = gw
+            .admin_get(&format!("/admin/v1/usage?workspace={DEMO_WS}"))
+            .await;
+        usage["keys"][&id] == 1.0
+    })
+    .await
+    .expect("the route's price charged to the key");
+    let metrics = gw.metrics_text().await;
+    assert!(
+        metrics.contains("svcgate_reported_credits_refused_total 1"),
+        "{metrics}"
+    );
+}
+
 #[tokio::test]
 async fn an_answer_the_backend_cuts_short_is_recorded_as_502_and_not_charged() {
     // Promises 100 bytes, sends 10 and closes.
