@@ -26,12 +26,14 @@ impl Gateway {
             (None, Some(refused)) => refused,
             (None, None) => return,
         };
-        // The backend's figure if it gave one; else the route's price for a success; nothing
-        // for what the gateway refused itself.
+        // The backend's figure if it gave one; else the route's price for a success or for a
+        // request the client abandoned at the backend; nothing for what the gateway refused.
         let cost = match (ctx.billable, ctx.reported_credits, self.route(ctx)) {
             (false, _, _) => Credits::ZERO,
             (true, Some(reported), _) => reported,
-            (true, None, Some(route)) if (200..300).contains(&status) => {
+            (true, None, Some(route))
+                if (200..300).contains(&status) || status == super::CLIENT_CLOSED =>
+            {
                 route.price_for(&session.req_header().method)
             }
             _ => Credits::ZERO,

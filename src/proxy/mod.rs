@@ -66,6 +66,9 @@ use upstream::{Identity, Target, Upstreams};
 
 // Header names read on every request, parsed once rather than on each lookup.
 static SERVICE_PROJECT: http::HeaderName = http::HeaderName::from_static("service-project");
+/// The audited status of a request whose client hung up after it was forwarded.
+pub const CLIENT_CLOSED: u16 = 499;
+
 static SERVICE_CREDITS: http::HeaderName = http::HeaderName::from_static("service-credits");
 static SERVICE_MODEL: http::HeaderName = http::HeaderName::from_static("service-model");
 // Header names written on every proxied answer.
@@ -98,6 +101,9 @@ pub struct RequestCtx {
     pub project: Option<String>,
     /// Whether the request reached a backend (real or simulated): only those are charged.
     pub billable: bool,
+    /// Whether the whole request body went on to the backend (a client that hangs up after
+    /// it is charged; one whose body stopped short is answered 400).
+    pub body_sent: bool,
     /// The cost the backend reported in `Service-Credits`.
     pub reported_credits: Option<Credits>,
     /// The request's `model`, from the body or the backend's `Service-Model`.
@@ -212,6 +218,7 @@ impl ProxyHttp for Gateway {
             rate: None,
             project: None,
             billable: false,
+            body_sent: false,
             reported_credits: None,
             model: None,
             body_prefix: Vec::new(),
@@ -268,6 +275,7 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
+        ctx.body_sent |= end_of_stream;
         // The body goes to the backend as it is; its first bytes find the model. A body that
         // comes whole in one chunk (the common case) is read where it is, without a copy.
         if ctx.model.is_none() && ctx.body_prefix.len() < body::SNIFF_LIMIT {
@@ -459,6 +467,13 @@ impl ProxyHttp for Gateway {
             // The client cannot read: nobody to answer.
             (ErrorSource::Downstream, ErrorType::WriteError) => return gone,
             (ErrorSource::Downstream, _) if session.response_written().is_some() => return gone,
+            // The whole request went to the backend and the client hung up while it worked:
+            // nobody to answer (`logging` charges and audits it as 499).
+            (ErrorSource::Downstream, ErrorType::ReadError | ErrorType::ConnectionClosed)
+                if ctx.body_sent && ctx.upstream_sent.is_some() =>
+            {
+                return gone
+            }
             // The body stopped short of its length. A client that only half-closed its side
             // still reads the answer; one that is gone makes the write below fail.
             (ErrorSource::Downstream, ErrorType::ReadError | ErrorType::ConnectionClosed) => {
@@ -526,6 +541,15 @@ impl ProxyHttp for Gateway {
         {
             status = 502;
             ctx.billable = false;
+        }
+        // The client hung up after the request reached the backend and before the answer: the
+        // backend did the work, so it is charged (the route's price), and audited as 499, the
+        // conventional "client closed request".
+        if status == 0
+            && ctx.upstream_sent.is_some()
+            && e.is_some_and(|e| e.esource() == &ErrorSource::Downstream)
+        {
+            status = CLIENT_CLOSED;
         }
         let environment = ctx.caller.as_ref().map(|c| c.key.effective_environment());
         let elapsed = ctx.started.elapsed();

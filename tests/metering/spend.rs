@@ -162,6 +162,63 @@ async fn two_service_credits_figures_are_no_figure() {
     assert_eq!(only_audit_record(&gw).await["credits"], 1.0);
 }
 
+/// A client that hangs up after its request reached the backend, before the answer, is
+/// charged: the backend did the work. The record says 499 (client closed request).
+#[tokio::test]
+async fn a_client_that_hangs_up_after_forwarding_is_charged() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A backend that takes its time: it tells the test when it has the request, then answers
+    // after two seconds.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    let (got, mut received) = tokio::sync::mpsc::channel::<()>(1);
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let got = got.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let _ = conn.read(&mut buf).await;
+                let _ = got.send(()).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let _ = conn
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                    .await;
+            });
+        }
+    });
+    let gw = Gateway::builder().live(backend).start().await;
+    let (id, key) = gw.create_key("live", &["chat.completions:create"]).await;
+    let addr = gw.base.trim_start_matches("http://").to_string();
+    let mut client = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let body = r#"{"model":"svc-chat-1"}"#;
+    client
+        .write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), received.recv())
+        .await
+        .expect("the backend has the request");
+    drop(client);
+    let record = only_audit_record(&gw).await;
+    assert_eq!(record["status"], 499, "{record}");
+    assert_eq!(record["credits"], 1.0, "the route's price: {record}");
+    eventually(Duration::from_secs(5), || async {
+        let usage = gw
+            .admin_get(&format!("/admin/v1/usage?workspace={DEMO_WS}"))
+            .await;
+        usage["keys"][&id] == 1.0
+    })
+    .await
+    .expect("the route's price charged to the key");
+}
+
 /// A backend that reports an absurd cost (a bug, or a compromised backend) cannot drain a
 /// budget: over `metering.max_credits_per_request` the figure is counted and the route's price
 /// charged.
