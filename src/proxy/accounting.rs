@@ -1,5 +1,6 @@
 //! Accounting, after the response: the request's cost and its audit record.
 
+use compact_str::CompactString;
 use pingora::proxy::Session;
 use std::time::Duration;
 
@@ -8,6 +9,25 @@ use crate::keys::format::redact;
 use crate::keys::Environment;
 use crate::metering::audit::PendingAudit;
 use crate::metering::Credits;
+
+/// The most of a request's path an audit record keeps, in bytes: paths are chosen by the
+/// client, refused ones included, and a record must not carry a 60 KB one into the store.
+pub const AUDITED_PATH_MAX: usize = 2048;
+
+/// The path as audited: whole, or cut at [`AUDITED_PATH_MAX`] bytes (on a character boundary)
+/// and marked with a trailing `…`.
+fn audited_path(path: &str) -> CompactString {
+    if path.len() <= AUDITED_PATH_MAX {
+        return path.into();
+    }
+    let mut end = AUDITED_PATH_MAX - '…'.len_utf8();
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut cut = CompactString::from(&path[..end]);
+    cut.push('…');
+    cut
+}
 
 impl Gateway {
     /// Charges an authenticated request and writes its audit record; a refused key that
@@ -50,12 +70,29 @@ impl Gateway {
             key,
             project: ctx.project.take(),
             method: req.method.clone(),
-            path: redact(req.uri.path()).into(),
+            path: audited_path(&redact(req.uri.path())),
             model: ctx.model.take(),
             status,
             credits: cost,
             client_ip: self.trusted_proxies.client(peer_ip(session), &req.headers),
             latency_ms: elapsed.as_millis() as u64,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_path_is_cut_and_marked() {
+        assert_eq!(audited_path("/v1/models"), "/v1/models");
+        let exact = "a".repeat(AUDITED_PATH_MAX);
+        assert_eq!(audited_path(&exact), exact.as_str());
+        let long = format!("/v1/{}", "é".repeat(30_000));
+        let cut = audited_path(&long);
+        assert!(cut.len() <= AUDITED_PATH_MAX, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert!(long.starts_with(cut.trim_end_matches('…')));
     }
 }

@@ -2,6 +2,27 @@
 
 use super::*;
 
+/// A client chooses its path: a 60 KB one is audited cut to 2 KiB and marked, not stored whole.
+#[tokio::test]
+async fn a_long_path_is_audited_cut_and_marked() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("live", &["models:read"]).await;
+    let path = format!("/v1/{}", "a".repeat(60 * 1024));
+    let resp = gw
+        .request(Method::GET, &path)
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    until_audited(&gw, DEMO_WS, 1, "the request's audit record").await;
+    let records = audit(&gw, &format!("workspace={DEMO_WS}")).await;
+    let audited = records[0]["path"].as_str().unwrap();
+    assert!(audited.len() <= 2048, "{} bytes", audited.len());
+    assert!(audited.ends_with('…'), "marked as cut");
+    assert!(path.starts_with(audited.trim_end_matches('…')));
+}
+
 #[tokio::test]
 async fn a_key_in_the_path_is_cut_to_its_last_four_in_answers_and_audit_records() {
     let live = RecordingUpstream::start("live").await;
