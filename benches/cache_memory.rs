@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
+use svcgate::keys::cache::{CacheConfig, KeyCache};
 use svcgate::keys::{self, Environment, KeyParams, Scopes};
-use svcgate::store::{CacheConfig, KeyCache, KeyStore, MemoryStore};
+use svcgate::store::{KeyStore, MemoryStore};
 
 fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();

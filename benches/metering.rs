@@ -11,13 +11,14 @@ use http::HeaderValue;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use svcgate::keys::cache::{CacheConfig, KeyCache};
 use svcgate::keys::{self, Environment, KeyParams, Scopes};
 use svcgate::metering::audit::PendingAudit;
 use svcgate::metering::meter::MeterConfig;
 use svcgate::metering::ratelimit::Limit;
 use svcgate::metering::{Credits, Meter};
 use svcgate::proxy::auth::Authenticator;
-use svcgate::store::{CacheConfig, KeyCache, KeyStore, RedisStore, StoreHealth};
+use svcgate::store::{KeyStore, RedisStore, StoreHealth};
 
 fn commands(conn: &mut redis::Connection) -> u64 {
     let info: String = redis::cmd("INFO")

@@ -8,8 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use svcgate::keys::cache::{CacheConfig, KeyCache};
 use svcgate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
-use svcgate::store::{CacheConfig, KeyCache, RedisStore};
+use svcgate::store::RedisStore;
 
 fn replica(url: &str, ns: &str) -> Arc<KeyCache> {
     let store = Arc::new(RedisStore::connect(url, ns).expect("Redis URL"));

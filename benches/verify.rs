@@ -17,13 +17,14 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use svcgate::config::default_routes;
+use svcgate::keys::cache::{CacheConfig, KeyCache};
 use svcgate::keys::{self, format, Environment, KeyHash, KeyParams, Scopes};
 use svcgate::metering::audit::AuditRecord;
 use svcgate::metering::usage::{KeyBudget, Usage, UsageSnapshot, Verdict, WorkspaceTotals};
 use svcgate::metering::Credits;
 use svcgate::proxy::auth::Authenticator;
 use svcgate::proxy::routes::RouteTable;
-use svcgate::store::{CacheConfig, KeyCache, KeyStore, MemoryStore};
+use svcgate::store::{KeyStore, MemoryStore};
 use svcgate::webhooks::endpoint::matches_filter;
 use svcgate::webhooks::signature;
 

@@ -13,11 +13,12 @@ use pingora::proxy::{ProxyHttp, Session};
 use std::sync::Arc;
 
 use svcgate::config::default_routes;
+use svcgate::keys::cache::{CacheConfig, KeyCache};
 use svcgate::proxy::auth::{Authenticated, Authenticator};
 use svcgate::proxy::client_ip::TrustedProxies;
 use svcgate::proxy::routes::RouteTable;
 use svcgate::proxy::{policy, upstream};
-use svcgate::store::{CacheConfig, KeyCache, RedisStore};
+use svcgate::store::RedisStore;
 
 struct AuthOnly {
     auth: Authenticator,

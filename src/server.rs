@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::admin::{self, AdminService, AdminState};
 use crate::config::{Config, StoreKind, DEMO_ADMIN_TOKEN};
+use crate::keys::cache::KeyCache;
 use crate::metering::Meter;
 use crate::metrics;
 use crate::proxy::client_ip::TrustedProxies;
@@ -17,9 +18,7 @@ use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
 use crate::shutdown::{Draining, DrainingSignalWatch};
-use crate::store::{
-    KeyCache, MemoryStore, RedisStore, StoreError, StoreHealth, Stores, WorkerStores,
-};
+use crate::store::{MemoryStore, RedisStore, StoreError, StoreHealth, Stores, WorkerStores};
 use crate::webhooks::mail::Mailer;
 use crate::webhooks::{Worker, WorkerSettings};
 

@@ -198,7 +198,7 @@ pub(super) async fn project_budget(
     State(state): State<AdminState>,
     PathParams((workspace, project)): PathParams<(String, String)>,
 ) -> Result<Json<ProjectBudget>, ApiError> {
-    if !crate::proxy::policy::is_valid_project(&project) {
+    if !crate::shared::project::is_valid_project(&project) {
         return Err(invalid_project());
     }
     state.require_workspace(&workspace).await?;
@@ -264,7 +264,7 @@ pub(super) async fn set_project_budget(
     PathParams((workspace, project)): PathParams<(String, String)>,
     JsonBody(body): JsonBody<SetBudget>,
 ) -> Result<Json<ProjectBudget>, ApiError> {
-    if !crate::proxy::policy::is_valid_project(&project) {
+    if !crate::shared::project::is_valid_project(&project) {
         return Err(invalid_project());
     }
     state.require_workspace(&workspace).await?;

@@ -29,11 +29,12 @@ use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
 use crate::ids::request_id;
+use crate::keys::cache::KeyCache;
 use crate::keys::format::{self, redact, NewKey};
 use crate::keys::Environment;
 use crate::proxy::respond::REQUEST_ID;
 use crate::shutdown::Draining;
-use crate::store::{KeyCache, StoreHealth, Stores};
+use crate::store::{StoreHealth, Stores};
 pub use openapi::document as openapi_document;
 pub use service::AdminService;
 
@@ -430,7 +431,8 @@ pub(super) fn unknown(what: &str, id: &str) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{CacheConfig, MemoryStore};
+    use crate::keys::cache::CacheConfig;
+    use crate::store::MemoryStore;
 
     fn state() -> AdminState {
         let store = Arc::new(MemoryStore::new());

@@ -8,11 +8,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::error::ApiError;
+use crate::keys::cache::KeyCache;
 use crate::keys::format::{self, MAX_KEY_LEN};
 use crate::keys::{CachedKey, KeyFormatError, KeyHash, Rejection};
 use crate::metering::usage::KeyBudget;
 use crate::shared::bearer::{self, BearerError};
-use crate::store::{KeyCache, StoreError};
+use crate::shared::store::StoreError;
 
 use super::unknown_keys::{LimitReached, Refusal, UnknownKeyLimit};
 

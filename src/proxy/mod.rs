@@ -47,13 +47,14 @@ use std::time::Instant;
 
 use crate::error::ApiError;
 use crate::ids::{request_id, unix_millis, RequestId};
+use crate::keys::cache::KeyCache;
 use crate::keys::format::redact;
 use crate::keys::{CachedKey, Environment};
 use crate::metering::ratelimit::Decision;
 use crate::metering::{Credits, Meter};
 use crate::metrics;
 use crate::shutdown::Draining;
-use crate::store::{KeyCache, Stores};
+use crate::store::Stores;
 use auth::{Authenticated, Authenticator};
 use client_ip::TrustedProxies;
 use cors::Cors;

@@ -8,7 +8,7 @@ use super::auth::Authenticated;
 use super::routes::Route;
 use crate::error::ApiError;
 
-pub use crate::shared::project::{is_valid_project, MAX_PROJECT_LEN};
+use crate::shared::project::is_valid_project;
 
 /// Refuses a key that lacks the route's scope.
 #[inline]

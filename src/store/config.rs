@@ -118,13 +118,13 @@ impl StoreConfig {
     }
 
     /// The key cache settings.
-    pub fn cache(&self) -> crate::store::CacheConfig {
-        crate::store::CacheConfig {
+    pub fn cache(&self) -> crate::keys::cache::CacheConfig {
+        crate::keys::cache::CacheConfig {
             max_staleness: std::time::Duration::from_secs(self.cache_staleness_seconds),
             negative_ttl: std::time::Duration::from_secs(self.negative_cache_seconds),
             negative_capacity: self.negative_cache_entries,
             poll_interval: std::time::Duration::from_millis(self.sync_interval_ms),
-            ..crate::store::CacheConfig::default()
+            ..crate::keys::cache::CacheConfig::default()
         }
     }
 

@@ -14,8 +14,6 @@ mod redis;
 
 use std::sync::Arc;
 
-pub use crate::keys::cache::{CacheConfig, CacheOutcome, KeyCache};
-pub use crate::keys::directory::MintedTokens;
 pub use crate::keys::store::{KeyChange, KeyChanges, KeyStore, Rotation, WorkspaceChange};
 pub use crate::metering::store::{AuditStore, UsageReport, UsageStore};
 pub use crate::shared::store::{StoreError, StoreHealth};

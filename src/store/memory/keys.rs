@@ -3,11 +3,10 @@
 use super::*;
 use crate::events::Event;
 use crate::ids::unix_now;
+use crate::keys::directory::MintedTokens;
 use crate::keys::KeyStatus;
 use crate::keys::{KeyHash, KeyRecord, Workspace};
-use crate::store::{
-    KeyChange, KeyChanges, KeyStore, MintedTokens, Rotation, StoreError, WorkspaceChange,
-};
+use crate::store::{KeyChange, KeyChanges, KeyStore, Rotation, StoreError, WorkspaceChange};
 use async_trait::async_trait;
 use std::sync::Arc;
 use tokio::sync::Notify;

@@ -10,9 +10,10 @@ mod notices;
 mod usage;
 mod webhooks;
 
-use super::{MintedTokens, StoreError, StoreHealth};
+use super::{StoreError, StoreHealth};
 use crate::events::Event;
 use crate::ids::unix_now;
+use crate::keys::directory::MintedTokens;
 use crate::keys::{KeyHash, KeyRecord, Workspace};
 use crate::metering::audit::AuditRecord;
 use crate::webhooks::endpoint::Endpoint;

@@ -7,7 +7,7 @@ use tokio::sync::Notify;
 
 use super::connection::Connections;
 use super::*;
-use crate::store::MintedTokens;
+use crate::keys::directory::MintedTokens;
 
 /// Log entries kept for replicas catching up after a disconnect.
 pub(super) const CHANGE_LOG_LEN: usize = 100_000;

@@ -7,10 +7,9 @@ use tokio::sync::Notify;
 
 use super::*;
 use crate::events::Event;
+use crate::keys::directory::MintedTokens;
 use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
-use crate::store::{
-    KeyChange, KeyChanges, KeyStore, MintedTokens, Rotation, StoreError, WorkspaceChange,
-};
+use crate::store::{KeyChange, KeyChanges, KeyStore, Rotation, StoreError, WorkspaceChange};
 
 /// Inserts a key record and its indexes, then records the change.
 /// KEYS: record, id index, workspace set, epoch, log. ARGV: json, hash hex, id, created_at,

@@ -27,7 +27,8 @@ mod usage;
 mod workspaces;
 
 use self::{changes::*, events::*, layout::*, tokens::*, workspaces::*};
-use super::{MintedTokens, StoreError, StoreHealth};
+use super::{StoreError, StoreHealth};
+use crate::keys::directory::MintedTokens;
 use async_trait::async_trait;
 use connection::Connections;
 pub use connection::{sentinel_address, Sentinels};

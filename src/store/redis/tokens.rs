@@ -6,8 +6,8 @@ use redis::Script;
 use std::sync::LazyLock;
 
 use super::*;
+use crate::keys::directory::MintedTokens;
 use crate::keys::KeyHash;
-use crate::store::MintedTokens;
 
 /// Stores a scoped token by digest, and by id (so a token can be shown and revoked like a key),
 /// for `ttl` seconds, unless its digest is taken (0), and tells every replica of it: on the

@@ -473,7 +473,7 @@ async fn redis_index_fill_renews_its_lease_while_it_scans() {
 /// turn.
 #[tokio::test]
 async fn redis_key_cache_syncs_asked_for_together_are_one_read_failed_or_not() {
-    use svcgate::store::{CacheConfig, KeyCache};
+    use svcgate::keys::cache::{CacheConfig, KeyCache};
     let redis = RedisServer::start().await;
     let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis.url(), "syncs").unwrap());
     store.insert_key(&key("ws_1", 1)).await.unwrap();
