@@ -173,6 +173,7 @@ fn bench(c: &mut Criterion) {
             latency_ms: 182,
             token_id: None,
             metadata: None,
+            actor: None,
         })
         .collect();
     let batch: Vec<&AuditRecord> = records.iter().collect();

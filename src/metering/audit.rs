@@ -75,6 +75,10 @@ pub struct AuditRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
+    /// Who acted, on a record of an administrative action rather than a gateway request:
+    /// `root` (the configured admin token), `operator:<name>` or `dashboard:<email>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
 }
 
 impl AuditRecord {
@@ -152,6 +156,10 @@ impl AuditRecord {
         if let Some(metadata) = &self.metadata {
             out.extend_from_slice(b",\"metadata\":");
             json_value(out, metadata);
+        }
+        if let Some(actor) = &self.actor {
+            out.extend_from_slice(b",\"actor\":");
+            json_str(out, actor);
         }
         out.push(b'}');
     }
@@ -325,6 +333,7 @@ impl PendingAudit {
                 .as_ref()
                 .filter(|g| !g.metadata.is_empty())
                 .map(|g| g.metadata.clone()),
+            actor: None,
         }
     }
 }
@@ -839,6 +848,7 @@ mod tests {
             latency_ms: 0,
             token_id: full.then(|| format!("tok_{text}")),
             metadata: full.then(|| Arc::new(metadata)),
+            actor: full.then(|| format!("dashboard:{text}")),
         }
     }
 

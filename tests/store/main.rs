@@ -181,6 +181,7 @@ fn audit_record(workspace: &str, time_ms: u64) -> AuditRecord {
         latency_ms: 1,
         token_id: None,
         metadata: None,
+        actor: None,
     }
 }
 
