@@ -117,6 +117,10 @@ fn main() {
                     secret: secrets[ws].clone(),
                     status: EndpointStatus::Active,
                     created_at: unix_now(),
+                    format: Default::default(),
+                    previous_secret: None,
+                    previous_secret_until: None,
+                    rate_limit_per_second: None,
                 }, 1)
                 .await
                 .unwrap();
@@ -195,6 +199,10 @@ fn main() {
                 secret: secrets[&fan_out_ws].clone(),
                 status: EndpointStatus::Active,
                 created_at: unix_now(),
+                format: Default::default(),
+                previous_secret: None,
+                previous_secret_until: None,
+                rate_limit_per_second: None,
             };
             store.create_endpoint(&endpoint, FAN_OUT_ENDPOINTS).await.unwrap();
         }

@@ -22,7 +22,7 @@ pub enum Handler {
 
 /// Routes the gateway answers itself; configured routes cannot take their paths.
 /// (A static segment wins over a parameter, so `/v1/webhooks/listen` is not an endpoint id.)
-const BUILT_IN: [(&str, &str, &str, Handler); 10] = [
+const BUILT_IN: [(&str, &str, &str, Handler); 14] = [
     ("POST", "/v1/tokens", "tokens:create", Handler::MintToken),
     (
         "GET",
@@ -77,6 +77,30 @@ const BUILT_IN: [(&str, &str, &str, Handler); 10] = [
         "/v1/webhooks/{id}/replay",
         "webhooks:write",
         Handler::Webhooks(WebhookOp::Replay),
+    ),
+    (
+        "POST",
+        "/v1/webhooks/{id}/rotate-secret",
+        "webhooks:write",
+        Handler::Webhooks(WebhookOp::RotateSecret),
+    ),
+    (
+        "POST",
+        "/v1/webhooks/{id}/deliveries/{delivery_id}/retry",
+        "webhooks:write",
+        Handler::Webhooks(WebhookOp::RetryDelivery),
+    ),
+    (
+        "POST",
+        "/v1/webhooks/{id}/test",
+        "webhooks:write",
+        Handler::Webhooks(WebhookOp::Test),
+    ),
+    (
+        "GET",
+        "/v1/webhooks/event-types",
+        "webhooks:read",
+        Handler::Webhooks(WebhookOp::EventTypes),
     ),
 ];
 

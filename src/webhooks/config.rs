@@ -21,6 +21,9 @@ pub struct WebhooksConfig {
     pub max_in_flight: usize,
     /// Deliveries one worker has in flight to one endpoint at most.
     pub max_in_flight_per_endpoint: usize,
+    /// The longest wait a receiver's `Retry-After` (on a 429 or 503) is honoured for, in
+    /// seconds; the schedule's wait applies when it is longer.
+    pub max_retry_after_seconds: u64,
 }
 
 impl Default for WebhooksConfig {
@@ -32,6 +35,7 @@ impl Default for WebhooksConfig {
             outbox_dir: "data/outbox".to_string(),
             max_in_flight: 512,
             max_in_flight_per_endpoint: 16,
+            max_retry_after_seconds: 3_600,
         }
     }
 }
@@ -68,6 +72,12 @@ impl WebhooksConfig {
             problems.push(Problem::new(
                 "webhooks.max_in_flight_per_endpoint",
                 "must be 1 to webhooks.max_in_flight",
+            ));
+        }
+        if w.max_retry_after_seconds > 86_400 {
+            problems.push(Problem::new(
+                "webhooks.max_retry_after_seconds",
+                "at most 86400 (a day)",
             ));
         }
         problems

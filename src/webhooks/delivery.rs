@@ -221,7 +221,17 @@ pub struct Attempt {
     /// The URL it went to: a failure counts against the endpoint only while it still has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// The start of the response body, at most [`RESPONSE_BODY_KEPT`] bytes (cut at a
+    /// character boundary, invalid UTF-8 replaced), for the receiver's owner to see why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_body: Option<String>,
+    /// How long the receiver asked to be left alone (`Retry-After` on a 429 or 503); not kept.
+    #[serde(skip)]
+    pub retry_after: Option<Duration>,
 }
+
+/// How much of a response body an attempt keeps.
+pub const RESPONSE_BODY_KEPT: usize = 1024;
 
 impl Delivery {
     /// A new delivery of `event` to `endpoint`, due at `now_ms`.
@@ -275,10 +285,17 @@ impl Delivery {
     /// of its deliveries is attempted (see [`super::store::AfterAttempt`]), so its retries
     /// keep to the schedule however long its queue.
     pub fn fail(&mut self, attempt: Attempt, schedule: &[Duration], failures: u32) -> bool {
+        self.fail_after(attempt, schedule.get(failures as usize).copied())
+    }
+
+    /// Records a failed attempt that waits `wait` for the next one (see
+    /// [`super::schedule::next_wait`]), or, with none, `Failed`. Returns whether the delivery
+    /// has failed for good.
+    pub fn fail_after(&mut self, attempt: Attempt, wait: Option<Duration>) -> bool {
         let now_ms = attempt.at_ms + attempt.duration_ms;
         self.attempts += 1;
         self.last_attempt = Some(attempt);
-        match schedule.get(failures as usize) {
+        match wait {
             Some(wait) => {
                 self.next_attempt_ms = Some(now_ms + wait.as_millis() as u64);
                 false
@@ -323,6 +340,8 @@ impl Delivery {
             error: Some(why.to_string()),
             duration_ms: 0,
             url: None,
+            response_body: None,
+            retry_after: None,
         });
     }
 
@@ -344,6 +363,8 @@ mod tests {
             error: None,
             duration_ms: 10,
             url: None,
+            response_body: None,
+            retry_after: None,
         }
     }
 

@@ -24,12 +24,49 @@ pub struct Endpoint {
     pub url: String,
     /// Event names and `resource.*` wildcards.
     pub events: Vec<String>,
-    /// `whsec_…`: shown once, at creation.
+    /// `whsec_…`: shown once, at creation (and at each rotation).
     pub secret: String,
-    /// `active` or `paused`.
+    /// `active`, `paused` or `disabled`.
     pub status: EndpointStatus,
     /// Unix seconds.
     pub created_at: u64,
+    /// How deliveries are signed and which headers carry the signature.
+    #[serde(default)]
+    pub format: WebhookFormat,
+    /// The secret a rotation replaced: it signs too, beside [`Self::secret`], until
+    /// [`Self::previous_secret_until`], so receivers can switch over without losing a delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_secret: Option<String>,
+    /// When the previous secret stops signing (unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_secret_until: Option<u64>,
+    /// Most deliveries per second to this endpoint, across every worker; none: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_per_second: Option<u32>,
+}
+
+/// How an endpoint's deliveries are signed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum WebhookFormat {
+    /// `Service-Signature` (hex HMAC-SHA256 of `<timestamp>.<body>`), `Service-Timestamp`,
+    /// `Service-Event-Id`, as the service interface describes.
+    #[default]
+    Service,
+    /// The Standard Webhooks headers `webhook-id`, `webhook-timestamp` and
+    /// `webhook-signature` (`v1,<base64>` of HMAC-SHA256 over `<id>.<timestamp>.<body>`, keyed
+    /// with the base64-decoded secret), which the official Standard Webhooks libraries verify.
+    StandardWebhooks,
+}
+
+impl WebhookFormat {
+    /// The name used in JSON.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Service => "service",
+            Self::StandardWebhooks => "standard-webhooks",
+        }
+    }
 }
 
 /// Whether an endpoint gets deliveries.
@@ -40,12 +77,51 @@ pub enum EndpointStatus {
     Active,
     /// Every retry failed; nothing goes out until it is resumed.
     Paused,
+    /// The receiver answered 410 Gone; nothing goes out until it is resumed.
+    Disabled,
+}
+
+impl EndpointStatus {
+    /// The name used in JSON.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Paused => "paused",
+            Self::Disabled => "disabled",
+        }
+    }
 }
 
 impl Endpoint {
     /// Whether the endpoint subscribes to `event_type`.
     pub fn wants(&self, event_type: &str) -> bool {
         self.events.iter().any(|f| matches_filter(f, event_type))
+    }
+
+    /// The secrets that sign a delivery at `now` (unix seconds): the current one first, then
+    /// the one a rotation replaced while its grace period lasts.
+    pub fn signing_secrets(&self, now: u64) -> Vec<&str> {
+        let mut secrets = vec![self.secret.as_str()];
+        if let (Some(old), Some(until)) = (&self.previous_secret, self.previous_secret_until) {
+            if now < until {
+                secrets.push(old);
+            }
+        }
+        secrets
+    }
+
+    /// Replaces the secret with `secret`; the old one keeps signing for `grace_secs`.
+    pub fn rotate_secret(&mut self, secret: String, grace_secs: u64, now: u64) {
+        let old = std::mem::replace(&mut self.secret, secret);
+        (self.previous_secret, self.previous_secret_until) = match grace_secs {
+            0 => (None, None),
+            _ => (Some(old), Some(now.saturating_add(grace_secs))),
+        };
+    }
+
+    /// Whether its status lets deliveries go out.
+    pub fn is_active(&self) -> bool {
+        self.status == EndpointStatus::Active
     }
 }
 
@@ -77,11 +153,33 @@ pub fn check_filter(filter: &str) -> Result<(), String> {
 }
 
 /// A new signing secret: `whsec_` and 32 random base62 characters (≈190 bits).
+///
+/// The 32 characters are also valid base64 (of 24 bytes), so an endpoint switched to the
+/// Standard Webhooks format keeps a secret its libraries read.
 pub fn new_secret() -> String {
     use rand::distr::{Alphanumeric, SampleString};
     let mut s = String::from("whsec_");
     Alphanumeric.append_string(&mut rand::rng(), &mut s, 32);
     s
+}
+
+/// A new signing secret for an endpoint of `format`: for the Standard Webhooks format,
+/// `whsec_` and the base64 of 32 random bytes, as its specification asks; otherwise
+/// [`new_secret`].
+pub fn new_secret_for(format: WebhookFormat) -> String {
+    use base64::Engine;
+    use rand::RngCore;
+    match format {
+        WebhookFormat::Service => new_secret(),
+        WebhookFormat::StandardWebhooks => {
+            let mut key = [0u8; 32];
+            rand::rng().fill_bytes(&mut key);
+            format!(
+                "whsec_{}",
+                base64::engine::general_purpose::STANDARD.encode(key)
+            )
+        }
+    }
 }
 
 /// How long [`check_url`] waits for a host name to resolve.
@@ -237,8 +335,32 @@ mod tests {
 
     #[test]
     fn secrets_are_prefixed_and_random() {
+        use base64::Engine;
         let a = new_secret();
         assert!(a.starts_with("whsec_") && a.len() == 38);
         assert_ne!(a, new_secret());
+        let b64 = base64::engine::general_purpose::STANDARD;
+        for secret in [a, new_secret_for(WebhookFormat::StandardWebhooks)] {
+            let key = b64.decode(&secret["whsec_".len()..]).unwrap();
+            assert!((24..=64).contains(&key.len()), "{secret}");
+        }
+    }
+
+    #[test]
+    fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
+        let mut e: Endpoint = serde_json::from_value(serde_json::json!({
+            "id": "we_1", "workspace": "ws_1", "environment": "live",
+            "url": "https://example.com/", "events": ["agent.run.*"], "secret": "whsec_old",
+            "status": "active", "created_at": 1
+        }))
+        .unwrap();
+        assert_eq!(e.format, WebhookFormat::Service);
+        assert_eq!(e.signing_secrets(100), ["whsec_old"]);
+        e.rotate_secret("whsec_new".into(), 60, 100);
+        assert_eq!(e.signing_secrets(100), ["whsec_new", "whsec_old"]);
+        assert_eq!(e.signing_secrets(159), ["whsec_new", "whsec_old"]);
+        assert_eq!(e.signing_secrets(160), ["whsec_new"]);
+        e.rotate_secret("whsec_newer".into(), 0, 200);
+        assert_eq!(e.signing_secrets(200), ["whsec_newer"]);
     }
 }

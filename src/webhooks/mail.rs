@@ -55,17 +55,31 @@ impl Mailer {
         Ok(Self { from, transport })
     }
 
-    /// Tells `admins` that `endpoint` was paused after its last retry failed; addresses that
-    /// do not parse are skipped.
+    /// Tells `admins` that `endpoint` was paused after its last retry failed, or, `disabled`,
+    /// that it was disabled after its receiver answered 410 Gone; addresses that do not parse
+    /// are skipped.
     pub async fn endpoint_paused(
         &self,
         admins: &[String],
         endpoint: &Endpoint,
         last_error: &str,
+        disabled: bool,
     ) -> Result<(), MailError> {
+        let (state, why) = match disabled {
+            true => (
+                "disabled",
+                "Your webhook endpoint answered 410 Gone, so it is disabled and gets no events \
+                 until it is resumed.",
+            ),
+            false => (
+                "paused",
+                "Every delivery attempt to your webhook endpoint failed, so it is paused and gets \
+                 no events until it is resumed.",
+            ),
+        };
         let mut message = Message::builder()
             .from(self.from.clone())
-            .subject(format!("Webhook endpoint {} paused", endpoint.id));
+            .subject(format!("Webhook endpoint {} {state}", endpoint.id));
         let mut recipients = 0;
         for admin in admins {
             match admin.parse::<lettre::Address>() {
@@ -82,8 +96,7 @@ impl Mailer {
             return Err(MailError::NoRecipients);
         }
         let body = format!(
-            "Every delivery attempt to your webhook endpoint failed, so it is paused and gets no \
-             events until it is resumed.\n\n\
+            "{why}\n\n\
              Endpoint: {id}\nURL: {url}\nEnvironment: {env}\nLast error: {last_error}\n\n\
              Fix the endpoint, then resume it with POST /v1/webhooks/{id}/resume and replay \
              the events it missed with POST /v1/webhooks/{id}/replay {{\"since\": <unix time>}}.\n",

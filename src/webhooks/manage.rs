@@ -6,8 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::delivery::{Delivery, DeliverySummary, DELIVERIES_LISTED};
-use super::endpoint::{Endpoint, EndpointStatus};
+use super::delivery::{Delivery, DeliveryStatus, DeliverySummary, DELIVERIES_LISTED};
+use super::endpoint::{new_secret_for, Endpoint, EndpointStatus, WebhookFormat};
 use super::store::DeliveryQueue;
 use crate::error::ApiError;
 use crate::events::{Event, RETENTION_SECS};
@@ -35,6 +35,14 @@ pub struct EndpointView<'a> {
     status: EndpointStatus,
     environment: Environment,
     created_at: u64,
+    format: WebhookFormat,
+    /// Most deliveries per second, across workers; absent: no limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_limit_per_second: Option<u32>,
+    /// While a rotated-out secret still signs beside the current one: until when (unix
+    /// seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_secret_expires_at: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     secret: Option<&'a str>,
     /// While a failure holds it back: its failures in a row and when it is tried next.
@@ -59,12 +67,15 @@ impl<'a> EndpointView<'a> {
             status: e.status,
             environment: e.environment,
             created_at: e.created_at,
+            format: e.format,
+            rate_limit_per_second: e.rate_limit_per_second,
+            previous_secret_expires_at: e.previous_secret_until.filter(|until| *until > unix_now()),
             secret: None,
             retry: None,
         }
     }
 
-    /// The endpoint with its secret: only in the answer that created it.
+    /// The endpoint with its secret: only in the answers that create it and rotate it.
     pub fn with_secret(e: &'a Endpoint) -> Self {
         Self {
             secret: Some(&e.secret),
@@ -97,6 +108,9 @@ struct AttemptView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
     duration_ms: u64,
+    /// The first KiB of the response body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_body: Option<&'a str>,
 }
 
 impl<'a> DeliveryView<'a> {
@@ -113,6 +127,7 @@ impl<'a> DeliveryView<'a> {
                 status_code: a.status_code,
                 error: a.error.as_deref(),
                 duration_ms: a.duration_ms,
+                response_body: a.response_body.as_deref(),
             }),
             replay: d.replay,
             created_at: d.created_ms / 1000,
@@ -160,7 +175,7 @@ pub async fn show(
 ) -> Result<serde_json::Value, ApiError> {
     let retry = match endpoint.status {
         EndpointStatus::Active => store.endpoint_retry(&endpoint.id).await?,
-        EndpointStatus::Paused => None,
+        EndpointStatus::Paused | EndpointStatus::Disabled => None,
     };
     let view = EndpointView {
         retry: retry.map(|r| RetryView {
@@ -178,7 +193,7 @@ pub fn list_body<'a>(endpoints: impl Iterator<Item = &'a Endpoint>) -> serde_jso
     serde_json::json!({ "data": views })
 }
 
-/// Makes a paused endpoint active again, and one held back by a failure tries again now (the
+/// Makes a paused or disabled endpoint active again, and one held back by a failure tries again now (the
 /// customer says the receiver is fixed); deliveries that failed for good are not resent (that
 /// is a replay).
 pub async fn resume(store: &dyn DeliveryQueue, endpoint: &Endpoint) -> Result<Endpoint, ApiError> {
@@ -240,11 +255,7 @@ pub async fn replay(
     endpoint: &Endpoint,
     input: ReplayInput,
 ) -> Result<serde_json::Value, ApiError> {
-    if endpoint.status == EndpointStatus::Paused {
-        return Err(ApiError::invalid(
-            "the endpoint is paused; resume it before replaying",
-        ));
-    }
+    require_active(endpoint, "replaying")?;
     // A replay queues up to REPLAY_MAX deliveries at once: not on top of a queue that long
     // already (the same replay sent again and again would fill Redis, and aim it all at the
     // endpoint's URL). A cut-short replay's `next` still goes at once.
@@ -402,6 +413,153 @@ async fn queue_replays(
     Ok(deliveries.into_iter().map(|d| d.id).collect())
 }
 
+/// A 400 unless `endpoint` is active: a paused or disabled one must be resumed before `doing`.
+fn require_active(endpoint: &Endpoint, doing: &str) -> Result<(), ApiError> {
+    match endpoint.is_active() {
+        true => Ok(()),
+        false => Err(ApiError::invalid(format!(
+            "the endpoint is {}; resume it before {doing}",
+            endpoint.status.as_str()
+        ))),
+    }
+}
+
+/// Default grace period of a secret rotation: a day, as for keys.
+pub const ROTATION_GRACE_DEFAULT: u64 = 86_400;
+/// Longest grace period of a secret rotation: a week.
+pub const ROTATION_GRACE_MAX: u64 = 7 * 86_400;
+
+/// The body of a secret rotation.
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateInput {
+    /// How long the old secret keeps signing beside the new one (seconds, 0 to a week;
+    /// default a day). 0 ends it at once.
+    #[serde(default)]
+    grace_period_seconds: Option<u64>,
+}
+
+/// Gives `endpoint` a new secret, in its format; the old one signs beside it for the grace
+/// period. Answers the endpoint with its new secret: the only time it is shown.
+pub async fn rotate_secret(
+    store: &dyn DeliveryQueue,
+    endpoint: &Endpoint,
+    input: RotateInput,
+) -> Result<serde_json::Value, ApiError> {
+    let grace = input.grace_period_seconds.unwrap_or(ROTATION_GRACE_DEFAULT);
+    if grace > ROTATION_GRACE_MAX {
+        return Err(ApiError::invalid(format!(
+            "grace_period_seconds must be 0-{ROTATION_GRACE_MAX}"
+        )));
+    }
+    let secret = new_secret_for(endpoint.format);
+    let now = unix_now();
+    let rotated = store
+        .update_endpoint(&endpoint.workspace, &endpoint.id, &|e: &mut Endpoint| {
+            e.rotate_secret(secret.clone(), grace, now)
+        })
+        .await?
+        .ok_or_else(|| not_found(&endpoint.id))?;
+    Ok(serde_json::to_value(EndpointView::with_secret(&rotated)).expect("a view serializes"))
+}
+
+/// Queues one failed (or skipped) delivery of `endpoint` again, as a new delivery of the same
+/// event: answers its id.
+pub async fn retry_delivery(
+    store: &dyn DeliveryQueue,
+    endpoint: &Endpoint,
+    delivery_id: &str,
+) -> Result<serde_json::Value, ApiError> {
+    require_active(endpoint, "retrying")?;
+    let listed = store.deliveries(&endpoint.id, DELIVERIES_LISTED).await?;
+    let delivery = listed
+        .iter()
+        .find(|d| d.id == delivery_id)
+        .ok_or_else(|| ApiError::not_found(format!("no delivery '{}'", truncate(delivery_id))))?;
+    if !matches!(
+        delivery.status,
+        DeliveryStatus::Failed | DeliveryStatus::Skipped
+    ) {
+        return Err(ApiError::invalid(format!(
+            "the delivery is {}; only a failed or skipped one is retried",
+            delivery.status.as_str()
+        )));
+    }
+    let event = store
+        .event(
+            &endpoint.workspace,
+            endpoint.environment,
+            &delivery.event.id,
+        )
+        .await?
+        .ok_or_else(|| ApiError::not_found("the delivery's event is no longer kept"))?;
+    let ids = queue_replays(store, endpoint, &[event]).await?;
+    Ok(serde_json::json!({
+        "endpoint": endpoint.id,
+        "retry_of": delivery.id,
+        "delivery_id": ids.first(),
+    }))
+}
+
+/// The body of a test delivery.
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TestInput {
+    /// The event type to send (default: the first the endpoint subscribes to).
+    #[serde(default, rename = "type")]
+    event_type: Option<String>,
+}
+
+/// Sends `endpoint` alone a test event: a sample payload of a type it subscribes to, as a new
+/// event of its workspace and environment (kept for the delivery's sake, not offered to
+/// replays since a time). Answers the event's and the delivery's ids.
+pub async fn send_test(
+    store: &dyn DeliveryQueue,
+    endpoint: &Endpoint,
+    input: TestInput,
+) -> Result<serde_json::Value, ApiError> {
+    require_active(endpoint, "testing it")?;
+    let event_type = match input.event_type {
+        Some(t) if crate::events::is_event_type(&t) => t,
+        Some(t) => {
+            return Err(ApiError::invalid(format!(
+                "'{}' is not an event type",
+                truncate(&t)
+            )))
+        }
+        None => crate::events::EVENT_TYPES
+            .iter()
+            .find(|t| endpoint.wants(t))
+            .map(|t| t.to_string())
+            .ok_or_else(|| ApiError::invalid("the endpoint subscribes to no event type"))?,
+    };
+    if !endpoint.wants(&event_type) {
+        return Err(ApiError::invalid(format!(
+            "the endpoint does not subscribe to {event_type}"
+        )));
+    }
+    let data = crate::events::sample_data(&event_type, &endpoint.workspace)
+        .expect("every event type has a sample");
+    let event = Event::new(&event_type, &endpoint.workspace, endpoint.environment, data);
+    let delivery = Delivery::new(
+        &event,
+        &endpoint.workspace,
+        &endpoint.id,
+        unix_millis(),
+        false,
+    );
+    // The event is not recorded for replays: its payload travels in the delivery's record.
+    store
+        .enqueue_deliveries(&[], &[], &[delivery.clone()])
+        .await?;
+    Ok(serde_json::json!({
+        "endpoint": endpoint.id,
+        "event_id": event.id,
+        "type": event.event_type,
+        "delivery_id": delivery.id,
+    }))
+}
+
 fn truncate(id: &str) -> String {
     id.chars().take(64).collect()
 }
@@ -425,6 +583,10 @@ mod tests {
             secret: "whsec_x".into(),
             status: EndpointStatus::Active,
             created_at: 1,
+            format: Default::default(),
+            previous_secret: None,
+            previous_secret_until: None,
+            rate_limit_per_second: None,
         };
         let since = unix_now() - 600;
         let events: Vec<Event> = (0..=REPLAY_MAX as u64)

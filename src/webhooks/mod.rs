@@ -1,7 +1,9 @@
 //! Webhooks: signed deliveries of events to customer endpoints.
 //!
 //! - [`endpoint`]: where a workspace wants its events (URL rules, event filters);
-//! - [`delivery`]: one event on its way to one endpoint, its attempts and retry schedule;
+//! - [`catalog`]: the event types, each with a description and a JSON Schema of its `data`;
+//! - [`delivery`]: one event on its way to one endpoint, and its attempts;
+//! - [`schedule`]: how long a failed endpoint waits before its next attempt;
 //! - [`manage`]: what the customers' and the operators' APIs do with an endpoint;
 //! - [`signature`]: the signing scheme and the receiver-side [`verify`];
 //! - [`sender`]: one signed POST, guarded against server-side request forgery;
@@ -12,6 +14,7 @@
 //! - [`worker`]: consumes the event log and delivers, retries and pauses;
 //! - [`store`]: the storage webhooks need (event log, delivery queue, notices, listen slots).
 
+pub mod catalog;
 pub mod config;
 pub mod delivery;
 pub mod dns;
@@ -19,6 +22,7 @@ pub mod endpoint;
 pub mod mail;
 pub mod manage;
 pub mod notice;
+pub mod schedule;
 pub mod sender;
 pub mod signature;
 pub mod slots;

@@ -53,6 +53,10 @@ pub struct PauseNotice {
     /// Tries to mail it that failed so far.
     #[serde(default)]
     pub failures: u32,
+    /// Whether the receiver answered 410 Gone: the endpoint is `disabled` rather than
+    /// `paused`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
 }
 
 impl PauseNotice {
@@ -69,6 +73,7 @@ impl PauseNotice {
                 .unwrap_or_default(),
             paused_ms: now_ms,
             failures: 0,
+            disabled: false,
         }
     }
 }
@@ -195,9 +200,12 @@ impl Notifier {
         let Some(endpoint) = endpoints.iter().find(|e| e.id == notice.endpoint) else {
             return Ok(Tried::Gone("the endpoint was deleted"));
         };
-        let mail =
-            self.mailer
-                .endpoint_paused(&workspace.admin_emails, endpoint, &notice.last_error);
+        let mail = self.mailer.endpoint_paused(
+            &workspace.admin_emails,
+            endpoint,
+            &notice.last_error,
+            notice.disabled,
+        );
         Ok(match tokio::time::timeout(MAIL_TIMEOUT, mail).await {
             Ok(Ok(())) => Tried::Sent,
             Ok(Err(MailError::NoRecipients)) => {

@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ids::{unix_millis, unix_now};
-use crate::webhooks::delivery::Attempt;
+use crate::webhooks::delivery::{Attempt, RESPONSE_BODY_KEPT};
 use crate::webhooks::endpoint::{is_internal, Endpoint};
-use crate::webhooks::signature::{sign, EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use crate::webhooks::schedule::parse_retry_after;
+use crate::webhooks::signature::signature_headers;
 
 /// Most response bytes read (and discarded) so the connection can be reused.
 const RESPONSE_READ_LIMIT: usize = 64 * 1024;
@@ -52,21 +53,29 @@ impl Sender {
         })
     }
 
-    /// POSTs `payload`, the body of the event `event_id` ([`crate::webhooks::delivery::body`]), to `endpoint`, signed
-    /// with its secret. The attempts of one event in flight share one copy of it.
+    /// POSTs `payload`, the body of the event `event_id` ([`crate::webhooks::delivery::body`]),
+    /// to `endpoint`, signed in its format with its secrets (two during a rotation). The
+    /// attempts of one event in flight share one copy of it.
     pub async fn send(&self, endpoint: &Endpoint, event_id: &str, payload: Bytes) -> Attempt {
         let at_ms = unix_millis();
         let started = Instant::now();
         let result = self.post(endpoint, event_id, payload).await;
         let duration_ms = started.elapsed().as_millis() as u64;
-        let (status_code, error) = match result {
-            Ok(status) if (200..300).contains(&status) => (Some(status), None),
-            Ok(status) if (300..400).contains(&status) => (
-                Some(status),
-                Some(format!("HTTP {status}: redirects are not followed")),
-            ),
-            Ok(status) => (Some(status), Some(format!("HTTP {status}"))),
+        let (answer, error) = match result {
+            Ok(a) if (200..300).contains(&a.status) => (Some(a), None),
+            Ok(a) if (300..400).contains(&a.status) => {
+                let error = format!("HTTP {}: redirects are not followed", a.status);
+                (Some(a), Some(error))
+            }
+            Ok(a) => {
+                let error = format!("HTTP {}", a.status);
+                (Some(a), Some(error))
+            }
             Err(error) => (None, Some(error)),
+        };
+        let (status_code, response_body, retry_after) = match answer {
+            Some(a) => (Some(a.status), a.body, a.retry_after),
+            None => (None, None, None),
         };
         Attempt {
             at_ms,
@@ -74,6 +83,8 @@ impl Sender {
             error,
             duration_ms,
             url: Some(endpoint.url.clone()),
+            response_body,
+            retry_after,
         }
     }
 
@@ -82,7 +93,7 @@ impl Sender {
         endpoint: &Endpoint,
         event_id: &str,
         payload: Bytes,
-    ) -> Result<u16, String> {
+    ) -> Result<Answer, String> {
         let url = reqwest::Url::parse(&endpoint.url).map_err(|e| format!("bad URL: {e}"))?;
         if !self.allow_insecure {
             let literal = match url.host() {
@@ -95,30 +106,55 @@ impl Sender {
             }
         }
         let timestamp = unix_now();
-        let signature = sign(&endpoint.secret, timestamp, &payload);
-        let mut response = self
+        let signed = signature_headers(
+            endpoint.format,
+            &endpoint.signing_secrets(timestamp),
+            event_id,
+            timestamp,
+            &payload,
+        );
+        let mut request = self
             .client
             .post(url)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(SIGNATURE_HEADER, signature)
-            .header(TIMESTAMP_HEADER, timestamp)
-            .header(EVENT_ID_HEADER, event_id)
+            .header(http::header::CONTENT_TYPE, "application/json");
+        for (name, value) in signed {
+            request = request.header(name, value);
+        }
+        let mut response = request
             .body(payload)
             .send()
             .await
             .map_err(|e| self.describe(&e))?;
         let status = response.status().as_u16();
-        // The answer is its status (success: a 2xx within the timeout). The body is read only so
-        // the connection can serve the next attempt; one that breaks off or stalls past the
-        // timeout costs the connection, not the delivery.
+        let retry_after = match status {
+            429 | 503 => response
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| parse_retry_after(v, std::time::SystemTime::now())),
+            _ => None,
+        };
+        // The answer is its status (success: a 2xx within the timeout). The body is read so
+        // the connection can serve the next attempt, and its start is kept for the listing;
+        // one that breaks off or stalls past the timeout costs the connection, not the
+        // delivery.
+        let mut kept: Vec<u8> = Vec::new();
         let mut read = 0;
         while read < RESPONSE_READ_LIMIT {
             match response.chunk().await {
-                Ok(Some(chunk)) => read += chunk.len(),
+                Ok(Some(chunk)) => {
+                    read += chunk.len();
+                    let room = RESPONSE_BODY_KEPT.saturating_sub(kept.len());
+                    kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                }
                 Ok(None) | Err(_) => break,
             }
         }
-        Ok(status)
+        Ok(Answer {
+            status,
+            body: (!kept.is_empty()).then(|| kept_text(&kept)),
+            retry_after,
+        })
     }
 
     fn describe(&self, e: &reqwest::Error) -> String {
@@ -138,6 +174,29 @@ impl Sender {
         }
         text
     }
+}
+
+/// What an endpoint answered.
+struct Answer {
+    status: u16,
+    /// The start of the body ([`RESPONSE_BODY_KEPT`] bytes).
+    body: Option<String>,
+    /// `Retry-After` of a 429 or 503.
+    retry_after: Option<Duration>,
+}
+
+/// The kept start of a body as text: invalid UTF-8 replaced, and a character the cut split
+/// left out.
+fn kept_text(bytes: &[u8]) -> String {
+    let text = match std::str::from_utf8(bytes) {
+        Ok(text) => text,
+        // Cut in the middle of a character: up to it.
+        Err(e) if e.error_len().is_none() => {
+            return String::from_utf8_lossy(&bytes[..e.valid_up_to()]).into_owned()
+        }
+        Err(_) => return String::from_utf8_lossy(bytes).into_owned(),
+    };
+    text.to_string()
 }
 
 /// Resolves host names to their public addresses only; a name with none fails.
@@ -181,6 +240,10 @@ mod tests {
             secret: "whsec_x".into(),
             status: EndpointStatus::Active,
             created_at: 0,
+            format: Default::default(),
+            previous_secret: None,
+            previous_secret_until: None,
+            rate_limit_per_second: None,
         }
     }
 

@@ -123,7 +123,7 @@ pub struct QueueStats {
     pub pending: u64,
     /// When the earliest pending delivery was due (unix milliseconds).
     pub oldest_due_ms: Option<u64>,
-    /// Endpoints paused after failing every retry.
+    /// Endpoints paused after failing every retry, or disabled after a 410 Gone.
     pub paused_endpoints: u64,
     /// Pause notices not yet mailed to the admins.
     pub pause_notices: u64,
@@ -166,7 +166,7 @@ pub trait DeliveryQueue: Send + Sync + 'static {
     async fn endpoints(&self, workspace: &str) -> Result<Vec<Endpoint>, StoreError>;
 
     /// Applies `change` to an endpoint atomically; `None` if there is no such endpoint. The id,
-    /// workspace, environment and secret never change.
+    /// workspace and environment never change.
     async fn update_endpoint(
         &self,
         workspace: &str,

@@ -38,6 +38,7 @@ use crate::webhooks::delivery::{body, Delivery, DeliveryStatus};
 use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use crate::webhooks::mail::Mailer;
 use crate::webhooks::notice::{Notifier, PauseNotice};
+use crate::webhooks::schedule::{next_wait, random_jitter};
 use crate::webhooks::sender::Sender;
 use crate::webhooks::slots::{Outcome, Slots};
 
@@ -73,6 +74,8 @@ pub struct WorkerSettings {
     pub max_in_flight: usize,
     /// Attempts in flight to one endpoint at most.
     pub max_in_flight_per_endpoint: usize,
+    /// The longest `Retry-After` honoured.
+    pub max_retry_after: Duration,
 }
 
 impl WorkerSettings {
@@ -88,6 +91,7 @@ impl WorkerSettings {
             allow_insecure_targets: config.allow_insecure_targets,
             max_in_flight: config.max_in_flight,
             max_in_flight_per_endpoint: config.max_in_flight_per_endpoint,
+            max_retry_after: Duration::from_secs(config.max_retry_after_seconds),
         }
     }
 
@@ -358,13 +362,15 @@ impl Worker {
         // attempt was on its way, or it was resumed, the store refuses to count it, and it is
         // saved as due now.
         let mut superseded = None;
+        let mut gone = false;
         let (mut outcome, took, mut share) = match &endpoint {
             None => {
                 delivery.skip("the endpoint was deleted", now_ms);
                 ("skipped", None, Outcome::Gone)
             }
-            Some(e) if e.status == EndpointStatus::Paused => {
-                delivery.skip("the endpoint is paused", now_ms);
+            Some(e) if !e.is_active() => {
+                let why = format!("the endpoint is {}", e.status.as_str());
+                delivery.skip(&why, now_ms);
                 ("skipped", None, Outcome::Gone)
             }
             Some(e) => {
@@ -383,7 +389,19 @@ impl Worker {
                     let mut retry_now = delivery.clone();
                     retry_now.fail_to_a_changed_endpoint(attempt.clone());
                     superseded = Some(retry_now);
-                    match delivery.fail(attempt, &self.settings.retry_schedule, failures) {
+                    // 410 Gone: the receiver says it is gone for good; no retry.
+                    gone = attempt.status_code == Some(410);
+                    let wait = match gone {
+                        true => None,
+                        false => next_wait(
+                            &self.settings.retry_schedule,
+                            failures,
+                            attempt.retry_after,
+                            self.settings.max_retry_after,
+                            random_jitter(),
+                        ),
+                    };
+                    match delivery.fail_after(attempt, wait) {
                         true => ("failed_final", Some(took), Outcome::Failed),
                         false => ("failed_retrying", Some(took), Outcome::Failed),
                     }
@@ -392,8 +410,11 @@ impl Worker {
         };
         // Queued with the pause, in the same step, so the admins are told whatever happens to
         // this process or to the mail relay afterwards.
-        let notice = (delivery.status == DeliveryStatus::Failed)
-            .then(|| PauseNotice::new(&delivery, unix_millis()));
+        let notice = (delivery.status == DeliveryStatus::Failed).then(|| {
+            let mut notice = PauseNotice::new(&delivery, unix_millis());
+            notice.disabled = gone;
+            notice
+        });
         let after = match (&notice, delivery.status) {
             (Some(notice), _) => AfterAttempt::Pause(notice, failures + 1),
             (None, DeliveryStatus::Succeeded) => AfterAttempt::Answered,
@@ -411,11 +432,18 @@ impl Worker {
         match saved {
             Ok(Saved::Paused) => {
                 share = Outcome::Gone;
-                tracing::warn!(
-                    endpoint = %delivery.endpoint,
-                    workspace = %delivery.workspace,
-                    "every retry failed; endpoint paused; its admins will be e-mailed"
-                );
+                match gone {
+                    true => tracing::warn!(
+                        endpoint = %delivery.endpoint,
+                        workspace = %delivery.workspace,
+                        "the receiver answered 410 Gone; endpoint disabled; its admins will be e-mailed"
+                    ),
+                    false => tracing::warn!(
+                        endpoint = %delivery.endpoint,
+                        workspace = %delivery.workspace,
+                        "every retry failed; endpoint paused; its admins will be e-mailed"
+                    ),
+                }
                 self.notifier.wake();
             }
             Ok(Saved::Done | Saved::Superseded) => {}

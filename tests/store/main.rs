@@ -94,6 +94,10 @@ fn endpoint(workspace: &str, events: &[&str]) -> Endpoint {
         secret: "whsec_x".into(),
         status: EndpointStatus::Active,
         created_at: 1,
+        format: Default::default(),
+        previous_secret: None,
+        previous_secret_until: None,
+        rate_limit_per_second: None,
     }
 }
 
@@ -159,6 +163,8 @@ fn attempt(at_ms: u64, status_code: Option<u16>) -> Attempt {
         error: None,
         duration_ms: 5,
         url: None,
+        response_body: None,
+        retry_after: None,
     }
 }
 

@@ -17,7 +17,8 @@ use crate::error::ApiError;
 use crate::openapi::{bearer, with_error_answers, GATEWAY_PATH};
 use crate::proxy::respond;
 use crate::proxy::routes::{Handler, Route, RouteTable};
-use crate::webhooks::manage::{EndpointView, ReplayInput};
+use crate::webhooks::endpoint::WebhookFormat;
+use crate::webhooks::manage::{EndpointView, ReplayInput, RotateInput, TestInput};
 
 /// The name of the keys' and tokens' security scheme.
 const SCHEME: &str = "api_key";
@@ -59,7 +60,52 @@ pub fn document(routes: &RouteTable) -> Document {
         ),
     );
     with_error_answers(&mut doc);
+    doc.extensions
+        .get_or_insert_with(Default::default)
+        .insert("webhooks".to_string(), webhooks());
     doc
+}
+
+/// The OpenAPI 3.1 `webhooks` section: one `POST` per event type, as svcgate delivers it, its
+/// body's `data` described by the event catalog's schema.
+fn webhooks() -> serde_json::Value {
+    let mut section = serde_json::Map::new();
+    for t in crate::webhooks::catalog::event_types() {
+        let body = json!({
+            "type": "object",
+            "required": ["id", "type", "created", "workspace", "data"],
+            "properties": {
+                "id": {"type": "string", "description": "The event id (`evt_…`), the same on every retry and replay."},
+                "type": {"const": t.event_type},
+                "created": {"type": "integer", "description": "Unix seconds."},
+                "workspace": {"type": "string", "description": "The workspace (`ws_…`)."},
+                "data": t.schema,
+            },
+        });
+        let header = |name: &str, description: &str| json!({"name": name, "in": "header", "required": false, "description": description, "schema": {"type": "string"}});
+        let operation = json!({
+            "operationId": format!("event_{}", t.event_type.replace('.', "_")),
+            "tags": ["events"],
+            "summary": t.event_type,
+            "description": format!(
+                "{} Signed in the endpoint's `format`: `Service-Signature`, `Service-Timestamp` \
+                 and `Service-Event-Id`, or the Standard Webhooks headers.",
+                t.description
+            ),
+            "parameters": [
+                header("Service-Signature", "Hex HMAC-SHA256 of `<timestamp>.<body>`; two, comma-separated, during a secret rotation (service format)."),
+                header("Service-Timestamp", "Unix seconds when the delivery was signed (service format)."),
+                header("Service-Event-Id", "The event id, to deduplicate on (service format)."),
+                header("webhook-id", "The event id (standard-webhooks format)."),
+                header("webhook-timestamp", "Unix seconds (standard-webhooks format)."),
+                header("webhook-signature", "`v1,<base64>`; two, space-separated, during a secret rotation (standard-webhooks format)."),
+            ],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": body}}},
+            "responses": {"2XX": {"description": "Received: any 2xx within the timeout (10 s) acknowledges the delivery. 410 disables the endpoint; 429 and 503 may send `Retry-After`."}},
+        });
+        section.insert(t.event_type.clone(), json!({ "post": operation }));
+    }
+    serde_json::Value::Object(section)
 }
 
 /// The document serialized, as the gateway serves it.
@@ -192,6 +238,10 @@ fn operation<'a>(
         resume_webhook,
         webhook_deliveries,
         replay_webhook,
+        rotate_webhook_secret,
+        retry_webhook_delivery,
+        test_webhook,
+        webhook_event_types,
         listen,
         serve,
     ),
@@ -199,6 +249,7 @@ fn operation<'a>(
         (name = "tokens", description = "Short-lived scoped tokens for browsers and apps"),
         (name = "webhooks", description = "The workspace's webhook endpoints, per environment"),
         (name = "listen", description = "Webhook events streamed to `svcgate listen`"),
+        (name = "events", description = "The events svcgate delivers to webhook endpoints"),
         (name = CONFIGURED, description = "Routes forwarded to the backend"),
         (name = "documents", description = "This document"),
     ),
@@ -238,6 +289,41 @@ struct EndpointInput {
     url: Option<String>,
     /// Event names and `resource.*` wildcards it subscribes to.
     events: Option<Vec<String>>,
+    /// How deliveries are signed: `service` (the default) or `standard-webhooks`.
+    format: Option<WebhookFormat>,
+    /// Most deliveries per second, across workers (1-10000); `null` removes the limit.
+    rate_limit_per_second: Option<u32>,
+}
+
+/// A delivery queued again, or a test event queued.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct DeliveryQueued {
+    endpoint: String,
+    /// The new delivery (`dlv_…`).
+    delivery_id: String,
+    /// The delivery retried (a retry).
+    retry_of: Option<String>,
+    /// The test event (a test).
+    event_id: Option<String>,
+}
+
+/// The event types, each with a JSON Schema of its `data`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct EventTypeList {
+    data: Vec<EventTypeEntry>,
+}
+
+/// One event type.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct EventTypeEntry {
+    #[schema(rename = "type")]
+    event_type: String,
+    description: String,
+    /// A JSON Schema (draft 2020-12) of the event's `data`.
+    schema: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A deleted endpoint.
@@ -334,6 +420,47 @@ fn webhook_deliveries() {}
 )]
 #[allow(dead_code)]
 fn replay_webhook() {}
+
+/// Gives the endpoint a new secret, shown this once; the old one signs beside it (two
+/// signatures on every delivery) for the grace period.
+#[utoipa::path(
+    post, path = "/v1/webhooks/{id}/rotate-secret", tag = "webhooks", operation_id = "rotate_webhook_secret",
+    params(("id" = String, Path, description = ENDPOINT_ID)),
+    request_body = RotateInput,
+    responses((status = 201, description = "The endpoint, with its new `secret`", body = EndpointView)),
+)]
+#[allow(dead_code)]
+fn rotate_webhook_secret() {}
+
+/// Sends one failed (or skipped) delivery's event again, as a new delivery.
+#[utoipa::path(
+    post, path = "/v1/webhooks/{id}/deliveries/{delivery_id}/retry", tag = "webhooks", operation_id = "retry_webhook_delivery",
+    params(
+        ("id" = String, Path, description = ENDPOINT_ID),
+        ("delivery_id" = String, Path, description = "Delivery id (`dlv_…`)"),
+    ),
+    responses((status = 202, description = "The new delivery", body = DeliveryQueued)),
+)]
+#[allow(dead_code)]
+fn retry_webhook_delivery() {}
+
+/// Sends the endpoint alone a test event with a sample payload.
+#[utoipa::path(
+    post, path = "/v1/webhooks/{id}/test", tag = "webhooks", operation_id = "test_webhook",
+    params(("id" = String, Path, description = ENDPOINT_ID)),
+    request_body = TestInput,
+    responses((status = 202, description = "The test event and its delivery", body = DeliveryQueued)),
+)]
+#[allow(dead_code)]
+fn test_webhook() {}
+
+/// The event types, each with a description and a JSON Schema of its `data`.
+#[utoipa::path(
+    get, path = "/v1/webhooks/event-types", tag = "webhooks", operation_id = "webhook_event_types",
+    responses((status = 200, description = "The event catalog", body = EventTypeList)),
+)]
+#[allow(dead_code)]
+fn webhook_event_types() {}
 
 /// Server-Sent Events: `session` (with a secret for this stream), then a `delivery` for each
 /// event of the key's workspace and environment, signed as the webhook worker signs them.

@@ -11,14 +11,17 @@ use crate::proxy::body::read_bounded;
 use crate::proxy::respond;
 use crate::store::DeliveryQueue;
 use crate::webhooks::endpoint::{
-    check_filter, check_url, new_secret, Endpoint, EndpointStatus, MAX_ENDPOINTS_PER_WORKSPACE,
+    check_filter, check_url, new_secret_for, Endpoint, EndpointStatus, WebhookFormat,
+    MAX_ENDPOINTS_PER_WORKSPACE,
 };
-use crate::webhooks::manage::{self, EndpointView, ReplayInput};
+use crate::webhooks::manage::{self, EndpointView, ReplayInput, RotateInput, TestInput};
 
 /// Largest accepted request body.
 const BODY_LIMIT: usize = 16 * 1024;
 /// Most event filters on one endpoint.
 const MAX_FILTERS: usize = 50;
+/// Highest per-endpoint delivery rate limit.
+const MAX_RATE_LIMIT: u32 = 10_000;
 
 /// The operations of the endpoints API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +42,14 @@ pub enum WebhookOp {
     Deliveries,
     /// `POST /v1/webhooks/{id}/replay`
     Replay,
+    /// `POST /v1/webhooks/{id}/rotate-secret`
+    RotateSecret,
+    /// `POST /v1/webhooks/{id}/deliveries/{delivery_id}/retry`
+    RetryDelivery,
+    /// `POST /v1/webhooks/{id}/test`
+    Test,
+    /// `GET /v1/webhooks/event-types`
+    EventTypes,
 }
 
 #[derive(Deserialize)]
@@ -48,6 +59,29 @@ struct EndpointInput {
     url: Option<String>,
     #[serde(default)]
     events: Option<Vec<String>>,
+    #[serde(default)]
+    format: Option<WebhookFormat>,
+    /// A number, or `null` to remove the limit (PATCH).
+    #[serde(default, deserialize_with = "present")]
+    rate_limit_per_second: Option<Option<u32>>,
+}
+
+/// A field that may be sent as `null`: `Some(None)`, told apart from one left out (`None`).
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+fn check_rate_limit(limit: Option<Option<u32>>) -> Result<(), ApiError> {
+    match limit {
+        Some(Some(n)) if n == 0 || n > MAX_RATE_LIMIT => Err(ApiError::invalid(format!(
+            "rate_limit_per_second must be 1-{MAX_RATE_LIMIT}, or null for none"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Answers one endpoints-API request.
@@ -68,6 +102,14 @@ pub async fn handle(
         .path()
         .split('/')
         .nth(3)
+        .unwrap_or_default()
+        .to_string();
+    let delivery_id = session
+        .req_header()
+        .uri
+        .path()
+        .split('/')
+        .nth(5)
         .unwrap_or_default()
         .to_string();
     let mine = |e: &&Endpoint| e.environment == environment;
@@ -92,15 +134,21 @@ pub async fn handle(
                 .await
                 .map_err(ApiError::invalid)?;
             check_events(&events)?;
+            check_rate_limit(input.rate_limit_per_second)?;
+            let format = input.format.unwrap_or_default();
             let endpoint = Endpoint {
                 id: new_id("we"),
                 workspace: workspace.to_string(),
                 environment,
                 url: url.to_string(),
                 events,
-                secret: new_secret(),
+                secret: new_secret_for(format),
                 status: EndpointStatus::Active,
                 created_at: unix_now(),
+                format,
+                previous_secret: None,
+                previous_secret_until: None,
+                rate_limit_per_second: input.rate_limit_per_second.flatten(),
             };
             store
                 .create_endpoint(&endpoint, MAX_ENDPOINTS_PER_WORKSPACE)
@@ -128,6 +176,7 @@ pub async fn handle(
             if let Some(events) = &input.events {
                 check_events(events)?;
             }
+            check_rate_limit(input.rate_limit_per_second)?;
             find().await?;
             let updated = store
                 .update_endpoint(workspace, &id, &|e: &mut Endpoint| {
@@ -136,6 +185,12 @@ pub async fn handle(
                     }
                     if let Some(events) = &input.events {
                         e.events = events.clone();
+                    }
+                    if let Some(format) = input.format {
+                        e.format = format;
+                    }
+                    if let Some(limit) = input.rate_limit_per_second {
+                        e.rate_limit_per_second = limit;
                     }
                 })
                 .await?
@@ -162,6 +217,33 @@ pub async fn handle(
                 serde_json::to_vec(&manage::replay(store, &endpoint, input).await?),
             )
         }
+        WebhookOp::RotateSecret => {
+            let input: RotateInput = read_json_or_empty(session).await?;
+            let endpoint = find().await?;
+            (
+                201,
+                serde_json::to_vec(&manage::rotate_secret(store, &endpoint, input).await?),
+            )
+        }
+        WebhookOp::RetryDelivery => {
+            let endpoint = find().await?;
+            (
+                202,
+                serde_json::to_vec(&manage::retry_delivery(store, &endpoint, &delivery_id).await?),
+            )
+        }
+        WebhookOp::Test => {
+            let input: TestInput = read_json_or_empty(session).await?;
+            let endpoint = find().await?;
+            (
+                202,
+                serde_json::to_vec(&manage::send_test(store, &endpoint, input).await?),
+            )
+        }
+        WebhookOp::EventTypes => (
+            200,
+            serde_json::to_vec(&crate::webhooks::catalog::catalog_body()),
+        ),
         WebhookOp::Delete => {
             find().await?;
             if !store.delete_endpoint(workspace, &id).await? {
@@ -201,7 +283,25 @@ async fn read_json<T: serde::de::DeserializeOwned>(session: &mut Session) -> Res
         .await
         .map_err(|_| ApiError::invalid("could not read the request body"))?
         .ok_or_else(|| ApiError::invalid(format!("the body must be at most {BODY_LIMIT} bytes")))?;
-    let value: serde_json::Value = serde_json::from_slice(&body)
+    parse_object(&body)
+}
+
+/// A JSON object body, or the type's default when the body is empty.
+async fn read_json_or_empty<T: serde::de::DeserializeOwned + Default>(
+    session: &mut Session,
+) -> Result<T, ApiError> {
+    let body = read_bounded(session, BODY_LIMIT)
+        .await
+        .map_err(|_| ApiError::invalid("could not read the request body"))?
+        .ok_or_else(|| ApiError::invalid(format!("the body must be at most {BODY_LIMIT} bytes")))?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    parse_object(&body)
+}
+
+fn parse_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}")))?;
     if !value.is_object() {
         return Err(ApiError::invalid("the body must be a JSON object"));

@@ -35,7 +35,6 @@ impl MemoryStore {
         next.id = current.id.clone();
         next.workspace = current.workspace.clone();
         next.environment = current.environment;
-        next.secret = current.secret.clone();
         let fresh_start = restart || next.url != current.url || next.status != current.status;
         *current = next.clone();
         if fresh_start {
@@ -171,7 +170,10 @@ impl DeliveryQueue for MemoryStore {
         };
         match (endpoint, pause) {
             (Some(e), Some(notice)) if e.status == EndpointStatus::Active => {
-                e.status = EndpointStatus::Paused;
+                e.status = match notice.disabled {
+                    true => EndpointStatus::Disabled,
+                    false => EndpointStatus::Paused,
+                };
                 inner.webhooks.queue_notice(notice);
                 Ok(Saved::Paused)
             }
@@ -233,7 +235,7 @@ impl DeliveryQueue for MemoryStore {
             .endpoints
             .values()
             .flatten()
-            .filter(|e| e.status == EndpointStatus::Paused)
+            .filter(|e| !e.is_active())
             .count();
         Ok(QueueStats {
             paused_endpoints: paused as u64,

@@ -269,7 +269,8 @@ pub(super) const CLAIM_SCAN: usize = 20_000;
 /// first, unless a hold with more failures is there; `pause`: drop the hold; `skipped`), its
 /// failures in a row, the URL the attempt went to ('' if unknown), and the JSON of its event's
 /// record: kept for the ttl from now, and written again if it is gone (a delivery stored with
-/// its payload, before schema version 4, may outlive it; JSON '': not written). Returns
+/// its payload, before schema version 4, may outlive it; JSON '': not written), and the status
+/// a pause gives the endpoint (`paused`, or `disabled` after a 410 Gone). Returns
 /// 1 if it paused the endpoint (and queued the notice), 2 if it saved nothing: the endpoint's
 /// URL is no longer the one attempted, or the attempt was a retry and the hold it was claimed
 /// under is gone (a resume, or an answer).
@@ -319,8 +320,7 @@ impl RedisStore {
             next.id = current.id;
             next.workspace = current.workspace;
             next.environment = current.environment;
-            next.secret = current.secret;
-            let paused = next.status == crate::webhooks::endpoint::EndpointStatus::Paused;
+            let paused = !next.is_active();
             let fresh_start = restart || next.url != current.url || next.status != current.status;
             let [endpoints, paused_set, hold, queue, ready] = self.endpoint_keys(workspace, id);
             let swapped: i64 = ENDPOINT_CAS
@@ -575,9 +575,14 @@ impl RedisStore {
                 .arg(failures),
             AfterAttempt::Skipped => invocation.arg("").arg("").arg(0).arg("skipped").arg(0),
         };
+        let paused_as = match after {
+            AfterAttempt::Pause(notice, _) if notice.disabled => "disabled",
+            _ => "paused",
+        };
         invocation
             .arg(d.attempted_url().unwrap_or_default())
-            .arg(event_json);
+            .arg(event_json)
+            .arg(paused_as);
         let saved: i64 = invocation
             .invoke_async(&mut self.conn())
             .await

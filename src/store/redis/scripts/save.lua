@@ -47,7 +47,7 @@ if notice ~= '' then
   if raw then
     local e = cjson.decode(raw)
     if e.status == 'active' then
-      e.status = 'paused'
+      e.status = ARGV[14]
       redis.call('HSET', endpoints, we, cjson.encode(e))
       redis.call('SADD', paused, member)
       redis.call('HSET', notices, notice, ARGV[8])
