@@ -17,6 +17,8 @@ pub enum Reply {
     Slow(Duration),
     /// Redirect elsewhere (302).
     Redirect,
+    /// Answer with this status, these headers and this body.
+    Full(u16, &'static [(&'static str, &'static str)], &'static str),
 }
 
 /// One request a receiver got.
@@ -72,6 +74,18 @@ impl Receiver {
                         Reply::Slow(wait) => {
                             tokio::time::sleep(wait).await;
                             axum::http::StatusCode::OK.into_response()
+                        }
+                        Reply::Full(code, headers, body) => {
+                            let mut response =
+                                (axum::http::StatusCode::from_u16(code).unwrap(), body)
+                                    .into_response();
+                            for (name, value) in headers {
+                                response.headers_mut().insert(
+                                    axum::http::HeaderName::from_static(name),
+                                    axum::http::HeaderValue::from_static(value),
+                                );
+                            }
+                            response
                         }
                         Reply::Redirect => (
                             axum::http::StatusCode::FOUND,

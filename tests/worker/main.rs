@@ -1,11 +1,14 @@
 //! The webhook worker end to end: real gateway and worker processes, real Redis, real
 //! receivers on loopback.
 
+mod catalog;
 #[path = "../common/mod.rs"]
 mod common;
 mod delivery;
+mod formats;
 mod mail;
 mod operators;
+mod retries;
 mod stream;
 mod volume;
 mod workers;
