@@ -151,6 +151,17 @@ struct ListenArgs {
         default_value = "http://127.0.0.1:8080"
     )]
     gateway_url: String,
+    /// Signature headers to forward with: `service` (Service-Signature…) or
+    /// `standard-webhooks` (webhook-id, webhook-timestamp, webhook-signature).
+    #[arg(long, value_enum, default_value = "service")]
+    format: ListenFormat,
+}
+
+/// `svcgate listen --format`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ListenFormat {
+    Service,
+    StandardWebhooks,
 }
 
 /// An API key from the command line; its `Debug` does not show it.
@@ -425,6 +436,12 @@ fn listen(args: ListenArgs) -> ExitCode {
         forward_to: args.forward_to,
         events: args.events,
         gateway_url: args.gateway_url,
+        format: match args.format {
+            ListenFormat::Service => crate::webhooks::endpoint::WebhookFormat::Service,
+            ListenFormat::StandardWebhooks => {
+                crate::webhooks::endpoint::WebhookFormat::StandardWebhooks
+            }
+        },
     };
     match runtime.block_on(listen::run(options)) {
         Ok(()) => ExitCode::SUCCESS,

@@ -394,6 +394,17 @@ fn the_webhook_test_vector_is_what_the_signing_code_makes() {
         recipe::verify(&secret, t, "zz", body.as_bytes(), timestamp),
         "bad signature"
     );
+    // During a rotation: either listed signature.
+    let other = svcgate::webhooks::sign("whsec_other", timestamp, body.as_bytes());
+    for listed in [
+        format!("{other},{signature}"),
+        format!("{signature},{other}"),
+    ] {
+        assert_eq!(
+            recipe::verify(&secret, t, &listed, body.as_bytes(), timestamp),
+            "ok"
+        );
+    }
 }
 
 #[test]
@@ -424,6 +435,7 @@ mod recipe {
 
     /// "ok", "stale" (answer 400) or "bad signature" (answer 401). `timestamp` and `signature`
     /// are the `Service-Timestamp` and `Service-Signature` header values; `body` is the raw body.
+    /// Any one listed signature that matches is enough.
     pub fn verify(
         secret: &str,
         timestamp: &str,
@@ -437,17 +449,19 @@ mod recipe {
         if timestamp.abs_diff(now) > TOLERANCE {
             return "stale";
         }
-        let mut presented = [0u8; 32];
-        if hex::decode_to_slice(signature.trim(), &mut presented).is_err() {
-            return "bad signature";
-        }
         let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret.as_bytes()) else {
             return "bad signature";
         };
         mac.update(format!("{timestamp}.").as_bytes());
         mac.update(body);
         let expected: [u8; 32] = mac.finalize().into_bytes().into();
-        if bool::from(expected.ct_eq(&presented)) {
+        // During a secret rotation the header lists two signatures, comma-separated.
+        let matches = signature.split(',').any(|presented| {
+            let mut bytes = [0u8; 32];
+            hex::decode_to_slice(presented.trim(), &mut bytes).is_ok()
+                && bool::from(expected.ct_eq(&bytes))
+        });
+        if matches {
             "ok"
         } else {
             "bad signature"

@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 use crate::ids::unix_now;
-use crate::webhooks::signature::{sign, EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use crate::webhooks::endpoint::WebhookFormat;
+use crate::webhooks::signature::{
+    signature_headers, EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+};
 
 /// A delivery succeeds on an answer within this time, as in production.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,6 +40,8 @@ pub struct Options {
     pub events: Vec<String>,
     /// The gateway's base URL.
     pub gateway_url: String,
+    /// The signature headers forwards carry, as an endpoint of this format gets them.
+    pub format: WebhookFormat,
 }
 
 #[derive(Deserialize)]
@@ -55,11 +60,25 @@ struct Delivery {
 }
 
 impl Delivery {
-    /// The delivery signed with `secret` at `now`, as it leaves for the receiver.
-    fn signed_again(mut self, secret: &str, now: u64) -> Self {
-        self.timestamp = now;
-        self.signature = sign(secret, now, self.body.as_bytes());
-        self
+    /// The signature headers of the delivery as it leaves for the receiver: signed again
+    /// with the session's `secret` at `now`, in `format`; without the secret (none came), as
+    /// the gateway signed it.
+    fn signed(
+        &self,
+        format: WebhookFormat,
+        secret: Option<&str>,
+        now: u64,
+    ) -> [(&'static str, String); 3] {
+        match secret {
+            Some(secret) => {
+                signature_headers(format, &[secret], &self.event_id, now, self.body.as_bytes())
+            }
+            None => [
+                (SIGNATURE_HEADER, self.signature.clone()),
+                (TIMESTAMP_HEADER, self.timestamp.to_string()),
+                (EVENT_ID_HEADER, self.event_id.clone()),
+            ],
+        }
     }
 }
 
@@ -137,12 +156,10 @@ pub async fn run(options: Options) -> Result<(), String> {
                 };
                 let (client, url) = (forward_client.clone(), forward_to.clone());
                 let secret = secret.clone();
+                let format = options.format;
                 tokio::spawn(async move {
-                    let delivery = match secret {
-                        Some(secret) => delivery.signed_again(&secret, unix_now()),
-                        None => delivery,
-                    };
-                    say(&forward(&client, &url, delivery).await);
+                    let headers = delivery.signed(format, secret.as_deref(), unix_now());
+                    say(&forward(&client, &url, delivery, headers).await);
                     drop(permit);
                 });
             }
@@ -162,18 +179,21 @@ pub async fn run(options: Options) -> Result<(), String> {
 }
 
 /// POSTs one delivery and describes the outcome in one line.
-async fn forward(client: &reqwest::Client, url: &url::Url, delivery: Delivery) -> String {
+async fn forward(
+    client: &reqwest::Client,
+    url: &url::Url,
+    delivery: Delivery,
+    headers: [(&'static str, String); 3],
+) -> String {
     let started = Instant::now();
     let received = now_utc();
-    let outcome = client
+    let mut request = client
         .post(url.clone())
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .header(SIGNATURE_HEADER, &delivery.signature)
-        .header(TIMESTAMP_HEADER, delivery.timestamp)
-        .header(EVENT_ID_HEADER, &delivery.event_id)
-        .body(delivery.body)
-        .send()
-        .await;
+        .header(http::header::CONTENT_TYPE, "application/json");
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    let outcome = request.body(delivery.body).send().await;
     let result = match outcome {
         Ok(response) => {
             let status = response.status().as_u16();
@@ -298,11 +318,11 @@ mod tests {
         assert!(err.contains("nothing from the gateway"), "{err}");
         assert!(stream.next().await.is_none());
     }
-    use crate::webhooks::signature::verify;
+    use crate::webhooks::signature::{sign, verify};
 
     #[test]
-    fn a_delivery_that_waited_is_signed_again_when_it_leaves() {
-        let secret = "whsec_session";
+    fn a_delivery_that_waited_is_signed_again_when_it_leaves_in_the_format_asked() {
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
         let now = unix_now();
         let read_at = now - 400;
         let body = r#"{"id":"evt_1","type":"agent.run.completed"}"#.to_string();
@@ -313,15 +333,20 @@ mod tests {
             signature: sign(secret, read_at, body.as_bytes()),
             body,
         };
-        let headers = |d: &Delivery| {
+        let map = |headers: [(&'static str, String); 3]| {
             let mut h = http::HeaderMap::new();
-            h.insert(SIGNATURE_HEADER, d.signature.parse().unwrap());
-            h.insert(TIMESTAMP_HEADER, d.timestamp.into());
+            for (name, value) in headers {
+                h.insert(name, value.parse().unwrap());
+            }
             h
         };
-        assert!(verify(secret, &headers(&waited), waited.body.as_bytes(), now).is_err());
-        let sent = waited.signed_again(secret, now);
-        assert_eq!(sent.timestamp, now);
-        verify(secret, &headers(&sent), sent.body.as_bytes(), now).unwrap();
+        let as_read = map(waited.signed(WebhookFormat::Service, None, now));
+        assert!(verify(secret, &as_read, waited.body.as_bytes(), now).is_err());
+        for format in [WebhookFormat::Service, WebhookFormat::StandardWebhooks] {
+            let sent = map(waited.signed(format, Some(secret), now));
+            verify(secret, &sent, waited.body.as_bytes(), now).unwrap();
+            let standard = sent.contains_key("webhook-signature");
+            assert_eq!(standard, format == WebhookFormat::StandardWebhooks);
+        }
     }
 }

@@ -317,6 +317,12 @@ impl Delivery {
         self.last_attempt = Some(attempt);
     }
 
+    /// Puts the delivery off, unattempted, until `due_ms` (its endpoint's rate limit).
+    pub fn defer(&mut self, due_ms: u64) {
+        self.status = DeliveryStatus::Pending;
+        self.next_attempt_ms = Some(due_ms);
+    }
+
     /// The URL the latest attempt went to, if it says.
     pub fn attempted_url(&self) -> Option<&str> {
         self.last_attempt.as_ref()?.url.as_deref()

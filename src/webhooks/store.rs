@@ -260,6 +260,15 @@ pub trait DeliveryQueue: Send + Sync + 'static {
 
     /// The delivery queue at a glance.
     async fn queue_stats(&self) -> Result<QueueStats, StoreError>;
+
+    /// Takes one of the `limit` deliveries `endpoint` may get in the second of `now_ms`
+    /// (unix milliseconds), counted across every worker; `false` if all are taken.
+    async fn take_rate_slot(
+        &self,
+        endpoint: &str,
+        limit: u32,
+        now_ms: u64,
+    ) -> Result<bool, StoreError>;
 }
 
 /// Pause notices: e-mails owed to the admins of a workspace, kept until sent.

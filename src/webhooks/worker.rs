@@ -373,6 +373,11 @@ impl Worker {
                 delivery.skip(&why, now_ms);
                 ("skipped", None, Outcome::Gone)
             }
+            Some(e) if !self.within_rate(e, now_ms).await => {
+                // Over the endpoint's rate limit: the next second, unattempted.
+                delivery.defer((now_ms / 1000 + 1) * 1000);
+                ("rate_limited", None, Outcome::Answered)
+            }
             Some(e) => {
                 let attempt = self.sender.send(e, &delivery.event.id, payload).await;
                 let took = Duration::from_millis(attempt.duration_ms);
@@ -416,6 +421,7 @@ impl Worker {
             notice
         });
         let after = match (&notice, delivery.status) {
+            _ if outcome == "rate_limited" => AfterAttempt::Skipped,
             (Some(notice), _) => AfterAttempt::Pause(notice, failures + 1),
             (None, DeliveryStatus::Succeeded) => AfterAttempt::Answered,
             (None, DeliveryStatus::Pending) => AfterAttempt::Failing(failures + 1),
@@ -455,6 +461,19 @@ impl Worker {
         }
         self.slots().free(&endpoint_id, share);
         self.wake.notify_one();
+    }
+
+    /// Whether `endpoint` may get a delivery now under its rate limit, across workers. A store
+    /// that cannot count lets it go: the limit protects the receiver, not svcgate.
+    async fn within_rate(&self, endpoint: &Endpoint, now_ms: u64) -> bool {
+        let Some(limit) = endpoint.rate_limit_per_second else {
+            return true;
+        };
+        self.store
+            .deliveries
+            .take_rate_slot(&endpoint.id, limit, now_ms)
+            .await
+            .unwrap_or(true)
     }
 
     /// Saves a delivery, retrying while the store is briefly away (within the lease).

@@ -53,6 +53,35 @@ async fn listen_forwards_signed_events_of_the_chosen_types_from_its_workspace() 
 }
 
 #[tokio::test]
+async fn listen_forwards_in_the_standard_webhooks_format_when_asked() {
+    let gw = Gateway::builder().start().await;
+    let (_, key) = gw.create_key("live", READ).await;
+    let receiver = RecordingUpstream::start("receiver").await;
+    let url = format!("http://{}/hooks", receiver.addr);
+    let (_listener, secret) =
+        Listener::start(&gw, &key, &url, &["--format", "standard-webhooks"]).await;
+    let id = trigger(
+        &gw,
+        DEMO_WS,
+        "agent.run.completed",
+        "live",
+        payload("run_1"),
+    )
+    .await;
+    let got = deliveries(&receiver, 1).await;
+    let headers = &got[0].headers;
+    assert_eq!(headers["webhook-id"], id.as_str());
+    assert!(headers["webhook-signature"]
+        .to_str()
+        .unwrap()
+        .starts_with("v1,"));
+    assert!(headers.get("service-signature").is_none());
+    let now = svcgate::ids::unix_now();
+    svcgate::webhooks::verify(&secret, headers, &got[0].body, now).unwrap();
+    assert!(svcgate::webhooks::verify("whsec_b3RoZXI=", headers, &got[0].body, now).is_err());
+}
+
+#[tokio::test]
 async fn a_test_key_gets_only_test_mode_events() {
     let gw = Gateway::builder().start().await;
     let (_, key) = gw.create_key("test", READ).await;

@@ -8,6 +8,7 @@ mod delivery;
 mod formats;
 mod mail;
 mod operators;
+mod rate;
 mod retries;
 mod stream;
 mod volume;

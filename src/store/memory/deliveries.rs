@@ -229,6 +229,18 @@ impl DeliveryQueue for MemoryStore {
         Ok(EventPage { events, next })
     }
 
+    async fn take_rate_slot(
+        &self,
+        endpoint: &str,
+        limit: u32,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        Ok(self
+            .write()
+            .webhooks
+            .take_rate_slot(endpoint, limit, now_ms / 1000))
+    }
+
     async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
         let inner = self.read();
         let paused = inner

@@ -39,6 +39,8 @@ pub(super) struct WebhookState {
     notices: HashMap<String, (PauseNotice, u64)>,
     /// Endpoints held back by a failure, by id.
     holds: HashMap<String, Hold>,
+    /// Deliveries per rate-limited endpoint in the current second: `(second, count)`.
+    rates: HashMap<String, (u64, u32)>,
 }
 
 /// An endpoint held back by a failure (see [`AfterAttempt::Failing`]).
@@ -263,6 +265,20 @@ impl WebhookState {
     /// Starts an endpoint afresh (its URL changed, or it was resumed): its hold goes, and the
     /// delivery that failed, if it waits for its retry, is due at `now_ms` (one out on an
     /// attempt, due at its lease's end, is left to it).
+    /// Takes one of `limit` delivery slots of `endpoint` in `second`; whether it could.
+    pub(super) fn take_rate_slot(&mut self, endpoint: &str, limit: u32, second: u64) -> bool {
+        self.rates.retain(|_, (s, _)| *s >= second);
+        let (at, count) = self
+            .rates
+            .entry(endpoint.to_string())
+            .or_insert((second, 0));
+        if *at != second {
+            (*at, *count) = (second, 0);
+        }
+        *count += 1;
+        *count <= limit
+    }
+
     pub(super) fn restart(&mut self, endpoint: &str, now_ms: u64) {
         let Some(hold) = self.holds.remove(endpoint) else {
             return;

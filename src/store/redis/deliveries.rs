@@ -201,7 +201,28 @@ impl DeliveryQueue for RedisStore {
     async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
         self.stats().await
     }
+
+    async fn take_rate_slot(
+        &self,
+        endpoint: &str,
+        limit: u32,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let second = now_ms / 1000;
+        let taken: i64 = TAKE_RATE_SLOT
+            .key(format!("{}:wh:rate:{endpoint}:{second}", self.prefix()))
+            .arg(limit)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(taken == 1)
+    }
 }
+
+/// Takes one of an endpoint's delivery slots in one second. KEYS: the second's counter
+/// (`{ns}:wh:rate:<endpoint>:<unix second>`). ARGV: the limit. Returns 1 if taken.
+pub(super) static TAKE_RATE_SLOT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/take_rate_slot.lua")));
 
 /// Delivery records a listing reads at once: one written before schema version 4 holds its
 /// event's payload.
