@@ -142,7 +142,7 @@ static CACHE_SYNC_AGE: LazyLock<Gauge> = LazyLock::new(|| {
 static DELIVERIES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "svcgate_webhook_deliveries_total",
-        "Webhook delivery attempts, by outcome (succeeded, failed_retrying, failed_final, skipped, superseded).",
+        "Webhook delivery attempts, by outcome (succeeded, failed_retrying, failed_final, skipped, superseded, rate_limited).",
         &["outcome"]
     )
     .expect("metric registers once")

@@ -61,4 +61,23 @@ mod tests {
         assert!(event_type("agent.run.failed").is_some());
         assert!(event_type("agent.run.exploded").is_none());
     }
+
+    #[test]
+    fn every_sample_fits_its_schema() {
+        for t in event_types() {
+            let validator = jsonschema::validator_for(&t.schema).expect("a JSON Schema");
+            let sample = crate::events::sample_data(&t.event_type, "ws_1").expect("a sample");
+            let errors: Vec<String> = validator
+                .iter_errors(&sample)
+                .map(|e| e.to_string())
+                .collect();
+            assert!(errors.is_empty(), "{}: {errors:?}", t.event_type);
+            // And a schema says something: an array is no event's data.
+            assert!(
+                !validator.is_valid(&serde_json::json!([])),
+                "{}",
+                t.event_type
+            );
+        }
+    }
 }

@@ -550,7 +550,7 @@ pub async fn send_test(
     );
     // The event is not recorded for replays: its payload travels in the delivery's record.
     store
-        .enqueue_deliveries(&[], &[], &[delivery.clone()])
+        .enqueue_deliveries(&[], &[], std::slice::from_ref(&delivery))
         .await?;
     Ok(serde_json::json!({
         "endpoint": endpoint.id,

@@ -640,7 +640,42 @@ async fn a_failure_at_a_url_the_endpoint_no_longer_has_counts_for_nothing(store:
     );
 }
 
+/// An endpoint's rate limit: so many deliveries a second, counted across callers.
+async fn rate_slots_are_counted_per_endpoint_and_second(store: Arc<dyn Store>) {
+    let (a, b) = (new_id("we"), new_id("we"));
+    let second = unix_now() * 1000;
+    for _ in 0..2 {
+        assert!(store.take_rate_slot(&a, 2, second).await.unwrap());
+    }
+    assert!(!store.take_rate_slot(&a, 2, second + 999).await.unwrap());
+    assert!(store.take_rate_slot(&b, 2, second).await.unwrap());
+    assert!(store.take_rate_slot(&a, 2, second + 1000).await.unwrap());
+}
+
+/// A rotation changes the secret and keeps the old one beside it; both stores keep what the
+/// change wrote.
+async fn a_rotated_secret_and_the_new_fields_are_kept(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let e = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&e, 10).await.unwrap();
+    let rotated = store
+        .update_endpoint(&ws, &e.id, &|e: &mut Endpoint| {
+            e.rotate_secret("whsec_new".into(), 60, 1_000);
+            e.format = svcgate::webhooks::endpoint::WebhookFormat::StandardWebhooks;
+            e.rate_limit_per_second = Some(5);
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let read = store.endpoints(&ws).await.unwrap().pop().unwrap();
+    assert_eq!(read, rotated);
+    assert_eq!(read.signing_secrets(1_000), ["whsec_new", "whsec_x"]);
+    assert_eq!(read.rate_limit_per_second, Some(5));
+}
+
 store_suite!(
+    rate_slots_are_counted_per_endpoint_and_second,
+    a_rotated_secret_and_the_new_fields_are_kept,
     claims_respect_due_times_leases_and_per_endpoint_caps,
     an_entry_fanned_out_twice_queues_its_deliveries_once,
     a_long_deliveries_listing_is_whole_and_newest_first,

@@ -103,4 +103,44 @@ async fn a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed(
     assert_eq!(claim_notices(&store, now + 90_000).await, [second.id]);
 }
 
-store_suite!(a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed);
+/// A 410 Gone: the same step as a pause, but the endpoint is `disabled`; resumed like a paused
+/// one.
+async fn a_notice_for_a_gone_receiver_disables_the_endpoint(store: Arc<dyn Store>) {
+    let ws = new_id("ws");
+    let a = endpoint(&ws, &["agent.run.*"]);
+    store.create_endpoint(&a, 10_000).await.unwrap();
+    let now = 1_000_000u64;
+    let mut gone = Delivery::new(&event(&ws, "agent.run.failed"), &ws, &a.id, now, false);
+    let mut last = attempt(now, Some(410));
+    last.error = Some("HTTP 410".into());
+    assert!(gone.fail_after(last, None));
+    let mut notice = PauseNotice::new(&gone, now + 10);
+    notice.disabled = true;
+    assert_eq!(
+        store
+            .save_delivery(&gone, AfterAttempt::Pause(&notice, 1))
+            .await
+            .unwrap(),
+        Saved::Paused
+    );
+    let status = |list: Vec<Endpoint>| list.into_iter().find(|e| e.id == a.id).unwrap().status;
+    assert_eq!(
+        status(store.endpoints(&ws).await.unwrap()),
+        EndpointStatus::Disabled
+    );
+    let stats = store.queue_stats().await.unwrap();
+    assert_eq!((stats.paused_endpoints, stats.pause_notices), (1, 1));
+    let claimed = store
+        .claim_pause_notices(now + 10, Duration::from_secs(5), 10)
+        .await
+        .unwrap();
+    assert!(claimed[0].disabled);
+    let resumed = store.resume_endpoint(&ws, &a.id).await.unwrap().unwrap();
+    assert_eq!(resumed.status, EndpointStatus::Active);
+    assert_eq!(store.queue_stats().await.unwrap().paused_endpoints, 0);
+}
+
+store_suite!(
+    a_pause_queues_one_notice_leased_while_claimed_and_kept_until_removed,
+    a_notice_for_a_gone_receiver_disables_the_endpoint
+);
