@@ -6,6 +6,10 @@
 //!   `Service-Event-Id` header is not the signed body's `id`;
 //! - 401: missing or bad signature.
 //!
+//! It takes either delivery format (`Service-Signature…`, or Standard Webhooks'
+//! `webhook-signature…`), and any one listed signature that matches: during a secret rotation
+//! a delivery carries the new and the old secret's.
+//!
 //! Deduplication keys on the `id` inside the signed body: the header is outside the signature,
 //! so a replayed delivery with a new header id must not pass as a new event.
 //!
@@ -20,7 +24,7 @@ use axum::http::{HeaderMap, StatusCode};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use svcgate::webhooks::signature::EVENT_ID_HEADER;
+use svcgate::webhooks::signature::{EVENT_ID_HEADER, STANDARD_ID_HEADER};
 use svcgate::webhooks::{verify, VerifyError};
 
 struct Receiver {
@@ -42,7 +46,10 @@ async fn receive(State(r): State<Arc<Receiver>>, headers: HeaderMap, body: Bytes
     let Ok(Signed { id: event_id }) = serde_json::from_slice::<Signed>(&body) else {
         return StatusCode::BAD_REQUEST;
     };
-    let header_id = headers.get(EVENT_ID_HEADER).and_then(|v| v.to_str().ok());
+    let header_id = headers
+        .get(EVENT_ID_HEADER)
+        .or_else(|| headers.get(STANDARD_ID_HEADER))
+        .and_then(|v| v.to_str().ok());
     if header_id != Some(event_id.as_str()) {
         return StatusCode::BAD_REQUEST;
     }

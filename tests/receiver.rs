@@ -1,6 +1,6 @@
 //! The reference receiver (`examples/receiver.rs`) over real HTTP: 200 for a good delivery (and
 //! for its duplicate, processed once), 400 for a stale one or a header id that is not the
-//! body's, 401 for a bad signature.
+//! body's, 401 for a bad signature; either delivery format, and a rotation's two signatures.
 
 mod common;
 
@@ -101,6 +101,35 @@ async fn the_reference_receiver_answers_200_400_401_and_deduplicates() {
         status(post(now, sign(SECRET, now, body.as_bytes()), "evt_5").await),
         400
     );
+    // During a rotation two signatures are listed; either matching is enough.
+    let rotated = |id: &str| {
+        let body = body.replace("evt_1", id);
+        let listed = format!(
+            "{},{}",
+            sign("whsec_new_one", now, body.as_bytes()),
+            sign(SECRET, now, body.as_bytes())
+        );
+        http.post(&url)
+            .header("service-timestamp", now.to_string())
+            .header("service-signature", listed)
+            .header("service-event-id", id.to_string())
+            .body(body)
+            .send()
+    };
+    assert_eq!(status(rotated("evt_6").await), 200);
+    // The Standard Webhooks format, as an endpoint of that format gets it.
+    let standard = body.replace("evt_1", "evt_7");
+    let mut request = http.post(&url).body(standard.clone());
+    for (name, value) in svcgate::webhooks::signature::signature_headers(
+        svcgate::webhooks::endpoint::WebhookFormat::StandardWebhooks,
+        &["whsec_new_one", SECRET],
+        "evt_7",
+        now,
+        standard.as_bytes(),
+    ) {
+        request = request.header(name, value);
+    }
+    assert_eq!(status(request.send().await), 200);
     let mut child = child.0.take().unwrap();
     child.kill().unwrap();
     let out = child.wait_with_output().unwrap();
@@ -111,6 +140,7 @@ async fn the_reference_receiver_answers_200_400_401_and_deduplicates() {
         "processed once: {printed}"
     );
     assert!(printed.contains("event evt_1: duplicate"));
+    assert!(printed.contains("event evt_6: {") && printed.contains("event evt_7: {"));
     for other in ["evt_2", "evt_3", "evt_5"] {
         assert!(!printed.contains(other), "{other}: {printed}");
     }
