@@ -119,6 +119,14 @@ impl Endpoint {
         };
     }
 
+    /// Forgets the rotated-out secret once its grace period is over at `now`: it signs
+    /// nothing any more, and is not kept longer than it is needed.
+    pub fn drop_expired_secret(&mut self, now: u64) {
+        if self.previous_secret_until.is_some_and(|until| until <= now) {
+            (self.previous_secret, self.previous_secret_until) = (None, None);
+        }
+    }
+
     /// Whether its status lets deliveries go out.
     pub fn is_active(&self) -> bool {
         self.status == EndpointStatus::Active
@@ -360,6 +368,10 @@ mod tests {
         assert_eq!(e.signing_secrets(100), ["whsec_new", "whsec_old"]);
         assert_eq!(e.signing_secrets(159), ["whsec_new", "whsec_old"]);
         assert_eq!(e.signing_secrets(160), ["whsec_new"]);
+        e.drop_expired_secret(159);
+        assert_eq!(e.previous_secret.as_deref(), Some("whsec_old"));
+        e.drop_expired_secret(160);
+        assert_eq!((&e.previous_secret, e.previous_secret_until), (&None, None));
         e.rotate_secret("whsec_newer".into(), 0, 200);
         assert_eq!(e.signing_secrets(200), ["whsec_newer"]);
     }

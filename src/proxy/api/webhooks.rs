@@ -192,6 +192,7 @@ pub async fn handle(
                     if let Some(limit) = input.rate_limit_per_second {
                         e.rate_limit_per_second = limit;
                     }
+                    e.drop_expired_secret(unix_now());
                 })
                 .await?
                 .ok_or_else(|| manage::not_found(&id))?;

@@ -262,9 +262,6 @@ impl WebhookState {
         self.holds.remove(endpoint);
     }
 
-    /// Starts an endpoint afresh (its URL changed, or it was resumed): its hold goes, and the
-    /// delivery that failed, if it waits for its retry, is due at `now_ms` (one out on an
-    /// attempt, due at its lease's end, is left to it).
     /// Takes one of `limit` delivery slots of `endpoint` in `second`; whether it could.
     pub(super) fn take_rate_slot(&mut self, endpoint: &str, limit: u32, second: u64) -> bool {
         self.rates.retain(|_, (s, _)| *s >= second);
@@ -279,6 +276,9 @@ impl WebhookState {
         *count <= limit
     }
 
+    /// Starts an endpoint afresh (its URL changed, or it was resumed): its hold goes, and the
+    /// delivery that failed, if it waits for its retry, is due at `now_ms` (one out on an
+    /// attempt, due at its lease's end, is left to it).
     pub(super) fn restart(&mut self, endpoint: &str, now_ms: u64) {
         let Some(hold) = self.holds.remove(endpoint) else {
             return;
