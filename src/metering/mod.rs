@@ -11,6 +11,7 @@
 //! - [`store`]: the storage metering needs (usage and budgets; audit).
 
 pub mod audit;
+mod audit_spool;
 pub mod budget;
 pub mod checkpoint;
 pub mod config;
