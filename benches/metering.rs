@@ -80,6 +80,8 @@ fn main() {
                 test_limit: Limit { requests_per_minute: 600, burst: 50 },
                 spool_dir: spool.clone(),
                 audit_backlog: 1_000_000,
+                audit_backlog_bytes: usize::MAX,
+                refused_audit_per_second: 5,
                 project_budgets: Default::default(),
                 max_credits_per_request: svcgate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
             },
@@ -120,6 +122,8 @@ fn main() {
                 credits: Credits::from_micros(500_000),
                 client_ip: Some(std::net::Ipv4Addr::LOCALHOST.into()),
                 latency_ms: 1,
+                suppressed: None,
+                tunnel: None,
             });
         }
         let full = started.elapsed();

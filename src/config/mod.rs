@@ -73,6 +73,8 @@ impl Config {
             },
             spool_dir: self.metering.spool_dir.clone().into(),
             audit_backlog: self.metering.audit_backlog,
+            audit_backlog_bytes: self.metering.audit_backlog_bytes,
+            refused_audit_per_second: self.metering.refused_audit_per_second,
             max_credits_per_request: self.metering.max_credits_per_request,
             project_budgets: self
                 .metering

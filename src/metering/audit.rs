@@ -10,14 +10,13 @@
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
-use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use thread_local::ThreadLocal;
 
-use super::audit_spool::{Spool, SPOOL_FILE_RECORDS};
+use super::audit_spool::{Backlog, Spool, SPOOL_FILE_RECORDS};
 use super::store::AuditStore;
 use crate::ids::RequestId;
 use crate::keys::{CachedKey, Environment};
@@ -79,6 +78,25 @@ pub struct AuditRecord {
     /// `root` (the configured admin token), `operator:<name>` or `dashboard:<email>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actor: Option<String>,
+    /// On a record of a refused credential: how many of the key's refused requests since its
+    /// previous record were not recorded (`metering.refused_audit_per_second`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suppressed: Option<u64>,
+    /// On a record of an upgraded connection (a WebSocket): what went through the tunnel,
+    /// written when it closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<Tunnel>,
+}
+
+/// What went through an upgraded connection, both ways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Tunnel {
+    /// From the upgrade's answer to the close, milliseconds.
+    pub duration_ms: u64,
+    /// Bytes the client sent through it.
+    pub bytes_from_client: u64,
+    /// Bytes the backend sent through it.
+    pub bytes_to_client: u64,
 }
 
 impl AuditRecord {
@@ -91,6 +109,19 @@ impl AuditRecord {
     /// Sorts `records` as a listing shows them: newest first.
     pub fn sort_listing(records: &mut [AuditRecord]) {
         records.sort_unstable_by(|a, b| b.position().cmp(&a.position()));
+    }
+
+    /// About how many bytes of memory the record holds once rendered: its own and its strings'
+    /// (the token's metadata is shared with the key cache and not counted).
+    pub fn memory_size(&self) -> usize {
+        std::mem::size_of::<AuditRecord>()
+            + self.request_id.len()
+            + self.key.len()
+            + self.path.len()
+            + self.project.as_ref().map_or(0, String::len)
+            + self.model.as_ref().map_or(0, |m| m.len())
+            + self.token_id.as_ref().map_or(0, String::len)
+            + self.actor.as_ref().map_or(0, String::len)
     }
 
     /// Appends `records` to `out` as a JSON array, byte for byte what `serde_json` writes for
@@ -160,6 +191,14 @@ impl AuditRecord {
         if let Some(actor) = &self.actor {
             out.extend_from_slice(b",\"actor\":");
             json_str(out, actor);
+        }
+        if let Some(suppressed) = self.suppressed {
+            out.extend_from_slice(b",\"suppressed\":");
+            out.extend_from_slice(number.format(suppressed).as_bytes());
+        }
+        if let Some(tunnel) = &self.tunnel {
+            out.extend_from_slice(b",\"tunnel\":");
+            json_value(out, tunnel);
         }
         out.push(b'}');
     }
@@ -306,6 +345,10 @@ pub struct PendingAudit {
     pub client_ip: Option<IpAddr>,
     /// Time to the end of the response, milliseconds.
     pub latency_ms: u64,
+    /// A refused credential's record: its key's records left out before it.
+    pub suppressed: Option<u64>,
+    /// An upgraded connection's traffic.
+    pub tunnel: Option<Tunnel>,
 }
 
 impl PendingAudit {
@@ -334,6 +377,8 @@ impl PendingAudit {
                 .filter(|g| !g.metadata.is_empty())
                 .map(|g| g.metadata.clone()),
             actor: None,
+            suppressed: self.suppressed,
+            tunnel: self.tunnel,
         }
     }
 }
@@ -411,9 +456,12 @@ pub struct AuditWriter {
     spare: Vec<PendingAudit>,
     store: Arc<dyn AuditStore>,
     /// Records taken from the queues and not yet written, oldest first.
-    backlog: VecDeque<AuditRecord>,
+    backlog: Backlog,
     spool: Spool,
     max_backlog: usize,
+    /// The most memory the backlog may hold (bytes), spooled past it; dropped past it only
+    /// while the spool directory does not take them either.
+    max_backlog_bytes: usize,
     /// Since when the backlog has not been empty at the end of a flush, if it has not.
     unwritten_since: Option<std::time::Instant>,
 }
@@ -433,15 +481,22 @@ pub fn audit_log(
             queues,
             spare: Vec::new(),
             store,
-            backlog: VecDeque::new(),
+            backlog: Backlog::default(),
             spool: Spool::new(spool_dir),
             max_backlog,
+            max_backlog_bytes: usize::MAX,
             unwritten_since: None,
         },
     )
 }
 
 impl AuditWriter {
+    /// Bounds the memory the backlog holds to about `bytes`.
+    pub fn with_max_backlog_bytes(mut self, bytes: usize) -> Self {
+        self.max_backlog_bytes = bytes;
+        self
+    }
+
     /// Moves everything queued so far into the backlog, rendered. With `close`, the queues
     /// take no more records.
     fn drain_queues(&mut self, close: bool) {
@@ -458,7 +513,7 @@ impl AuditWriter {
 
     /// One write attempt: spooled records first (they are older), then the backlog. Returns
     /// how many records were written. While the store does not take them, the backlog keeps
-    /// at most `max_backlog` records: the rest goes to spool files.
+    /// at most `max_backlog` records and `max_backlog_bytes`: the rest goes to spool files.
     pub async fn flush(&mut self) -> usize {
         self.drain_queues(false);
         let mut written = 0;
@@ -489,14 +544,12 @@ impl AuditWriter {
         let try_backlog = !spool_refused || self.spool.refused_often();
         let mut backlog_taken = false;
         while try_backlog && !self.backlog.is_empty() {
-            let n = self.backlog.len().min(SPOOL_FILE_RECORDS);
             // Moved out, not copied; put back in order if the store refuses them.
-            let batch: Vec<AuditRecord> = self.backlog.drain(..n).collect();
+            let batch = self.backlog.take_oldest(SPOOL_FILE_RECORDS);
+            let n = batch.len();
             if let Err(e) = self.store.append_audit(&batch, None).await {
                 tracing::debug!(error = %e, "audit records not written; kept");
-                for record in batch.into_iter().rev() {
-                    self.backlog.push_front(record);
-                }
+                self.backlog.put_back(batch);
                 break;
             }
             written += n;
@@ -519,16 +572,28 @@ impl AuditWriter {
         };
         // Spilled when there are too many, or they have waited long: a crash loses what is in
         // memory, so about `SPILL_AFTER` (and a flush interval) of records at most.
-        if self.backlog.len() > self.max_backlog || waited_long {
+        let too_many = self.backlog.len() > self.max_backlog;
+        if too_many || self.backlog.bytes() > self.max_backlog_bytes || waited_long {
             self.spill();
             self.unwritten_since = None;
+        }
+        // Neither the store nor the disk takes them: memory is bounded all the same. Spend is
+        // not in these records (it is kept apart, and spooled apart), so none is lost here.
+        let dropped = self.backlog.drop_oldest_over(self.max_backlog_bytes);
+        if dropped > 0 {
+            crate::metrics::record_audit_dropped(dropped);
+            tracing::error!(
+                records = dropped,
+                "audit records dropped: the store and the spool directory refuse them and \
+                 metering.audit_backlog_bytes is reached"
+            );
         }
         written
     }
 
     /// Moves the whole backlog to spool files; what cannot be written stays in memory.
     fn spill(&mut self) {
-        let spilled: Vec<AuditRecord> = self.backlog.drain(..).collect();
+        let spilled = self.backlog.take_oldest(usize::MAX);
         match self.spool.write(&spilled) {
             Ok(()) => tracing::warn!(
                 records = spilled.len(),
@@ -536,7 +601,7 @@ impl AuditWriter {
             ),
             Err((e, kept)) => {
                 tracing::error!(error = %e, "cannot spool audit records; keeping them in memory");
-                self.backlog.extend(kept);
+                self.backlog.put_back(kept);
             }
         }
     }
@@ -546,17 +611,14 @@ impl AuditWriter {
     pub async fn close(mut self) {
         self.drain_queues(true);
         while !self.backlog.is_empty() {
-            let n = self.backlog.len().min(SPOOL_FILE_RECORDS);
-            let batch: Vec<AuditRecord> = self.backlog.drain(..n).collect();
+            let batch = self.backlog.take_oldest(SPOOL_FILE_RECORDS);
             if self.store.append_audit(&batch, None).await.is_err() {
-                for record in batch.into_iter().rev() {
-                    self.backlog.push_front(record);
-                }
+                self.backlog.put_back(batch);
                 break;
             }
         }
         if !self.backlog.is_empty() {
-            let left: Vec<AuditRecord> = self.backlog.drain(..).collect();
+            let left = self.backlog.take_oldest(usize::MAX);
             let records = left.len();
             match self.spool.write(&left) {
                 Ok(()) => tracing::warn!(records, "audit records spooled for the next start"),
@@ -620,6 +682,8 @@ mod tests {
             credits: Credits::ZERO,
             client_ip: None,
             latency_ms: 1,
+            suppressed: None,
+            tunnel: None,
         }
     }
 
@@ -648,6 +712,12 @@ mod tests {
             token_id: full.then(|| format!("tok_{text}")),
             metadata: full.then(|| Arc::new(metadata)),
             actor: full.then(|| format!("dashboard:{text}")),
+            suppressed: full.then_some(3),
+            tunnel: full.then_some(Tunnel {
+                duration_ms: 12,
+                bytes_from_client: 1,
+                bytes_to_client: u64::MAX,
+            }),
         }
     }
 
@@ -773,6 +843,73 @@ mod tests {
         let ids: std::collections::HashSet<_> = records.iter().map(|r| &r.request_id).collect();
         assert_eq!(ids.len(), 1000);
         assert!(records.iter().all(|r| r.key == "svc_live_…Ab9z"));
+    }
+
+    /// A store that takes nothing.
+    struct Unreachable;
+
+    #[async_trait::async_trait]
+    impl AuditStore for Unreachable {
+        async fn append_audit(
+            &self,
+            _: &[AuditRecord],
+            _: Option<&str>,
+        ) -> Result<(), crate::shared::store::StoreError> {
+            Err(crate::shared::store::StoreError::Unavailable("down".into()))
+        }
+
+        async fn audit(
+            &self,
+            _: &AuditQuery,
+        ) -> Result<Vec<AuditRecord>, crate::shared::store::StoreError> {
+            Ok(Vec::new())
+        }
+    }
+
+    fn long_path(key: &Arc<CachedKey>, n: usize) -> PendingAudit {
+        PendingAudit {
+            path: "/v1/"
+                .chars()
+                .chain(std::iter::repeat_n('a', 2000))
+                .collect(),
+            ..pending(key, n)
+        }
+    }
+
+    #[tokio::test]
+    async fn past_its_bytes_the_backlog_goes_to_the_spool_before_its_count_is_reached() {
+        let spool = tempfile::tempdir().unwrap();
+        let (log, writer) = audit_log(Arc::new(Unreachable), spool.path().into(), 1_000_000);
+        let mut writer = writer.with_max_backlog_bytes(64 * 1024);
+        let key = key();
+        for i in 0..100 {
+            log.record(long_path(&key, i));
+        }
+        writer.flush().await;
+        assert_eq!(writer.backlog_len(), 0, "spooled");
+        let files = std::fs::read_dir(spool.path()).unwrap().count();
+        assert!(files > 0);
+    }
+
+    #[tokio::test]
+    async fn with_neither_store_nor_spool_the_backlog_stays_within_its_bytes() {
+        // A file where the spool directory should be: nothing can be spooled.
+        let spool = tempfile::NamedTempFile::new().unwrap();
+        let (log, writer) = audit_log(Arc::new(Unreachable), spool.path().into(), 1_000_000);
+        let max = 64 * 1024;
+        let mut writer = writer.with_max_backlog_bytes(max);
+        let key = key();
+        for round in 0..5 {
+            for i in 0..100 {
+                log.record(long_path(&key, round * 100 + i));
+            }
+            writer.flush().await;
+            assert!(writer.backlog.bytes() <= max, "{}", writer.backlog.bytes());
+            assert!(writer.backlog_len() > 0, "the newest are kept");
+        }
+        // The newest records are the ones kept.
+        let newest = writer.backlog.take_oldest(usize::MAX);
+        assert_eq!(newest.last().map(|r| r.time_ms), Some(499));
     }
 
     #[tokio::test]

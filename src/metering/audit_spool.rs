@@ -1,6 +1,7 @@
-//! Audit spool files: where audit records the store does not take wait on disk, and how they
-//! are replayed, oldest first, when it is back.
+//! Where audit records the store does not take wait: in memory ([`Backlog`]), bounded in
+//! number and bytes, then in spool files on disk, replayed oldest first when it is back.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 
 use super::audit::AuditRecord;
@@ -213,4 +214,65 @@ fn remove(taken: spool::Taken) -> Result<(), spool::Taken> {
 
 fn is_spool_file(name: &str) -> bool {
     name.starts_with("audit-") && name.ends_with(".jsonl")
+}
+
+/// Audit records taken from the request path's queues and not yet written, oldest first, with
+/// the memory they hold ([`AuditRecord::memory_size`]).
+#[derive(Default)]
+pub(super) struct Backlog {
+    records: VecDeque<AuditRecord>,
+    bytes: usize,
+}
+
+impl Backlog {
+    /// Records held.
+    pub(super) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// About how many bytes the records hold.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Adds newer records.
+    pub(super) fn extend(&mut self, records: impl IntoIterator<Item = AuditRecord>) {
+        for record in records {
+            self.bytes += record.memory_size();
+            self.records.push_back(record);
+        }
+    }
+
+    /// Takes the `n` oldest records (all, if fewer).
+    pub(super) fn take_oldest(&mut self, n: usize) -> Vec<AuditRecord> {
+        let n = n.min(self.records.len());
+        let taken: Vec<AuditRecord> = self.records.drain(..n).collect();
+        self.bytes -= taken.iter().map(AuditRecord::memory_size).sum::<usize>();
+        taken
+    }
+
+    /// Puts back records taken with [`take_oldest`](Self::take_oldest), in their place.
+    pub(super) fn put_back(&mut self, records: Vec<AuditRecord>) {
+        for record in records.into_iter().rev() {
+            self.bytes += record.memory_size();
+            self.records.push_front(record);
+        }
+    }
+
+    /// Drops the oldest records until the rest hold at most `max_bytes`; how many it dropped.
+    pub(super) fn drop_oldest_over(&mut self, max_bytes: usize) -> usize {
+        let mut dropped = 0;
+        while self.bytes > max_bytes {
+            let Some(record) = self.records.pop_front() else {
+                break;
+            };
+            self.bytes -= record.memory_size();
+            dropped += 1;
+        }
+        dropped
+    }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit, AUDIT_BATCH};
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
+use super::refused::RefusedAudit;
 use super::spend_spool::Checkpoint;
 use super::spool;
 use super::store::{AuditStore, UsageStore};
@@ -36,6 +37,10 @@ pub struct MeterConfig {
     pub spool_dir: PathBuf,
     /// Audit records kept in memory while the store is unreachable, before spooling to disk.
     pub audit_backlog: usize,
+    /// The memory those records may hold (bytes), before spooling to disk.
+    pub audit_backlog_bytes: usize,
+    /// Audit records kept per key and second of requests whose credential was refused.
+    pub refused_audit_per_second: u32,
     /// Monthly budgets per `(workspace, project)` from the configuration (micro-credits).
     pub project_budgets: HashMap<(String, String), i64>,
     /// The most a backend's `Service-Credits` may report for one request.
@@ -47,6 +52,8 @@ pub struct Meter {
     pub(super) usage: Usage,
     pub(super) rate: RateLimiter,
     pub(super) audit: AuditLog,
+    /// Which records of refused credentials are kept.
+    refused: RefusedAudit,
     pub(super) store: Arc<dyn UsageStore>,
     pub(super) config: MeterConfig,
     /// Where the next flush resumes refreshing idle keys' global counts.
@@ -107,10 +114,12 @@ impl Meter {
     ) -> (Arc<Self>, AuditWriter) {
         let (audit, writer) =
             audit_log(audit_store, config.spool_dir.clone(), config.audit_backlog);
+        let writer = writer.with_max_backlog_bytes(config.audit_backlog_bytes);
         let meter = Arc::new(Self {
             usage: Usage::new(config.project_budgets.clone()),
             rate: RateLimiter::new(),
             audit,
+            refused: RefusedAudit::new(config.refused_audit_per_second),
             store,
             config,
             idle_cursor: Default::default(),
@@ -219,6 +228,18 @@ impl Meter {
             );
         }
         self.audit.record(record);
+    }
+
+    /// After the answer to a refused credential (a key or token that exists, refused): its
+    /// audit record is queued if its key has had fewer than `refused_audit_per_second` this
+    /// second, with the number left out before it; otherwise it is only counted.
+    pub fn finish_refused(&self, mut record: PendingAudit) {
+        let key = record.key.billed_key_id_shared();
+        if let Some(suppressed) = self.refused.admit(&key, record.time_ms) {
+            record.suppressed = Some(suppressed);
+            record.credits = Credits::ZERO;
+            self.audit.record(record);
+        }
     }
 
     /// One flush of spend and rate counts. Returns whether the store took it.
@@ -440,6 +461,8 @@ mod audit_tests {
             },
             spool_dir: dir.path().to_path_buf(),
             audit_backlog: 10_000,
+            audit_backlog_bytes: usize::MAX,
+            refused_audit_per_second: 5,
             project_budgets: HashMap::new(),
             max_credits_per_request: crate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
         };
@@ -465,6 +488,8 @@ mod audit_tests {
                 credits: crate::metering::Credits::ZERO,
                 client_ip: None,
                 latency_ms: 1,
+                suppressed: None,
+                tunnel: None,
             });
         }
         let query = AuditQuery {

@@ -4,7 +4,8 @@
 //!   the budget arithmetic ([`budget`]), the ledger of unflushed spend, the flush to the store
 //!   ([`flush`]) and the spend kept over a shutdown ([`checkpoint`]);
 //! - [`ratelimit`]: per-key limits shared across replicas;
-//! - [`audit`]: one record per authenticated request, off the request path;
+//! - [`audit`]: one record per authenticated request, off the request path; [`refused`]: how
+//!   many of those of refused credentials are kept;
 //! - [`meter`]: the three together, and the background flush that talks to the store; the
 //!   spend it keeps on disk while the store is away is in `spend_spool.rs`;
 //! - [`config`]: the `[metering]` and `[limits]` sections;
@@ -19,6 +20,7 @@ pub mod flush;
 mod ledger;
 pub mod meter;
 pub mod ratelimit;
+pub mod refused;
 mod spend_spool;
 mod spool;
 pub mod store;

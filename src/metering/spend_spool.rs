@@ -341,6 +341,8 @@ mod tests {
             test_limit: limit,
             spool_dir: spool_dir.to_path_buf(),
             audit_backlog: 10,
+            audit_backlog_bytes: usize::MAX,
+            refused_audit_per_second: 5,
             project_budgets: HashMap::new(),
             max_credits_per_request: crate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
         };

@@ -143,6 +143,19 @@ impl Gateway {
             Ok(caller) => caller,
             Err((failure, key)) => {
                 ctx.auth_failure = Some(failure.reason());
+                // A refused credential that exists counts against its key's rate limit, like
+                // any request of the key: past it, the answer is a 429. (Its audit records are
+                // bounded apart, per key and second: `Meter::finish_refused`.)
+                if let Some(key) = &key {
+                    let (decision, verdict) = self
+                        .meter
+                        .admit(key, None, None, false, ctx.arrived_ms)
+                        .await;
+                    if !decision.allowed {
+                        ctx.refused_key = Some(key.clone());
+                        verdict?;
+                    }
+                }
                 ctx.refused_key = key;
                 return Err(failure.into());
             }

@@ -4,6 +4,8 @@
 mod admin;
 #[path = "../common/mod.rs"]
 mod common;
+mod refused;
+mod tunnel;
 mod upstream;
 
 use std::io::{Read, Write};
