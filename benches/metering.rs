@@ -78,6 +78,8 @@ fn main() {
                 flush_interval: Duration::from_millis(200),
                 live_limit: Limit { requests_per_minute: u32::MAX / 2, burst: u32::MAX / 2 },
                 test_limit: Limit { requests_per_minute: 600, burst: 50 },
+                token_mints: Limit { requests_per_minute: 60, burst: 60 },
+                token_metadata_bytes: 4096,
                 spool_dir: spool.clone(),
                 audit_backlog: 1_000_000,
                 audit_backlog_bytes: usize::MAX,

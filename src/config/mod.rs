@@ -71,6 +71,11 @@ impl Config {
                 requests_per_minute: self.limits.test_requests_per_minute,
                 burst: self.limits.test_burst,
             },
+            token_mints: Limit {
+                requests_per_minute: self.limits.token_mints_per_minute,
+                burst: self.limits.token_mints_per_minute,
+            },
+            token_metadata_bytes: self.limits.token_metadata_bytes,
             spool_dir: self.metering.spool_dir.clone().into(),
             audit_backlog: self.metering.audit_backlog,
             audit_backlog_bytes: self.metering.audit_backlog_bytes,

@@ -130,7 +130,14 @@ pub struct LimitsConfig {
     pub test_requests_per_minute: u32,
     /// Requests a test key may send at once.
     pub test_burst: u32,
+    /// Scoped tokens one key may mint per minute, across every replica (as many at once).
+    pub token_mints_per_minute: u32,
+    /// The largest `metadata` of a scoped token, as JSON (bytes).
+    pub token_metadata_bytes: usize,
 }
+
+/// The most `limits.token_metadata_bytes` may be: a mint's whole body is 16 KiB at most.
+pub const MAX_TOKEN_METADATA_BYTES: usize = 8 * 1024;
 
 impl Default for LimitsConfig {
     fn default() -> Self {
@@ -141,6 +148,8 @@ impl Default for LimitsConfig {
             unknown_keys_per_minute_total: 6_000,
             test_requests_per_minute: 600,
             test_burst: 50,
+            token_mints_per_minute: 120,
+            token_metadata_bytes: 4 * 1024,
         }
     }
 }
@@ -160,6 +169,7 @@ impl LimitsConfig {
                 self.test_requests_per_minute,
             ),
             ("limits.test_burst", self.test_burst),
+            ("limits.token_mints_per_minute", self.token_mints_per_minute),
             (
                 "limits.unknown_keys_per_minute",
                 self.unknown_keys_per_minute,
@@ -172,6 +182,12 @@ impl LimitsConfig {
             if v == 0 {
                 problems.push(Problem::new(key, "must be greater than 0"));
             }
+        }
+        if !(2..=MAX_TOKEN_METADATA_BYTES).contains(&self.token_metadata_bytes) {
+            problems.push(Problem::new(
+                "limits.token_metadata_bytes",
+                format!("must be 2-{MAX_TOKEN_METADATA_BYTES} (an empty object is 2 bytes)"),
+            ));
         }
         problems
     }

@@ -32,6 +32,10 @@ pub struct MeterConfig {
     pub live_limit: Limit,
     /// Limits of test keys (and their scoped tokens).
     pub test_limit: Limit,
+    /// Scoped tokens one key may mint.
+    pub token_mints: Limit,
+    /// The largest metadata of a scoped token, as JSON (bytes).
+    pub token_metadata_bytes: usize,
     /// Where spend and audit records wait when the store is unreachable at shutdown, or for
     /// long.
     pub spool_dir: PathBuf,
@@ -197,6 +201,31 @@ impl Meter {
             }
         };
         (decision, verdict)
+    }
+
+    /// The largest metadata of a scoped token, as JSON (bytes).
+    pub fn token_metadata_bytes(&self) -> usize {
+        self.config.token_metadata_bytes
+    }
+
+    /// Whether `key` may mint a scoped token now (`token_mints` per key, across replicas, as
+    /// request rates are): past it, 429. Its count is kept under `mint:<key id>`.
+    pub fn admit_mint(&self, key: &CachedKey, now_ms: u64) -> Result<(), ApiError> {
+        let limit = self.config.token_mints;
+        let name = format!("mint:{}", key.billed_key_id());
+        let decision = self.rate.check(&name, limit, now_ms);
+        if decision.allowed {
+            return Ok(());
+        }
+        crate::metrics::record_policy_rejection("token_mint_rate");
+        Err(ApiError::RateLimited {
+            message: format!(
+                "this key may mint {} scoped tokens per minute; retry later",
+                limit.requests_per_minute
+            )
+            .into(),
+            retry_after_secs: decision.reset_secs,
+        })
     }
 
     /// The cost a backend reported in `Service-Credits`, if it is to be charged as sent:
@@ -459,6 +488,11 @@ mod audit_tests {
                 requests_per_minute: 60,
                 burst: 10,
             },
+            token_mints: Limit {
+                requests_per_minute: 60,
+                burst: 60,
+            },
+            token_metadata_bytes: 4096,
             spool_dir: dir.path().to_path_buf(),
             audit_backlog: 10_000,
             audit_backlog_bytes: usize::MAX,

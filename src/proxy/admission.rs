@@ -58,12 +58,16 @@ impl Gateway {
         match route.handler {
             Handler::MintToken => {
                 let caller = ctx.caller.as_ref().expect("authorized");
+                // Every token the key mints is held in the store until an hour after it
+                // expires: the mint rate bounds what one key can make the store hold.
+                self.meter.admit_mint(&caller.key, ctx.arrived_ms)?;
                 let store = self.store.keys.as_ref();
                 let headers = ctx.answer_headers();
                 Box::pin(tokens::mint(
                     session,
                     caller,
                     store,
+                    self.meter.token_metadata_bytes(),
                     &ctx.request_id,
                     &headers,
                 ))
