@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use thread_local::ThreadLocal;
 
+pub use super::audit_query::{AuditCursor, AuditQuery, AuditRead, AuditResume, ListingCursor};
 use super::audit_spool::{Backlog, Spool, SPOOL_FILE_RECORDS};
 use super::store::AuditStore;
 use crate::ids::RequestId;
@@ -231,88 +232,6 @@ fn json_value<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
         tracing::error!(error = %e, "audit record value not serialized");
         out.truncate(start);
         out.extend_from_slice(b"null");
-    }
-}
-
-/// Where a page of a listing ended: the records after it are older. Shown to clients as
-/// `<unix ms>_<request id>` (`next_cursor`), taken back as `cursor`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuditCursor {
-    time_ms: u64,
-    request_id: CompactString,
-}
-
-impl AuditCursor {
-    /// The cursor after `record`.
-    pub fn after(record: &AuditRecord) -> Self {
-        Self {
-            time_ms: record.time_ms,
-            request_id: record.request_id.clone(),
-        }
-    }
-
-    /// Whether `record` comes after the cursor in a listing (is older).
-    fn passes(&self, record: &AuditRecord) -> bool {
-        record.position() < (self.time_ms, &*self.request_id)
-    }
-}
-
-impl std::fmt::Display for AuditCursor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}_{}", self.time_ms, self.request_id)
-    }
-}
-
-impl std::str::FromStr for AuditCursor {
-    type Err = ();
-
-    /// `<unix ms>_req_<id>`, as [`Display`](std::fmt::Display) writes it.
-    fn from_str(s: &str) -> Result<Self, ()> {
-        let (time, id) = s.split_once('_').ok_or(())?;
-        let time_ms: u64 = time.parse().map_err(|_| ())?;
-        let random = id.strip_prefix("req_").ok_or(())?;
-        if random.is_empty()
-            || random.len() > 64
-            || !random.bytes().all(|b| b.is_ascii_alphanumeric())
-        {
-            return Err(());
-        }
-        Ok(Self {
-            time_ms,
-            request_id: id.into(),
-        })
-    }
-}
-
-/// A filter for reading the log back.
-#[derive(Debug, Clone, Default)]
-pub struct AuditQuery {
-    /// Required: logs are kept per workspace.
-    pub workspace: String,
-    /// Only this key.
-    pub key_id: Option<String>,
-    /// Only this project.
-    pub project: Option<String>,
-    /// Only records at or after this unix second.
-    pub since: Option<u64>,
-    /// Only records after this point of the listing (older than the last page's last).
-    pub cursor: Option<AuditCursor>,
-    /// At most this many, newest first ([`AuditRecord::sort_listing`]).
-    pub limit: usize,
-}
-
-impl AuditQuery {
-    /// Whether `record` passes the filter (the workspace is chosen by the store).
-    pub fn matches(&self, record: &AuditRecord) -> bool {
-        self.key_id.as_ref().is_none_or(|k| *record.key_id == **k)
-            && self
-                .project
-                .as_ref()
-                .is_none_or(|p| record.project.as_ref() == Some(p))
-            && self
-                .since
-                .is_none_or(|s| record.time_ms >= s.saturating_mul(1000))
-            && self.cursor.as_ref().is_none_or(|c| c.passes(record))
     }
 }
 

@@ -12,6 +12,7 @@
 //! - [`store`]: the storage metering needs (usage and budgets; audit).
 
 pub mod audit;
+mod audit_query;
 mod audit_spool;
 pub mod budget;
 pub mod checkpoint;
