@@ -5,6 +5,7 @@ mod admin;
 #[path = "../common/mod.rs"]
 mod common;
 mod refused;
+mod smuggling;
 mod tokens;
 mod tunnel;
 mod upstream;
