@@ -63,7 +63,10 @@ async fn setup() -> (SpyBackend, Gateway, String) {
     let backend = SpyBackend::start().await;
     let gw = Gateway::builder().live(backend.addr).start().await;
     let (_, key) = gw
-        .create_key("live", &["chat.completions:create", "models:read"])
+        .create_key(
+            "live",
+            &["chat.completions:create", "models:read", "agents:run"],
+        )
         .await;
     (backend, gw, key)
 }
@@ -214,15 +217,26 @@ async fn odd_paths_are_404_and_never_forwarded() {
         "/v1/models/%c0%ae%c0%ae/",
         "/v1/%c0%af%c0%aemodels",
         "/v1/agents/runs/%c0%ae%c0%ae/approve",
+        "/v1/agents/runs/%C0%AE/approve",
         "/v1/agents/runs/x%00/approve",
-        "/v1/agents/runs/a;b/../approve",
+        "/v1/agents/runs/x%0a/approve",
+        "/v1/agents/runs/a;b/approve",
+        "/v1/agents/runs/a%3bb/approve",
         "/v1/agents/runs/%252e%252e/approve",
+        "/v1/agents/runs/./approve",
+        "/v1/agents/runs//approve",
     ] {
+        // The approve route is a POST; its `{id}` is what these try to bend.
+        let method = if path.ends_with("/approve") {
+            "POST"
+        } else {
+            "GET"
+        };
         let answer = raw(
             &gw.base,
             format!(
-                "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
-                 Connection: close\r\n\r\n"
+                "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+                 Content-Length: 0\r\nConnection: close\r\n\r\n"
             ),
         )
         .await;
@@ -231,6 +245,20 @@ async fn odd_paths_are_404_and_never_forwarded() {
     }
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(backend.received().is_empty(), "{:?}", backend.received());
+    // A plain id goes through, as it came.
+    let answer = raw(
+        &gw.base,
+        format!(
+            "POST /v1/agents/runs/run_42-a/approve HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer {key}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert_eq!(status(&answer), 200, "{answer}");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let seen = backend.received();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].starts_with("POST /v1/agents/runs/run_42-a/approve HTTP/1.1\r\n"));
 }
 
 #[tokio::test]
