@@ -51,7 +51,7 @@ impl Gateway {
         let cost = match (ctx.billable, ctx.reported_credits, self.route(ctx)) {
             (false, _, _) => Credits::ZERO,
             (true, Some(reported), _) => reported,
-            // A tunnel (`101`) is one request: the route's price, once, however long it stays open.
+            // A tunnel (`101`) is one request: the route's price, once, however long it lasts.
             (true, None, Some(route))
                 if (200..300).contains(&status)
                     || status == super::CLIENT_CLOSED
