@@ -164,6 +164,15 @@ impl AuditStore for RedisStore {
 /// milliseconds), with a cursor to go on from.
 pub const AUDIT_SCAN_BUDGET: usize = 50_000;
 
+/// When an audit stream entry was written, as late as its records' clocks may say: a batch is
+/// written after every record in it arrived, by Redis's clock, while records carry their
+/// gateway's, which may run a little ahead.
+fn written_ms(entry: &redis::streams::StreamId) -> u64 {
+    stream_id_ms(&entry.id)
+        .unwrap_or(u64::MAX)
+        .saturating_add(AUDIT_CLOCK_SKEW_MS)
+}
+
 /// The records of an audit stream entry.
 fn entry_records(entry: &redis::streams::StreamId) -> Vec<AuditRecord> {
     let raw: Vec<u8> = entry.get("records").unwrap_or_default();
@@ -212,10 +221,7 @@ impl RedisStore {
                 break;
             }
             for entry in &page {
-                let written_ms = stream_id_ms(&entry.id).unwrap_or(u64::MAX);
-                // A batch is written after every record in it arrived: by Redis's clock, while
-                // records carry their gateway's, which may run a little ahead.
-                let written_ms = written_ms.saturating_add(AUDIT_CLOCK_SKEW_MS);
+                let written_ms = written_ms(entry);
                 if since_ms.is_some_and(|s| written_ms < s)
                     || cutoff_ms.is_some_and(|c| written_ms < c)
                 {
@@ -278,9 +284,7 @@ impl RedisStore {
                 break;
             }
             for entry in &page {
-                let written_ms = stream_id_ms(&entry.id).unwrap_or(u64::MAX);
-                let written_ms = written_ms.saturating_add(AUDIT_CLOCK_SKEW_MS);
-                if since_ms.is_some_and(|s| written_ms < s) {
+                if since_ms.is_some_and(|s| written_ms(entry) < s) {
                     break 'pages;
                 }
                 let batch = entry_records(entry);
