@@ -78,8 +78,12 @@ fn main() {
                 flush_interval: Duration::from_millis(200),
                 live_limit: Limit { requests_per_minute: u32::MAX / 2, burst: u32::MAX / 2 },
                 test_limit: Limit { requests_per_minute: 600, burst: 50 },
+                token_mints: Limit { requests_per_minute: 60, burst: 60 },
+                token_metadata_bytes: 4096,
                 spool_dir: spool.clone(),
                 audit_backlog: 1_000_000,
+                audit_backlog_bytes: usize::MAX,
+                refused_audit_per_second: 5,
                 project_budgets: Default::default(),
                 max_credits_per_request: svcgate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
             },
@@ -120,6 +124,8 @@ fn main() {
                 credits: Credits::from_micros(500_000),
                 client_ip: Some(std::net::Ipv4Addr::LOCALHOST.into()),
                 latency_ms: 1,
+                suppressed: None,
+                tunnel: None,
             });
         }
         let full = started.elapsed();

@@ -174,6 +174,8 @@ fn bench(c: &mut Criterion) {
             token_id: None,
             metadata: None,
             actor: None,
+            suppressed: None,
+            tunnel: None,
         })
         .collect();
     let batch: Vec<&AuditRecord> = records.iter().collect();

@@ -29,6 +29,9 @@ pub enum ApiError {
     /// A monthly budget is spent.
     #[error("{0}")]
     BudgetExceeded(Message),
+    /// The request's header section is larger than the gateway takes.
+    #[error("{0}")]
+    HeadersTooLarge(Message),
     /// Too many requests; retry after the given number of seconds.
     #[error("{message}")]
     RateLimited {
@@ -59,6 +62,7 @@ impl ApiError {
             Self::Permission(_) => 403,
             Self::InvalidRequest(_) => 400,
             Self::MethodNotAllowed(_) => 405,
+            Self::HeadersTooLarge(_) => 431,
             Self::BudgetExceeded(_) => 402,
             Self::RateLimited { .. } => 429,
             Self::NotFound(_) => 404,
@@ -73,7 +77,9 @@ impl ApiError {
         match self {
             Self::Authentication(_) => "authentication_error",
             Self::Permission(_) => "permission_error",
-            Self::InvalidRequest(_) | Self::MethodNotAllowed(_) => "invalid_request_error",
+            Self::InvalidRequest(_) | Self::MethodNotAllowed(_) | Self::HeadersTooLarge(_) => {
+                "invalid_request_error"
+            }
             Self::BudgetExceeded(_) => "budget_exceeded",
             Self::RateLimited { .. } => "rate_limit_error",
             Self::NotFound(_) => "not_found",

@@ -55,7 +55,7 @@ static KEY_LOOKUPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 static POLICY_REJECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "svcgate_policy_rejections_total",
-        "Requests refused by policy, by reason (rate_limit, budget_key, budget_project, budget_workspace).",
+        "Requests refused by policy, by reason (rate_limit, token_mint_rate, budget_key, budget_project, budget_workspace).",
         &["reason"]
     )
     .expect("metric registers once")
@@ -95,6 +95,22 @@ static REPORTED_CREDITS_REFUSED: LazyLock<prometheus::IntCounter> = LazyLock::ne
     prometheus::register_int_counter!(
         "svcgate_reported_credits_refused_total",
         "Responses whose Service-Credits exceeded metering.max_credits_per_request: not charged as sent; the route's price applied."
+    )
+    .expect("metric registers once")
+});
+
+static AUDIT_SUPPRESSED: LazyLock<prometheus::IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!(
+        "svcgate_audit_records_suppressed_total",
+        "Audit records of refused credentials not kept: past metering.refused_audit_per_second for their key."
+    )
+    .expect("metric registers once")
+});
+
+static AUDIT_DROPPED: LazyLock<prometheus::IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!(
+        "svcgate_audit_records_dropped_total",
+        "Audit records lost: over metering.audit_backlog_bytes in memory while neither the store nor the spool directory took them."
     )
     .expect("metric registers once")
 });
@@ -249,6 +265,8 @@ pub fn init() {
     LazyLock::force(&UPSTREAM_DURATION);
     LazyLock::force(&OVERHEAD);
     LazyLock::force(&REPORTED_CREDITS_REFUSED);
+    LazyLock::force(&AUDIT_SUPPRESSED);
+    LazyLock::force(&AUDIT_DROPPED);
     LazyLock::force(&CACHE_KEYS);
     LazyLock::force(&CACHE_SYNC_AGE);
 }
@@ -271,6 +289,16 @@ pub fn init_webhooks() {
 /// Counts one response whose `Service-Credits` was over the cap.
 pub fn record_reported_credits_refused() {
     REPORTED_CREDITS_REFUSED.inc();
+}
+
+/// Counts one audit record of a refused credential that was not kept.
+pub fn record_audit_suppressed() {
+    AUDIT_SUPPRESSED.inc();
+}
+
+/// Counts `n` audit records lost at the backlog's bound.
+pub fn record_audit_dropped(n: usize) {
+    AUDIT_DROPPED.inc_by(n as u64);
 }
 
 /// Records the time a forwarded request spent in the gateway before it went to the backend.

@@ -98,6 +98,7 @@ fn error_codes() -> Vec<&'static str> {
         ApiError::Permission("".into()),
         ApiError::InvalidRequest("".into()),
         ApiError::MethodNotAllowed("".into()),
+        ApiError::HeadersTooLarge("".into()),
         ApiError::BudgetExceeded("".into()),
         ApiError::RateLimited {
             message: "".into(),

@@ -10,7 +10,7 @@ use super::extract::{JsonBody, PathParams, QueryParams};
 use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::unix_now;
-use crate::metering::audit::{AuditCursor, AuditQuery, AuditRecord};
+use crate::metering::audit::{AuditCursor, AuditQuery, AuditRecord, ListingCursor};
 use crate::metering::month::{is_month, month_of};
 use crate::metering::Credits;
 
@@ -32,14 +32,20 @@ pub(super) struct AuditParams {
 #[derive(Serialize, ToSchema)]
 pub(super) struct AuditPage {
     data: Vec<AuditRecord>,
-    /// Whether older records match too: ask again with `cursor` = `next_cursor`.
+    /// Whether more records may match: ask again with `cursor` = `next_cursor`. A page that
+    /// ran out of its scan budget (a filter that matches little of a large log) says so with
+    /// fewer records than `limit`, even none.
     has_more: bool,
+    /// Where the next page starts: after this page's last record, or where its scan stopped
+    /// (`s…`); the pages after a scan cursor list records batch by batch as the log holds
+    /// them, each page newest first.
     #[serde(skip_serializing_if = "Option::is_none")]
     next_cursor: Option<String>,
 }
 
 /// `GET /admin/v1/audit?workspace=…`: a workspace's audit records, newest first, a page at a
-/// time.
+/// time. A page reads a bounded number of records (50,000): one whose filter matches little or
+/// nothing of a large log answers what it found with `has_more` and a `next_cursor` to go on.
 #[utoipa::path(
     get, path = "/admin/v1/audit", tag = "metering",
     params(AuditParams),
@@ -64,23 +70,38 @@ pub(super) async fn audit(
         return Err(ApiError::invalid("since must be a unix time in seconds"));
     }
     let cursor = match params.cursor {
-        Some(text) => Some(text.parse::<AuditCursor>().map_err(|()| {
+        Some(text) => Some(text.parse::<ListingCursor>().map_err(|()| {
             ApiError::invalid("cursor must be the next_cursor of an earlier page")
         })?),
         None => None,
     };
+    let (cursor, resume) = match cursor {
+        None => (None, None),
+        Some(ListingCursor::After(point)) => (Some(point), None),
+        Some(ListingCursor::Scan(resume, point)) => (point, Some(resume)),
+    };
     state.require_workspace(&workspace).await?;
-    // One more than asked for tells whether there are more.
+    // One more than asked for tells whether there are more (a scan says so itself).
+    let scanning = resume.is_some();
     let query = AuditQuery {
         workspace,
         key_id: params.key_id,
         project: params.project,
         since: params.since,
         cursor,
-        limit: limit + 1,
+        resume,
+        limit: if scanning { limit } else { limit + 1 },
     };
-    let mut data = state.store.audit.audit(&query).await?;
-    let has_more = data.len() > limit;
+    let read = state.store.audit.audit_page(&query).await?;
+    let mut data = read.records;
+    if let Some(resume) = read.resume {
+        return Ok(Json(AuditPage {
+            data,
+            has_more: true,
+            next_cursor: Some(ListingCursor::Scan(resume, query.cursor).to_string()),
+        }));
+    }
+    let has_more = !scanning && data.len() > limit;
     data.truncate(limit);
     let next_cursor = match (has_more, data.last()) {
         (true, Some(last)) => Some(AuditCursor::after(last).to_string()),

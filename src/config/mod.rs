@@ -71,8 +71,15 @@ impl Config {
                 requests_per_minute: self.limits.test_requests_per_minute,
                 burst: self.limits.test_burst,
             },
+            token_mints: Limit {
+                requests_per_minute: self.limits.token_mints_per_minute,
+                burst: self.limits.token_mints_per_minute,
+            },
+            token_metadata_bytes: self.limits.token_metadata_bytes,
             spool_dir: self.metering.spool_dir.clone().into(),
             audit_backlog: self.metering.audit_backlog,
+            audit_backlog_bytes: self.metering.audit_backlog_bytes,
+            refused_audit_per_second: self.metering.refused_audit_per_second,
             max_credits_per_request: self.metering.max_credits_per_request,
             project_budgets: self
                 .metering
@@ -87,6 +94,24 @@ impl Config {
                 .collect(),
         }
     }
+}
+
+/// The TOML table of a configuration file's `text`; an error says where and what, without the
+/// line itself: it may hold a secret.
+fn parse_table(text: &str, shown: String) -> Result<toml::Table, ConfigError> {
+    text.parse::<toml::Table>()
+        .map_err(|e| ConfigError::Syntax {
+            message: match e.span() {
+                Some(span) => {
+                    let before = &text[..span.start.min(text.len())];
+                    let line = before.matches('\n').count() + 1;
+                    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                    format!("line {line}, column {column}: {}", e.message())
+                }
+                None => e.message().to_string(),
+            },
+            path: shown,
+        })
 }
 
 /// Why the configuration could not be loaded.
@@ -138,31 +163,35 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
         role: Role,
     ) -> Result<Config, ConfigError> {
-        let mut table = match path {
+        let table = match path {
             Some(path) => {
                 let shown = path.display().to_string();
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: shown.clone(),
                     source,
                 })?;
-                // Where and what, without the line itself: it may hold a secret.
-                text.parse::<toml::Table>()
-                    .map_err(|e| ConfigError::Syntax {
-                        message: match e.span() {
-                            Some(span) => {
-                                let before = &text[..span.start.min(text.len())];
-                                let line = before.matches('\n').count() + 1;
-                                let column =
-                                    before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-                                format!("line {line}, column {column}: {}", e.message())
-                            }
-                            None => e.message().to_string(),
-                        },
-                        path: shown,
-                    })?
+                parse_table(&text, shown)?
             }
             None => toml::Table::new(),
         };
+        Self::from_table(table, env, role)
+    }
+
+    /// [`Config::load_as`] from the text of a configuration file (`shown` names it in errors).
+    pub fn load_text(
+        text: &str,
+        shown: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+        role: Role,
+    ) -> Result<Config, ConfigError> {
+        Self::from_table(parse_table(text, shown.to_string())?, env, role)
+    }
+
+    fn from_table(
+        mut table: toml::Table,
+        env: impl IntoIterator<Item = (String, String)>,
+        role: Role,
+    ) -> Result<Config, ConfigError> {
         apply_env(&mut table, env).map_err(|p| ConfigError::Invalid(vec![p]))?;
         let config: Config =
             serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {

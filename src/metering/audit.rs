@@ -10,14 +10,14 @@
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
-use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use thread_local::ThreadLocal;
 
-use super::spool;
+pub use super::audit_query::{AuditCursor, AuditQuery, AuditRead, AuditResume, ListingCursor};
+use super::audit_spool::{Backlog, Spool, SPOOL_FILE_RECORDS};
 use super::store::AuditStore;
 use crate::ids::RequestId;
 use crate::keys::{CachedKey, Environment};
@@ -79,6 +79,25 @@ pub struct AuditRecord {
     /// `root` (the configured admin token), `operator:<name>` or `dashboard:<email>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actor: Option<String>,
+    /// On a record of a refused credential: how many of the key's refused requests since its
+    /// previous record were not recorded (`metering.refused_audit_per_second`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suppressed: Option<u64>,
+    /// On a record of an upgraded connection (a WebSocket): what went through the tunnel,
+    /// written when it closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<Tunnel>,
+}
+
+/// What went through an upgraded connection, both ways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Tunnel {
+    /// From the upgrade's answer to the close, milliseconds.
+    pub duration_ms: u64,
+    /// Bytes the client sent through it.
+    pub bytes_from_client: u64,
+    /// Bytes the backend sent through it.
+    pub bytes_to_client: u64,
 }
 
 impl AuditRecord {
@@ -91,6 +110,19 @@ impl AuditRecord {
     /// Sorts `records` as a listing shows them: newest first.
     pub fn sort_listing(records: &mut [AuditRecord]) {
         records.sort_unstable_by(|a, b| b.position().cmp(&a.position()));
+    }
+
+    /// About how many bytes of memory the record holds once rendered: its own and its strings'
+    /// (the token's metadata is shared with the key cache and not counted).
+    pub fn memory_size(&self) -> usize {
+        std::mem::size_of::<AuditRecord>()
+            + self.request_id.len()
+            + self.key.len()
+            + self.path.len()
+            + self.project.as_ref().map_or(0, String::len)
+            + self.model.as_ref().map_or(0, |m| m.len())
+            + self.token_id.as_ref().map_or(0, String::len)
+            + self.actor.as_ref().map_or(0, String::len)
     }
 
     /// Appends `records` to `out` as a JSON array, byte for byte what `serde_json` writes for
@@ -161,6 +193,14 @@ impl AuditRecord {
             out.extend_from_slice(b",\"actor\":");
             json_str(out, actor);
         }
+        if let Some(suppressed) = self.suppressed {
+            out.extend_from_slice(b",\"suppressed\":");
+            out.extend_from_slice(number.format(suppressed).as_bytes());
+        }
+        if let Some(tunnel) = &self.tunnel {
+            out.extend_from_slice(b",\"tunnel\":");
+            json_value(out, tunnel);
+        }
         out.push(b'}');
     }
 }
@@ -195,88 +235,6 @@ fn json_value<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
     }
 }
 
-/// Where a page of a listing ended: the records after it are older. Shown to clients as
-/// `<unix ms>_<request id>` (`next_cursor`), taken back as `cursor`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuditCursor {
-    time_ms: u64,
-    request_id: CompactString,
-}
-
-impl AuditCursor {
-    /// The cursor after `record`.
-    pub fn after(record: &AuditRecord) -> Self {
-        Self {
-            time_ms: record.time_ms,
-            request_id: record.request_id.clone(),
-        }
-    }
-
-    /// Whether `record` comes after the cursor in a listing (is older).
-    fn passes(&self, record: &AuditRecord) -> bool {
-        record.position() < (self.time_ms, &*self.request_id)
-    }
-}
-
-impl std::fmt::Display for AuditCursor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}_{}", self.time_ms, self.request_id)
-    }
-}
-
-impl std::str::FromStr for AuditCursor {
-    type Err = ();
-
-    /// `<unix ms>_req_<id>`, as [`Display`](std::fmt::Display) writes it.
-    fn from_str(s: &str) -> Result<Self, ()> {
-        let (time, id) = s.split_once('_').ok_or(())?;
-        let time_ms: u64 = time.parse().map_err(|_| ())?;
-        let random = id.strip_prefix("req_").ok_or(())?;
-        if random.is_empty()
-            || random.len() > 64
-            || !random.bytes().all(|b| b.is_ascii_alphanumeric())
-        {
-            return Err(());
-        }
-        Ok(Self {
-            time_ms,
-            request_id: id.into(),
-        })
-    }
-}
-
-/// A filter for reading the log back.
-#[derive(Debug, Clone, Default)]
-pub struct AuditQuery {
-    /// Required: logs are kept per workspace.
-    pub workspace: String,
-    /// Only this key.
-    pub key_id: Option<String>,
-    /// Only this project.
-    pub project: Option<String>,
-    /// Only records at or after this unix second.
-    pub since: Option<u64>,
-    /// Only records after this point of the listing (older than the last page's last).
-    pub cursor: Option<AuditCursor>,
-    /// At most this many, newest first ([`AuditRecord::sort_listing`]).
-    pub limit: usize,
-}
-
-impl AuditQuery {
-    /// Whether `record` passes the filter (the workspace is chosen by the store).
-    pub fn matches(&self, record: &AuditRecord) -> bool {
-        self.key_id.as_ref().is_none_or(|k| *record.key_id == **k)
-            && self
-                .project
-                .as_ref()
-                .is_none_or(|p| record.project.as_ref() == Some(p))
-            && self
-                .since
-                .is_none_or(|s| record.time_ms >= s.saturating_mul(1000))
-            && self.cursor.as_ref().is_none_or(|c| c.passes(record))
-    }
-}
-
 /// An audit record as the request path leaves it: the key it already holds and plain values.
 /// The writer renders it into an [`AuditRecord`] (the masked key, the token's metadata) off the
 /// request path. The strings are [`CompactString`]s, which hold the usual request id, path and
@@ -306,6 +264,10 @@ pub struct PendingAudit {
     pub client_ip: Option<IpAddr>,
     /// Time to the end of the response, milliseconds.
     pub latency_ms: u64,
+    /// A refused credential's record: its key's records left out before it.
+    pub suppressed: Option<u64>,
+    /// An upgraded connection's traffic.
+    pub tunnel: Option<Tunnel>,
 }
 
 impl PendingAudit {
@@ -334,6 +296,8 @@ impl PendingAudit {
                 .filter(|g| !g.metadata.is_empty())
                 .map(|g| g.metadata.clone()),
             actor: None,
+            suppressed: self.suppressed,
+            tunnel: self.tunnel,
         }
     }
 }
@@ -411,9 +375,12 @@ pub struct AuditWriter {
     spare: Vec<PendingAudit>,
     store: Arc<dyn AuditStore>,
     /// Records taken from the queues and not yet written, oldest first.
-    backlog: VecDeque<AuditRecord>,
+    backlog: Backlog,
     spool: Spool,
     max_backlog: usize,
+    /// The most memory the backlog may hold (bytes), spooled past it; dropped past it only
+    /// while the spool directory does not take them either.
+    max_backlog_bytes: usize,
     /// Since when the backlog has not been empty at the end of a flush, if it has not.
     unwritten_since: Option<std::time::Instant>,
 }
@@ -433,20 +400,22 @@ pub fn audit_log(
             queues,
             spare: Vec::new(),
             store,
-            backlog: VecDeque::new(),
-            spool: Spool {
-                dir: spool_dir,
-                next_look: None,
-                current: None,
-                stuck: Vec::new(),
-            },
+            backlog: Backlog::default(),
+            spool: Spool::new(spool_dir),
             max_backlog,
+            max_backlog_bytes: usize::MAX,
             unwritten_since: None,
         },
     )
 }
 
 impl AuditWriter {
+    /// Bounds the memory the backlog holds to about `bytes`.
+    pub fn with_max_backlog_bytes(mut self, bytes: usize) -> Self {
+        self.max_backlog_bytes = bytes;
+        self
+    }
+
     /// Moves everything queued so far into the backlog, rendered. With `close`, the queues
     /// take no more records.
     fn drain_queues(&mut self, close: bool) {
@@ -463,7 +432,7 @@ impl AuditWriter {
 
     /// One write attempt: spooled records first (they are older), then the backlog. Returns
     /// how many records were written. While the store does not take them, the backlog keeps
-    /// at most `max_backlog` records: the rest goes to spool files.
+    /// at most `max_backlog` records and `max_backlog_bytes`: the rest goes to spool files.
     pub async fn flush(&mut self) -> usize {
         self.drain_queues(false);
         let mut written = 0;
@@ -494,14 +463,12 @@ impl AuditWriter {
         let try_backlog = !spool_refused || self.spool.refused_often();
         let mut backlog_taken = false;
         while try_backlog && !self.backlog.is_empty() {
-            let n = self.backlog.len().min(SPOOL_FILE_RECORDS);
             // Moved out, not copied; put back in order if the store refuses them.
-            let batch: Vec<AuditRecord> = self.backlog.drain(..n).collect();
+            let batch = self.backlog.take_oldest(SPOOL_FILE_RECORDS);
+            let n = batch.len();
             if let Err(e) = self.store.append_audit(&batch, None).await {
                 tracing::debug!(error = %e, "audit records not written; kept");
-                for record in batch.into_iter().rev() {
-                    self.backlog.push_front(record);
-                }
+                self.backlog.put_back(batch);
                 break;
             }
             written += n;
@@ -524,16 +491,28 @@ impl AuditWriter {
         };
         // Spilled when there are too many, or they have waited long: a crash loses what is in
         // memory, so about `SPILL_AFTER` (and a flush interval) of records at most.
-        if self.backlog.len() > self.max_backlog || waited_long {
+        let too_many = self.backlog.len() > self.max_backlog;
+        if too_many || self.backlog.bytes() > self.max_backlog_bytes || waited_long {
             self.spill();
             self.unwritten_since = None;
+        }
+        // Neither the store nor the disk takes them: memory is bounded all the same. Spend is
+        // not in these records (it is kept apart, and spooled apart), so none is lost here.
+        let dropped = self.backlog.drop_oldest_over(self.max_backlog_bytes);
+        if dropped > 0 {
+            crate::metrics::record_audit_dropped(dropped);
+            tracing::error!(
+                records = dropped,
+                "audit records dropped: the store and the spool directory refuse them and \
+                 metering.audit_backlog_bytes is reached"
+            );
         }
         written
     }
 
     /// Moves the whole backlog to spool files; what cannot be written stays in memory.
     fn spill(&mut self) {
-        let spilled: Vec<AuditRecord> = self.backlog.drain(..).collect();
+        let spilled = self.backlog.take_oldest(usize::MAX);
         match self.spool.write(&spilled) {
             Ok(()) => tracing::warn!(
                 records = spilled.len(),
@@ -541,7 +520,7 @@ impl AuditWriter {
             ),
             Err((e, kept)) => {
                 tracing::error!(error = %e, "cannot spool audit records; keeping them in memory");
-                self.backlog.extend(kept);
+                self.backlog.put_back(kept);
             }
         }
     }
@@ -551,17 +530,14 @@ impl AuditWriter {
     pub async fn close(mut self) {
         self.drain_queues(true);
         while !self.backlog.is_empty() {
-            let n = self.backlog.len().min(SPOOL_FILE_RECORDS);
-            let batch: Vec<AuditRecord> = self.backlog.drain(..n).collect();
+            let batch = self.backlog.take_oldest(SPOOL_FILE_RECORDS);
             if self.store.append_audit(&batch, None).await.is_err() {
-                for record in batch.into_iter().rev() {
-                    self.backlog.push_front(record);
-                }
+                self.backlog.put_back(batch);
                 break;
             }
         }
         if !self.backlog.is_empty() {
-            let left: Vec<AuditRecord> = self.backlog.drain(..).collect();
+            let left = self.backlog.take_oldest(usize::MAX);
             let records = left.len();
             match self.spool.write(&left) {
                 Ok(()) => tracing::warn!(records, "audit records spooled for the next start"),
@@ -589,208 +565,12 @@ impl AuditWriter {
     }
 }
 
-/// Records per spool file, and per write to the store: a file is one write, whatever the
-/// size of the backlog spilled.
-const SPOOL_FILE_RECORDS: usize = 5_000;
-
 /// How long records the store does not take wait in memory before they are spooled to disk,
 /// however few.
 const SPILL_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Writes of spooled records in one flush, at most.
 const SPOOL_WRITES_PER_FLUSH: usize = 20;
-
-/// How long a spool directory found empty is not listed again. Another process may spool
-/// into it meanwhile: the one a graceful upgrade replaces, at its exit.
-const SPOOL_LOOK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Flushes in a row in which the store refused a spool file before the backlog is tried past
-/// it; and flushes in which the store took the backlog and refused the file before the file
-/// is set aside (renamed `….refused`, out of every listing, for an operator to look at).
-const REFUSALS_BEFORE_SETTING_ASIDE: u32 = 3;
-
-/// Audit spool files: JSON lines, at most [`SPOOL_FILE_RECORDS`] to a file, named by time so
-/// the oldest goes first.
-struct Spool {
-    dir: PathBuf,
-    /// When to list the directory again, if it was found empty.
-    next_look: Option<std::time::Instant>,
-    /// The file being replayed, kept between flushes while the store refuses it.
-    current: Option<SpoolFile>,
-    /// Files written and not removable: held, so that no process replays them again while
-    /// this one runs.
-    stuck: Vec<spool::Taken>,
-}
-
-/// A spool file taken for replay, with its records.
-struct SpoolFile {
-    taken: spool::Taken,
-    records: Vec<AuditRecord>,
-    /// Records already written (a file of an earlier version may hold more than one write).
-    written: usize,
-    /// Flushes in which the store refused this file.
-    failures: u32,
-    /// Of those, flushes in which the store took other records.
-    refused_alone: u32,
-}
-
-impl SpoolFile {
-    /// The records of the next write.
-    fn chunk(&self) -> &[AuditRecord] {
-        let end = self.records.len().min(self.written + SPOOL_FILE_RECORDS);
-        &self.records[self.written..end]
-    }
-
-    /// The id of the next write, the same whichever process replays the file: its name and
-    /// where the write starts. The store appends a write of one id once, so a file replayed
-    /// again after the process replaying it died (before it could remove it) adds nothing.
-    fn chunk_id(&self) -> String {
-        let name = self.taken.path().file_name().unwrap_or_default();
-        format!("{}:{}", name.to_string_lossy(), self.written)
-    }
-}
-
-impl Spool {
-    /// Writes `records` to new files; on an error, the records not in a file come back.
-    fn write(&mut self, records: &[AuditRecord]) -> Result<(), (std::io::Error, Vec<AuditRecord>)> {
-        use std::io::Write;
-        for (i, chunk) in records.chunks(SPOOL_FILE_RECORDS).enumerate() {
-            let written = spool::write(&self.dir, &spool::new_name("audit", "jsonl"), |out| {
-                for r in chunk {
-                    serde_json::to_writer(&mut *out, r)?;
-                    out.write_all(b"\n")?;
-                }
-                Ok(())
-            });
-            if let Err(e) = written {
-                return Err((e, records[i * SPOOL_FILE_RECORDS..].to_vec()));
-            }
-            self.next_look = None;
-        }
-        Ok(())
-    }
-
-    /// The file to replay next: the one under way, or the oldest this process can take.
-    fn oldest(&mut self) -> Option<&SpoolFile> {
-        if self.current.is_none() {
-            self.current = self.take_oldest();
-        }
-        self.current.as_ref()
-    }
-
-    fn take_oldest(&mut self) -> Option<SpoolFile> {
-        if self
-            .next_look
-            .is_some_and(|t| std::time::Instant::now() < t)
-        {
-            return None;
-        }
-        for path in spool::list(&self.dir, is_spool_file) {
-            let Some(mut taken) = spool::take(&path) else {
-                continue;
-            };
-            let text = match taken.read() {
-                Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-                Err(e) => {
-                    tracing::error!(error = %e, path = %path.display(), "cannot read an audit spool file");
-                    continue;
-                }
-            };
-            let records: Vec<AuditRecord> = text
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect();
-            if records.is_empty() {
-                if let Err(taken) = remove(taken) {
-                    self.stuck.push(taken);
-                }
-                continue;
-            }
-            return Some(SpoolFile {
-                taken,
-                records,
-                written: 0,
-                failures: 0,
-                refused_alone: 0,
-            });
-        }
-        self.next_look = Some(std::time::Instant::now() + SPOOL_LOOK_INTERVAL);
-        None
-    }
-
-    /// The store took the current chunk.
-    fn chunk_written(&mut self) {
-        let Some(file) = &mut self.current else {
-            return;
-        };
-        file.written += file.chunk().len();
-        file.failures = 0;
-        file.refused_alone = 0;
-        if file.written < file.records.len() {
-            return;
-        }
-        if let Some(file) = self.current.take() {
-            if let Err(taken) = remove(file.taken) {
-                self.stuck.push(taken);
-            }
-        }
-    }
-
-    /// Counts a refusal of the current file; whether there were a few in a row.
-    fn refused_often(&mut self) -> bool {
-        self.current.as_mut().is_some_and(|file| {
-            file.failures += 1;
-            file.failures >= REFUSALS_BEFORE_SETTING_ASIDE
-        })
-    }
-
-    /// The store took other records and refused the current file: after a few such flushes,
-    /// the file is set aside.
-    fn refused_alone(&mut self) {
-        let Some(file) = &mut self.current else {
-            return;
-        };
-        file.refused_alone += 1;
-        if file.refused_alone < REFUSALS_BEFORE_SETTING_ASIDE {
-            return;
-        }
-        let Some(file) = self.current.take() else {
-            return;
-        };
-        let from = file.taken.path().display().to_string();
-        let name = format!(
-            "{}.refused",
-            file.taken
-                .path()
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        );
-        match file.taken.set_aside(&name) {
-            Ok(to) => tracing::error!(
-                from,
-                to = %to.display(),
-                records = file.records.len() - file.written,
-                "the store refuses an audit spool file it takes other records with; set aside"
-            ),
-            Err(e) => {
-                tracing::error!(error = %e, path = from, "cannot set aside a refused audit spool file")
-            }
-        }
-    }
-}
-
-/// Removes a replayed spool file; gives it back if it cannot.
-fn remove(taken: spool::Taken) -> Result<(), spool::Taken> {
-    taken.remove().map_err(|(e, taken)| {
-        tracing::error!(error = %e, path = %taken.path().display(), "cannot remove a replayed spool file");
-        taken
-    })
-}
-
-fn is_spool_file(name: &str) -> bool {
-    name.starts_with("audit-") && name.ends_with(".jsonl")
-}
 
 #[cfg(test)]
 mod tests {
@@ -821,6 +601,8 @@ mod tests {
             credits: Credits::ZERO,
             client_ip: None,
             latency_ms: 1,
+            suppressed: None,
+            tunnel: None,
         }
     }
 
@@ -849,6 +631,12 @@ mod tests {
             token_id: full.then(|| format!("tok_{text}")),
             metadata: full.then(|| Arc::new(metadata)),
             actor: full.then(|| format!("dashboard:{text}")),
+            suppressed: full.then_some(3),
+            tunnel: full.then_some(Tunnel {
+                duration_ms: 12,
+                bytes_from_client: 1,
+                bytes_to_client: u64::MAX,
+            }),
         }
     }
 
@@ -974,6 +762,73 @@ mod tests {
         let ids: std::collections::HashSet<_> = records.iter().map(|r| &r.request_id).collect();
         assert_eq!(ids.len(), 1000);
         assert!(records.iter().all(|r| r.key == "svc_live_…Ab9z"));
+    }
+
+    /// A store that takes nothing.
+    struct Unreachable;
+
+    #[async_trait::async_trait]
+    impl AuditStore for Unreachable {
+        async fn append_audit(
+            &self,
+            _: &[AuditRecord],
+            _: Option<&str>,
+        ) -> Result<(), crate::shared::store::StoreError> {
+            Err(crate::shared::store::StoreError::Unavailable("down".into()))
+        }
+
+        async fn audit(
+            &self,
+            _: &AuditQuery,
+        ) -> Result<Vec<AuditRecord>, crate::shared::store::StoreError> {
+            Ok(Vec::new())
+        }
+    }
+
+    fn long_path(key: &Arc<CachedKey>, n: usize) -> PendingAudit {
+        PendingAudit {
+            path: "/v1/"
+                .chars()
+                .chain(std::iter::repeat_n('a', 2000))
+                .collect(),
+            ..pending(key, n)
+        }
+    }
+
+    #[tokio::test]
+    async fn past_its_bytes_the_backlog_goes_to_the_spool_before_its_count_is_reached() {
+        let spool = tempfile::tempdir().unwrap();
+        let (log, writer) = audit_log(Arc::new(Unreachable), spool.path().into(), 1_000_000);
+        let mut writer = writer.with_max_backlog_bytes(64 * 1024);
+        let key = key();
+        for i in 0..100 {
+            log.record(long_path(&key, i));
+        }
+        writer.flush().await;
+        assert_eq!(writer.backlog_len(), 0, "spooled");
+        let files = std::fs::read_dir(spool.path()).unwrap().count();
+        assert!(files > 0);
+    }
+
+    #[tokio::test]
+    async fn with_neither_store_nor_spool_the_backlog_stays_within_its_bytes() {
+        // A file where the spool directory should be: nothing can be spooled.
+        let spool = tempfile::NamedTempFile::new().unwrap();
+        let (log, writer) = audit_log(Arc::new(Unreachable), spool.path().into(), 1_000_000);
+        let max = 64 * 1024;
+        let mut writer = writer.with_max_backlog_bytes(max);
+        let key = key();
+        for round in 0..5 {
+            for i in 0..100 {
+                log.record(long_path(&key, round * 100 + i));
+            }
+            writer.flush().await;
+            assert!(writer.backlog.bytes() <= max, "{}", writer.backlog.bytes());
+            assert!(writer.backlog_len() > 0, "the newest are kept");
+        }
+        // The newest records are the ones kept.
+        let newest = writer.backlog.take_oldest(usize::MAX);
+        assert_eq!(newest.last().map(|r| r.time_ms), Some(499));
     }
 
     #[tokio::test]

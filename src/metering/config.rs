@@ -16,6 +16,14 @@ pub struct MeteringConfig {
     /// Audit records held in memory while the store is unreachable, before spooling to disk
     /// (they are spooled after 5 s in any case).
     pub audit_backlog: usize,
+    /// The memory those records may hold (bytes) before spooling to disk; past it, while
+    /// the spool directory refuses them too, the oldest are dropped (spend is kept apart and
+    /// never dropped).
+    pub audit_backlog_bytes: usize,
+    /// Audit records kept per key and second of requests whose credential is refused
+    /// (revoked, past its grace period, an expired token, a token whose parent is gone); the
+    /// rest are counted.
+    pub refused_audit_per_second: u32,
     /// How long audit records are kept in Redis (days).
     pub audit_retention_days: u64,
     /// Monthly budgets of projects, set here rather than through the admin API.
@@ -24,6 +32,10 @@ pub struct MeteringConfig {
     /// not charged as sent (a backend bug must not drain a budget): the route's price applies.
     pub max_credits_per_request: Credits,
 }
+
+/// The least `audit_backlog_bytes` may be: room for one record with a path of the longest
+/// audited length.
+pub const MIN_AUDIT_BACKLOG_BYTES: usize = 4096;
 
 /// 1,000,000 credits: far above any one request's real cost, far below what would overflow.
 pub const DEFAULT_MAX_CREDITS_PER_REQUEST: Credits = Credits::from_micros(1_000_000 * 1_000_000);
@@ -34,6 +46,8 @@ impl Default for MeteringConfig {
             flush_interval_ms: 200,
             spool_dir: "data/spool".into(),
             audit_backlog: 100_000,
+            audit_backlog_bytes: 64 * 1024 * 1024,
+            refused_audit_per_second: 5,
             audit_retention_days: 30,
             project_budgets: Vec::new(),
             max_credits_per_request: DEFAULT_MAX_CREDITS_PER_REQUEST,
@@ -62,6 +76,12 @@ impl MeteringConfig {
             problems.push(Problem::new(
                 "metering.audit_retention_days",
                 "must be at least 1",
+            ));
+        }
+        if self.audit_backlog_bytes < MIN_AUDIT_BACKLOG_BYTES {
+            problems.push(Problem::new(
+                "metering.audit_backlog_bytes",
+                format!("must be at least {MIN_AUDIT_BACKLOG_BYTES} (one record's worth)"),
             ));
         }
         if self.flush_interval_ms == 0 {
@@ -110,7 +130,14 @@ pub struct LimitsConfig {
     pub test_requests_per_minute: u32,
     /// Requests a test key may send at once.
     pub test_burst: u32,
+    /// Scoped tokens one key may mint per minute, across every replica (as many at once).
+    pub token_mints_per_minute: u32,
+    /// The largest `metadata` of a scoped token, as JSON (bytes).
+    pub token_metadata_bytes: usize,
 }
+
+/// The most `limits.token_metadata_bytes` may be: a mint's whole body is 16 KiB at most.
+pub const MAX_TOKEN_METADATA_BYTES: usize = 8 * 1024;
 
 impl Default for LimitsConfig {
     fn default() -> Self {
@@ -121,6 +148,8 @@ impl Default for LimitsConfig {
             unknown_keys_per_minute_total: 6_000,
             test_requests_per_minute: 600,
             test_burst: 50,
+            token_mints_per_minute: 120,
+            token_metadata_bytes: 4 * 1024,
         }
     }
 }
@@ -140,6 +169,7 @@ impl LimitsConfig {
                 self.test_requests_per_minute,
             ),
             ("limits.test_burst", self.test_burst),
+            ("limits.token_mints_per_minute", self.token_mints_per_minute),
             (
                 "limits.unknown_keys_per_minute",
                 self.unknown_keys_per_minute,
@@ -152,6 +182,12 @@ impl LimitsConfig {
             if v == 0 {
                 problems.push(Problem::new(key, "must be greater than 0"));
             }
+        }
+        if !(2..=MAX_TOKEN_METADATA_BYTES).contains(&self.token_metadata_bytes) {
+            problems.push(Problem::new(
+                "limits.token_metadata_bytes",
+                format!("must be 2-{MAX_TOKEN_METADATA_BYTES} (an empty object is 2 bytes)"),
+            ));
         }
         problems
     }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit, AUDIT_BATCH};
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
+use super::refused::RefusedAudit;
 use super::spend_spool::Checkpoint;
 use super::spool;
 use super::store::{AuditStore, UsageStore};
@@ -31,11 +32,19 @@ pub struct MeterConfig {
     pub live_limit: Limit,
     /// Limits of test keys (and their scoped tokens).
     pub test_limit: Limit,
+    /// Scoped tokens one key may mint.
+    pub token_mints: Limit,
+    /// The largest metadata of a scoped token, as JSON (bytes).
+    pub token_metadata_bytes: usize,
     /// Where spend and audit records wait when the store is unreachable at shutdown, or for
     /// long.
     pub spool_dir: PathBuf,
     /// Audit records kept in memory while the store is unreachable, before spooling to disk.
     pub audit_backlog: usize,
+    /// The memory those records may hold (bytes), before spooling to disk.
+    pub audit_backlog_bytes: usize,
+    /// Audit records kept per key and second of requests whose credential was refused.
+    pub refused_audit_per_second: u32,
     /// Monthly budgets per `(workspace, project)` from the configuration (micro-credits).
     pub project_budgets: HashMap<(String, String), i64>,
     /// The most a backend's `Service-Credits` may report for one request.
@@ -47,6 +56,8 @@ pub struct Meter {
     pub(super) usage: Usage,
     pub(super) rate: RateLimiter,
     pub(super) audit: AuditLog,
+    /// Which records of refused credentials are kept.
+    refused: RefusedAudit,
     pub(super) store: Arc<dyn UsageStore>,
     pub(super) config: MeterConfig,
     /// Where the next flush resumes refreshing idle keys' global counts.
@@ -107,10 +118,12 @@ impl Meter {
     ) -> (Arc<Self>, AuditWriter) {
         let (audit, writer) =
             audit_log(audit_store, config.spool_dir.clone(), config.audit_backlog);
+        let writer = writer.with_max_backlog_bytes(config.audit_backlog_bytes);
         let meter = Arc::new(Self {
             usage: Usage::new(config.project_budgets.clone()),
             rate: RateLimiter::new(),
             audit,
+            refused: RefusedAudit::new(config.refused_audit_per_second),
             store,
             config,
             idle_cursor: Default::default(),
@@ -190,6 +203,31 @@ impl Meter {
         (decision, verdict)
     }
 
+    /// The largest metadata of a scoped token, as JSON (bytes).
+    pub fn token_metadata_bytes(&self) -> usize {
+        self.config.token_metadata_bytes
+    }
+
+    /// Whether `key` may mint a scoped token now (`token_mints` per key, across replicas, as
+    /// request rates are): past it, 429. Its count is kept under `mint:<key id>`.
+    pub fn admit_mint(&self, key: &CachedKey, now_ms: u64) -> Result<(), ApiError> {
+        let limit = self.config.token_mints;
+        let name = format!("mint:{}", key.billed_key_id());
+        let decision = self.rate.check(&name, limit, now_ms);
+        if decision.allowed {
+            return Ok(());
+        }
+        crate::metrics::record_policy_rejection("token_mint_rate");
+        Err(ApiError::RateLimited {
+            message: format!(
+                "this key may mint {} scoped tokens per minute; retry later",
+                limit.requests_per_minute
+            )
+            .into(),
+            retry_after_secs: decision.reset_secs,
+        })
+    }
+
     /// The cost a backend reported in `Service-Credits`, if it is to be charged as sent:
     /// a figure over `max_credits_per_request` is a backend fault, not a price, and is
     /// logged and counted instead (the caller then charges the route's price).
@@ -219,6 +257,18 @@ impl Meter {
             );
         }
         self.audit.record(record);
+    }
+
+    /// After the answer to a refused credential (a key or token that exists, refused): its
+    /// audit record is queued if its key has had fewer than `refused_audit_per_second` this
+    /// second, with the number left out before it; otherwise it is only counted.
+    pub fn finish_refused(&self, mut record: PendingAudit) {
+        let key = record.key.billed_key_id_shared();
+        if let Some(suppressed) = self.refused.admit(&key, record.time_ms) {
+            record.suppressed = Some(suppressed);
+            record.credits = Credits::ZERO;
+            self.audit.record(record);
+        }
     }
 
     /// One flush of spend and rate counts. Returns whether the store took it.
@@ -438,8 +488,15 @@ mod audit_tests {
                 requests_per_minute: 60,
                 burst: 10,
             },
+            token_mints: Limit {
+                requests_per_minute: 60,
+                burst: 60,
+            },
+            token_metadata_bytes: 4096,
             spool_dir: dir.path().to_path_buf(),
             audit_backlog: 10_000,
+            audit_backlog_bytes: usize::MAX,
+            refused_audit_per_second: 5,
             project_budgets: HashMap::new(),
             max_credits_per_request: crate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
         };
@@ -465,6 +522,8 @@ mod audit_tests {
                 credits: crate::metering::Credits::ZERO,
                 client_ip: None,
                 latency_ms: 1,
+                suppressed: None,
+                tunnel: None,
             });
         }
         let query = AuditQuery {

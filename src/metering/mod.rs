@@ -4,13 +4,16 @@
 //!   the budget arithmetic ([`budget`]), the ledger of unflushed spend, the flush to the store
 //!   ([`flush`]) and the spend kept over a shutdown ([`checkpoint`]);
 //! - [`ratelimit`]: per-key limits shared across replicas;
-//! - [`audit`]: one record per authenticated request, off the request path;
+//! - [`audit`]: one record per authenticated request, off the request path; [`refused`]: how
+//!   many of those of refused credentials are kept;
 //! - [`meter`]: the three together, and the background flush that talks to the store; the
 //!   spend it keeps on disk while the store is away is in `spend_spool.rs`;
 //! - [`config`]: the `[metering]` and `[limits]` sections;
 //! - [`store`]: the storage metering needs (usage and budgets; audit).
 
 pub mod audit;
+mod audit_query;
+mod audit_spool;
 pub mod budget;
 pub mod checkpoint;
 pub mod config;
@@ -18,6 +21,7 @@ pub mod flush;
 mod ledger;
 pub mod meter;
 pub mod ratelimit;
+pub mod refused;
 mod spend_spool;
 mod spool;
 pub mod store;

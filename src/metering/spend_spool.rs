@@ -339,8 +339,15 @@ mod tests {
             flush_interval: Duration::from_millis(200),
             live_limit: limit,
             test_limit: limit,
+            token_mints: Limit {
+                requests_per_minute: 60,
+                burst: 60,
+            },
+            token_metadata_bytes: 4096,
             spool_dir: spool_dir.to_path_buf(),
             audit_backlog: 10,
+            audit_backlog_bytes: usize::MAX,
+            refused_audit_per_second: 5,
             project_budgets: HashMap::new(),
             max_credits_per_request: crate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
         };

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::audit::{AuditQuery, AuditRecord};
+use super::audit::{AuditQuery, AuditRead, AuditRecord};
 use super::usage::{UsageFlush, UsageSnapshot};
 use crate::shared::store::StoreError;
 
@@ -57,4 +57,15 @@ pub trait AuditStore: Send + Sync + 'static {
 
     /// Reads audit records back, newest first.
     async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError>;
+
+    /// Reads a page of audit records back within the store's scan budget: a filter that
+    /// matches little or nothing of a large log answers in bounded time, with where to go on
+    /// ([`AuditRead::resume`]). A store whose whole log reads within the budget answers as
+    /// [`audit`](Self::audit) does.
+    async fn audit_page(&self, query: &AuditQuery) -> Result<AuditRead, StoreError> {
+        Ok(AuditRead {
+            records: self.audit(query).await?,
+            resume: None,
+        })
+    }
 }

@@ -41,9 +41,9 @@ impl Gateway {
     ) {
         // The last phase: the caller's key moves into the audit record instead of being
         // cloned, one count change fewer on a key every core shares.
-        let key = match (ctx.caller.take(), ctx.refused_key.take()) {
-            (Some(caller), _) => caller.key,
-            (None, Some(refused)) => refused,
+        let (key, refused) = match (ctx.caller.take(), ctx.refused_key.take()) {
+            (Some(caller), _) => (caller.key, false),
+            (None, Some(refused)) => (refused, true),
             (None, None) => return,
         };
         // The backend's figure if it gave one; else the route's price for a success or for a
@@ -51,8 +51,11 @@ impl Gateway {
         let cost = match (ctx.billable, ctx.reported_credits, self.route(ctx)) {
             (false, _, _) => Credits::ZERO,
             (true, Some(reported), _) => reported,
+            // A tunnel (`101`) is one request: the route's price, once, however long it lasts.
             (true, None, Some(route))
-                if (200..300).contains(&status) || status == super::CLIENT_CLOSED =>
+                if (200..300).contains(&status)
+                    || status == super::CLIENT_CLOSED
+                    || status == 101 =>
             {
                 route.price_for(&session.req_header().method)
             }
@@ -64,7 +67,7 @@ impl Gateway {
         };
         let req = session.req_header();
         // Only what the request already holds: the writer renders the stored record.
-        self.meter.finish(PendingAudit {
+        let record = PendingAudit {
             time_ms: ctx.arrived_ms,
             request_id: std::mem::take(&mut ctx.request_id),
             key,
@@ -76,7 +79,13 @@ impl Gateway {
             credits: cost,
             client_ip: self.trusted_proxies.client(peer_ip(session), &req.headers),
             latency_ms: elapsed.as_millis() as u64,
-        });
+            suppressed: None,
+            tunnel: ctx.tunnel.take().map(|t| t.finish()),
+        };
+        match refused {
+            true => self.meter.finish_refused(record),
+            false => self.meter.finish(record),
+        }
     }
 }
 

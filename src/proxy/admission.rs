@@ -58,12 +58,16 @@ impl Gateway {
         match route.handler {
             Handler::MintToken => {
                 let caller = ctx.caller.as_ref().expect("authorized");
+                // Every token the key mints is held in the store until an hour after it
+                // expires: the mint rate bounds what one key can make the store hold.
+                self.meter.admit_mint(&caller.key, ctx.arrived_ms)?;
                 let store = self.store.keys.as_ref();
                 let headers = ctx.answer_headers();
                 Box::pin(tokens::mint(
                     session,
                     caller,
                     store,
+                    self.meter.token_metadata_bytes(),
                     &ctx.request_id,
                     &headers,
                 ))
@@ -143,6 +147,19 @@ impl Gateway {
             Ok(caller) => caller,
             Err((failure, key)) => {
                 ctx.auth_failure = Some(failure.reason());
+                // A refused credential that exists counts against its key's rate limit, like
+                // any request of the key: past it, the answer is a 429. (Its audit records are
+                // bounded apart, per key and second: `Meter::finish_refused`.)
+                if let Some(key) = &key {
+                    let (decision, verdict) = self
+                        .meter
+                        .admit(key, None, None, false, ctx.arrived_ms)
+                        .await;
+                    if !decision.allowed {
+                        ctx.refused_key = Some(key.clone());
+                        verdict?;
+                    }
+                }
                 ctx.refused_key = key;
                 return Err(failure.into());
             }

@@ -27,8 +27,24 @@ use pingora::http::{RequestHeader, ResponseHeader};
 
 use crate::error::ApiError;
 
-/// Refuses a transfer coding besides `chunked` (see the module).
+/// The most bytes of header names and values a request may carry (431 past it). Pingora takes
+/// a much larger header section; a backend behind the gateway need not, and what a client
+/// sends in headers is forwarded whole.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+/// Refuses a header section over [`MAX_HEADER_BYTES`], and a transfer coding besides
+/// `chunked` (see the module).
 pub fn check(req: &RequestHeader) -> Result<(), ApiError> {
+    let size: usize = req
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if size > MAX_HEADER_BYTES {
+        return Err(ApiError::HeadersTooLarge(
+            format!("the request's headers are larger than {MAX_HEADER_BYTES} bytes").into(),
+        ));
+    }
     let mut codings = req
         .headers
         .get_all(TRANSFER_ENCODING)

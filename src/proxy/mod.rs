@@ -29,6 +29,7 @@ pub mod readiness;
 pub mod respond;
 pub mod routes;
 pub mod simulate;
+pub mod tunnel;
 pub mod unknown_keys;
 pub mod upstream;
 
@@ -121,6 +122,8 @@ pub struct RequestCtx {
     answer_values: Option<AnswerValues>,
     /// Whether the client sent headers of the gateway's namespace, dropped before forwarding.
     gateway_names: bool,
+    /// The tunnel an upgrade opened, once the backend answered `101`.
+    tunnel: Option<tunnel::TunnelMeter>,
 }
 
 /// A forwarded request's answer's header values, made with the request's identity header
@@ -228,6 +231,7 @@ impl ProxyHttp for Gateway {
             refused_key: None,
             answer_values: None,
             gateway_names: false,
+            tunnel: None,
         })
     }
 
@@ -276,6 +280,10 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
+        if let Some(tunnel) = &mut ctx.tunnel {
+            tunnel.from_client(body.as_ref().map_or(0, Bytes::len));
+            return Ok(());
+        }
         ctx.body_sent |= end_of_stream;
         // The body goes to the backend as it is; its first bytes find the model. A body that
         // comes whole in one chunk (the common case) is read where it is, without a copy.
@@ -362,6 +370,10 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
+        if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            // Admitted as an upgrade on a route that takes one (or it would not be here).
+            ctx.tunnel = Some(tunnel::TunnelMeter::open());
+        }
         if session.req_header().version == http::Version::HTTP_10
             && framing::for_http10_client(upstream_response)
         {
@@ -439,6 +451,19 @@ impl ProxyHttp for Gateway {
             ),
         }
         Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut Box<RequestCtx>,
+    ) -> Result<Option<std::time::Duration>> {
+        if let Some(tunnel) = &mut ctx.tunnel {
+            tunnel.to_client(body.as_ref().map_or(0, Bytes::len));
+        }
+        Ok(None)
     }
 
     fn fail_to_connect(

@@ -259,11 +259,19 @@ fn is_plain_segment(value: &str) -> bool {
     if bytes.iter().any(|&b| b == b';' || b == b'\\') {
         return false;
     }
+    // Encoded: a dot, slash, percent, backslash or semicolon; a control character (`%00`
+    // ends a C string early); or a byte that is never UTF-8 (`%c0`, `%c1`: the overlong forms
+    // of `.` and `/` a lenient decoder turns into them).
     !bytes.windows(3).any(|w| {
         w[0] == b'%'
             && matches!(
-                (w[1], w[2].to_ascii_lowercase()),
-                (b'2', b'e' | b'f' | b'5') | (b'5', b'c') | (b'3', b'b')
+                (w[1].to_ascii_lowercase(), w[2].to_ascii_lowercase()),
+                (b'2', b'e' | b'f' | b'5')
+                    | (b'5', b'c')
+                    | (b'3', b'b')
+                    | (b'0' | b'1', _)
+                    | (b'7', b'f')
+                    | (b'c', b'0' | b'1')
             )
     })
 }

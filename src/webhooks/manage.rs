@@ -143,7 +143,8 @@ pub struct ReplayInput {
     event_id: Option<String>,
     #[serde(default)]
     since: Option<u64>,
-    /// With `since`: continue past this event (the `next` of a truncated replay).
+    /// With `since`: continue past this event (the `next` of a truncated replay). Refused
+    /// (400) once `since` is older than the 30-day window.
     #[serde(default)]
     after: Option<String>,
 }
@@ -315,6 +316,14 @@ pub async fn replay(
                 .is_some_and(|a| !crate::events::is_event_id(a))
             {
                 return Err(ApiError::invalid("after must be an event id"));
+            }
+            // A continuation still names a time: one from before the window would replay
+            // events the log no longer holds (or hold on to a `next` for ever).
+            if after.is_some() && since < oldest {
+                return Err(ApiError::invalid(
+                    "since is older than 30 days: events that old are no longer kept; start \
+                     a new replay with a since within the last 30 days",
+                ));
             }
             replay_since(store, endpoint, since, after).await?
         }

@@ -82,15 +82,19 @@ impl Gateway {
         )
     }
 
-    /// Mints a scoped token with `key` (`body` as `POST /v1/tokens` takes it); its value.
-    pub async fn mint_token(&self, key: &str, body: Value) -> String {
-        let resp = self
-            .request(reqwest::Method::POST, "/v1/tokens")
+    /// `POST /v1/tokens` with `key` and `body`, whatever the answer.
+    pub async fn mint_request(&self, key: &str, body: Value) -> reqwest::Response {
+        self.request(reqwest::Method::POST, "/v1/tokens")
             .bearer_auth(key)
             .json(&body)
             .send()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    /// Mints a scoped token with `key` (`body` as `POST /v1/tokens` takes it); its value.
+    pub async fn mint_token(&self, key: &str, body: Value) -> String {
+        let resp = self.mint_request(key, body).await;
         assert_eq!(resp.status(), 201);
         let minted: Value = resp.json().await.unwrap();
         minted["value"].as_str().unwrap().to_string()

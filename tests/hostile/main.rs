@@ -4,6 +4,10 @@
 mod admin;
 #[path = "../common/mod.rs"]
 mod common;
+mod refused;
+mod smuggling;
+mod tokens;
+mod tunnel;
 mod upstream;
 
 use std::io::{Read, Write};

@@ -188,6 +188,8 @@ fn audit_record(workspace: &str, time_ms: u64) -> AuditRecord {
         token_id: None,
         metadata: None,
         actor: None,
+        suppressed: None,
+        tunnel: None,
     }
 }
 

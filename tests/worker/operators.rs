@@ -231,6 +231,17 @@ async fn replay_and_deliveries_refuse_bad_input() {
         let resp = call(&s.gw, &s.key, Method::POST, &replay, Some(body.clone())).await;
         assert_error(resp, 400, "invalid_request_error").await;
     }
+    // A continuation (`after`) from before the 30 days is refused, saying why.
+    let stale = json!({"since": now - 31 * 86_400, "after": "evt_x"});
+    let resp = call(&s.gw, &s.key, Method::POST, &replay, Some(stale)).await;
+    let error = assert_error(resp, 400, "invalid_request_error").await;
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("older than 30 days"),
+        "{error}"
+    );
     let resp = call(
         &s.gw,
         &s.key,

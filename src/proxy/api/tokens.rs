@@ -23,8 +23,6 @@ pub const MAX_EXPIRES_IN: u64 = 900;
 pub const MINT_SCOPE: &str = "tokens:create";
 /// Largest accepted request body.
 const BODY_LIMIT: usize = 16 * 1024;
-/// Largest serialized `metadata`.
-const METADATA_LIMIT: usize = 4 * 1024;
 /// How long the store keeps a token after it expires: a replica that reads it then says
 /// "expired" (and audits the refusal), instead of taking it for a made-up key, which would
 /// also count against the client's address.
@@ -53,6 +51,7 @@ pub async fn mint(
     session: &mut Session,
     caller: &Authenticated,
     store: &dyn KeyStore,
+    metadata_limit: usize,
     request_id: &str,
     answer_headers: &[(&'static str, String)],
 ) -> Result<(), ApiError> {
@@ -104,9 +103,9 @@ pub async fn mint(
         ));
     }
     let metadata = req.metadata.unwrap_or_default();
-    if serde_json::to_vec(&metadata).map_or(usize::MAX, |v| v.len()) > METADATA_LIMIT {
+    if serde_json::to_vec(&metadata).map_or(usize::MAX, |v| v.len()) > metadata_limit {
         return Err(ApiError::invalid(format!(
-            "metadata must be at most {METADATA_LIMIT} bytes of JSON"
+            "metadata must be at most {metadata_limit} bytes of JSON"
         )));
     }
 

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use std::collections::HashMap;
 
 use super::*;
-use crate::metering::audit::{AuditQuery, AuditRecord};
+use crate::metering::audit::{AuditQuery, AuditRead, AuditRecord, AuditResume};
 use crate::store::{AuditStore, StoreError};
 
 /// Appends a batch of audit records to a workspace's stream, unless a batch of its id was
@@ -151,11 +151,63 @@ impl AuditStore for RedisStore {
     }
 
     async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
+        Ok(self.read_audit(query, None).await?.records)
+    }
+
+    async fn audit_page(&self, query: &AuditQuery) -> Result<AuditRead, StoreError> {
+        self.read_audit(query, Some(self.audit_scan_budget)).await
+    }
+}
+
+/// Audit records one page of a listing decodes at most, by default: a filter that matches
+/// little or nothing of a large log answers within about this much work (tens of
+/// milliseconds), with a cursor to go on from.
+pub const AUDIT_SCAN_BUDGET: usize = 50_000;
+
+/// When an audit stream entry was written, as late as its records' clocks may say: a batch is
+/// written after every record in it arrived, by Redis's clock, while records carry their
+/// gateway's, which may run a little ahead.
+fn written_ms(entry: &redis::streams::StreamId) -> u64 {
+    stream_id_ms(&entry.id)
+        .unwrap_or(u64::MAX)
+        .saturating_add(AUDIT_CLOCK_SKEW_MS)
+}
+
+/// The records of an audit stream entry.
+fn entry_records(entry: &redis::streams::StreamId) -> Vec<AuditRecord> {
+    let raw: Vec<u8> = entry.get("records").unwrap_or_default();
+    audit_codec::decode(&raw)
+        .and_then(|json| serde_json::from_slice(&json).ok())
+        .unwrap_or_default()
+}
+
+impl RedisStore {
+    /// Reads audit records for `query`, decoding at most `budget` records (then stopping at
+    /// the end of a batch, with where to go on), or all it takes without one.
+    async fn read_audit(
+        &self,
+        query: &AuditQuery,
+        budget: Option<usize>,
+    ) -> Result<AuditRead, StoreError> {
+        match &query.resume {
+            Some(resume) => self.resume_audit(query, resume, budget).await,
+            None => self.newest_audit(query, budget).await,
+        }
+    }
+
+    /// Reads from the newest batch, newest records first.
+    async fn newest_audit(
+        &self,
+        query: &AuditQuery,
+        budget: Option<usize>,
+    ) -> Result<AuditRead, StoreError> {
         let key = self.layout.audit(&query.workspace);
         let mut out = Vec::new();
         let mut end = "+".to_string();
         let since_ms = query.since.map(|s| s.saturating_mul(1000));
         let mut seen = std::collections::HashSet::new();
+        let mut decoded = 0;
+        let mut resume = None;
         // Entries come newest-written first, but replicas write their batches at different
         // times: an entry written earlier can hold newer records. A batch is written after
         // every record in it arrived, so once `limit` records are held, an entry written before
@@ -169,24 +221,22 @@ impl AuditStore for RedisStore {
                 break;
             }
             for entry in &page {
-                let written_ms = stream_id_ms(&entry.id).unwrap_or(u64::MAX);
-                // A batch is written after every record in it arrived: by Redis's clock, while
-                // records carry their gateway's, which may run a little ahead.
-                let written_ms = written_ms.saturating_add(AUDIT_CLOCK_SKEW_MS);
+                let written_ms = written_ms(entry);
                 if since_ms.is_some_and(|s| written_ms < s)
                     || cutoff_ms.is_some_and(|c| written_ms < c)
                 {
                     break 'pages;
                 }
-                let raw: Vec<u8> = entry.get("records").unwrap_or_default();
-                let batch: Vec<AuditRecord> = audit_codec::decode(&raw)
-                    .and_then(|json| serde_json::from_slice(&json).ok())
-                    .unwrap_or_default();
+                let batch = entry_records(entry);
+                decoded += batch.len();
+                let matching: Vec<AuditRecord> =
+                    batch.into_iter().filter(|r| query.matches(r)).collect();
+                let matched = matching.len();
                 // A batch whose acknowledgement was lost is written again: show it once.
                 out.extend(
-                    batch
+                    matching
                         .into_iter()
-                        .filter(|r| query.matches(r) && seen.insert(r.request_id.clone())),
+                        .filter(|r| seen.insert(r.request_id.clone())),
                 );
                 if out.len() >= query.limit {
                     AuditRecord::sort_listing(&mut out);
@@ -194,10 +244,82 @@ impl AuditStore for RedisStore {
                     cutoff_ms = out.last().map(|r| r.time_ms);
                 }
                 end = format!("({}", entry.id);
+                // Out of budget with the page not full: what was found, and where to go on.
+                // (A full page reads on to its cutoff, a few batches at most.)
+                if cutoff_ms.is_none() && budget.is_some_and(|b| decoded >= b) {
+                    resume = Some(AuditResume {
+                        entry: entry.id.clone(),
+                        skip: matched,
+                    });
+                    break 'pages;
+                }
             }
         }
         AuditRecord::sort_listing(&mut out);
         out.truncate(query.limit);
-        Ok(out)
+        Ok(AuditRead {
+            records: out,
+            resume,
+        })
+    }
+
+    /// Goes on with a scan from where it stopped, batch after batch in the order the log
+    /// holds them (newest written first), each page's records newest first.
+    async fn resume_audit(
+        &self,
+        query: &AuditQuery,
+        from: &AuditResume,
+        budget: Option<usize>,
+    ) -> Result<AuditRead, StoreError> {
+        let key = self.layout.audit(&query.workspace);
+        let mut out = Vec::new();
+        let mut end = from.entry.clone();
+        let since_ms = query.since.map(|s| s.saturating_mul(1000));
+        let mut seen = std::collections::HashSet::new();
+        let mut decoded = 0;
+        let mut resume = None;
+        'pages: loop {
+            let page = self.stream_range("XREVRANGE", &key, &end, "-", 100).await?;
+            if page.is_empty() {
+                break;
+            }
+            for entry in &page {
+                if since_ms.is_some_and(|s| written_ms(entry) < s) {
+                    break 'pages;
+                }
+                let batch = entry_records(entry);
+                decoded += batch.len();
+                // Matching records are counted before the duplicates of a batch written twice
+                // are left out, so a batch's count is the same on every page that reads it.
+                let matching: Vec<AuditRecord> =
+                    batch.into_iter().filter(|r| query.matches(r)).collect();
+                let skip = if entry.id == from.entry { from.skip } else { 0 };
+                for (i, record) in matching.iter().enumerate().skip(skip) {
+                    if out.len() == query.limit {
+                        resume = Some(AuditResume {
+                            entry: entry.id.clone(),
+                            skip: i,
+                        });
+                        break 'pages;
+                    }
+                    if seen.insert(record.request_id.clone()) {
+                        out.push(record.clone());
+                    }
+                }
+                end = format!("({}", entry.id);
+                if out.len() == query.limit || budget.is_some_and(|b| decoded >= b) {
+                    resume = Some(AuditResume {
+                        entry: entry.id.clone(),
+                        skip: matching.len(),
+                    });
+                    break 'pages;
+                }
+            }
+        }
+        AuditRecord::sort_listing(&mut out);
+        Ok(AuditRead {
+            records: out,
+            resume,
+        })
     }
 }

@@ -20,6 +20,7 @@
 //! | `{ns}:budgets:<ws>` | hash | project → monthly budget (micro-credits) |
 //! | `{ns}:flush:<id>` | string | a usage batch (spend, or rate counts) already added (a day), so a retry adds nothing |
 //! | `{ns}:rl:<key id>:<minute>` | integer | requests in that minute window, all replicas (expires) |
+//! | `{ns}:rl:mint:<key id>:<minute>` | integer | scoped tokens the key minted in that window (expires) |
 //! | `{ns}:endpoints:<ws>` | hash | webhook endpoint id → endpoint JSON (with its secret) |
 //! | `{ns}:wh:cursor` | string | an event-log entry id such that every entry up to it is fanned out (kept behind the oldest entry pending in the group); where a lost consumer group restarts |
 //! | `{ns}:wh:ready` | sorted set | `<ws> <endpoint id>` of every endpoint with queued deliveries, scored by the earliest due time (ms) |

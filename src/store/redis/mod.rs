@@ -69,6 +69,8 @@ pub struct RedisStore {
     /// Tokens minted on any replica, heard of on the tokens channel.
     minted: Arc<MintedTokens>,
     audit_retention_secs: u64,
+    /// Audit records a page of a listing decodes at most.
+    audit_scan_budget: usize,
     /// Compresses audit batches for their stream entries.
     audit_codec: audit_codec::AuditCodec,
     /// Behind Sentinels: a master with replicas, any of which a failover may promote.
@@ -136,6 +138,7 @@ impl RedisStore {
             changed,
             minted,
             audit_retention_secs: 30 * 86_400,
+            audit_scan_budget: audit::AUDIT_SCAN_BUDGET,
             audit_codec: audit_codec::AuditCodec::new(),
             replicated: sentinels.is_some(),
             filling: tokio::sync::Mutex::new(()),
@@ -152,6 +155,13 @@ impl RedisStore {
     /// Keeps audit records for `days` (default 30).
     pub fn with_audit_retention_days(mut self, days: u64) -> Self {
         self.audit_retention_secs = days.saturating_mul(86_400);
+        self
+    }
+
+    /// Lets a page of an audit listing decode at most `records` (default
+    /// [`AUDIT_SCAN_BUDGET`](audit::AUDIT_SCAN_BUDGET)).
+    pub fn with_audit_scan_budget(mut self, records: usize) -> Self {
+        self.audit_scan_budget = records.max(1);
         self
     }
 

@@ -129,3 +129,85 @@ async fn redis_an_audit_entry_is_dated_at_most_ten_minutes_ahead() {
     // Appended under Redis's time first, then moved: the first entry is gone.
     assert_eq!(audit_entries(&ns, &ws).await, 1);
 }
+
+/// Reads every page of `query` as the admin API's listing does: after a full page from the
+/// newest, the next starts after its last record; a scan that stopped goes on from where it
+/// stopped. The records, and how many pages it took.
+async fn every_page(store: &RedisStore, mut query: AuditQuery) -> (Vec<AuditRecord>, usize) {
+    let limit = query.limit;
+    let mut records = Vec::new();
+    let mut pages = 0;
+    loop {
+        let scanning = query.resume.is_some();
+        query.limit = if scanning { limit } else { limit + 1 };
+        let mut read = store.audit_page(&query).await.unwrap();
+        pages += 1;
+        assert!(pages < 1_000, "no progress");
+        if let Some(resume) = read.resume {
+            assert!(read.records.len() <= limit);
+            records.extend(read.records);
+            query.resume = Some(resume);
+            continue;
+        }
+        let more = !scanning && read.records.len() > limit;
+        read.records.truncate(limit);
+        let last = read.records.last().map(AuditCursor::after);
+        records.extend(read.records);
+        match (more, last) {
+            (true, Some(last)) => query.cursor = Some(last),
+            _ => return (records, pages),
+        }
+    }
+}
+
+/// A filter that matches nothing of a large log answers after a bounded read, with where to
+/// go on; going on finds every record the filter matches, each once.
+#[tokio::test]
+async fn redis_an_audit_filter_matching_little_reads_within_its_budget_and_goes_on() {
+    let ns = TestNamespace::new();
+    let store = RedisStore::connect(&redis_url(), &ns.name)
+        .unwrap()
+        .with_audit_scan_budget(100);
+    let ws = new_id("ws");
+    let now = unix_now() * 1000;
+    let mut rare = std::collections::HashSet::new();
+    // 30 batches of 40: one record in 7 is key_rare's.
+    for batch in 0..30u64 {
+        let records: Vec<AuditRecord> = (0..40u64)
+            .map(|i| {
+                let n = batch * 40 + i;
+                let mut record = audit_record(&ws, now + n);
+                if n % 7 == 0 {
+                    record.key_id = "key_rare".into();
+                    rare.insert(record.request_id.clone());
+                }
+                record
+            })
+            .collect();
+        store.append_audit(&records, None).await.unwrap();
+    }
+    let query = |key_id: &str, limit| AuditQuery {
+        workspace: ws.clone(),
+        key_id: Some(key_id.into()),
+        limit,
+        ..AuditQuery::default()
+    };
+    // Nothing matches: the first page answers at once (three batches read), empty.
+    let first = store.audit_page(&query("key_none", 100)).await.unwrap();
+    assert!(first.records.is_empty());
+    assert!(first.resume.is_some(), "stopped by its budget");
+    let (none, pages) = every_page(&store, query("key_none", 100)).await;
+    assert!(none.is_empty());
+    assert!(pages >= 10, "{pages} pages for 1,200 records at 100 a page");
+    // A rare key: every record once, whatever the page size (a page may end inside a batch).
+    for limit in [1, 4, 100] {
+        let (found, _) = every_page(&store, query("key_rare", limit)).await;
+        let ids: std::collections::HashSet<_> =
+            found.iter().map(|r| r.request_id.clone()).collect();
+        assert_eq!(found.len(), rare.len(), "limit {limit}");
+        assert_eq!(ids, rare, "limit {limit}");
+    }
+    // Without a budget (the store's own reads), one answer holds them all.
+    let all = store.audit(&query("key_rare", 1_000)).await.unwrap();
+    assert_eq!(all.len(), rare.len());
+}
