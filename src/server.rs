@@ -19,6 +19,7 @@ use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
 use crate::shutdown::{Draining, DrainingSignalWatch};
 use crate::store::{MemoryStore, RedisStore, StoreError, StoreHealth, Stores, WorkerStores};
+use crate::telemetry::Tracing;
 use crate::webhooks::mail::Mailer;
 use crate::webhooks::{Worker, WorkerSettings};
 
@@ -77,6 +78,7 @@ fn run_behind_requests() {
 pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     writable_dir("metering.spool_dir", &config.metering.spool_dir)?;
     metrics::init();
+    let traces = Tracing::start(&config.tracing).map_err(StartError::Config)?;
     // Pingora binds its listeners after start-up and retries a taken port silently; check
     // first so a conflict fails at once with the key to change. In an upgrade the old
     // process still holds the ports and hands them over, so there is nothing to check.
@@ -170,7 +172,8 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     .with_unknown_key_limit(
         config.limits.unknown_keys_per_minute,
         config.limits.unknown_keys_per_minute_total,
-    );
+    )
+    .with_tracing(traces.clone());
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
         gateway,
@@ -250,6 +253,10 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         tokio::join!(worker, metering);
     });
     store_runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // After the last requests' spans ended: what is batched goes to the collector.
+    if let Some(traces) = traces {
+        traces.shutdown();
+    }
     tracing::info!("svcgate stopped");
     Ok(())
 }
@@ -275,7 +282,9 @@ fn writable_dir(key: &str, dir: &str) -> Result<(), StartError> {
     std::fs::remove_file(&probe).map_err(fail)
 }
 
-fn connect_store(config: &Config) -> Result<Stores, StartError> {
+/// The store `config` names, connected (lazily: a Redis that does not answer yet is no error
+/// here).
+pub(crate) fn connect_store(config: &Config) -> Result<Stores, StartError> {
     Ok(match config.store.kind {
         StoreKind::Memory => Stores::of(Arc::new(MemoryStore::with_demo_workspace())),
         StoreKind::Redis => {
