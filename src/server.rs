@@ -121,7 +121,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         false => {
             let worker = {
                 let _guard = store_runtime.enter();
-                webhook_worker(&config, store.worker())?
+                webhook_worker(&config, store.worker(), traces.clone())?
             };
             Some(store_runtime.spawn(worker.run(worker_stopped)))
         }
@@ -261,13 +261,20 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     Ok(())
 }
 
-fn webhook_worker(config: &Config, store: WorkerStores) -> Result<Arc<Worker>, StartError> {
+fn webhook_worker(
+    config: &Config,
+    store: WorkerStores,
+    traces: Option<Tracing>,
+) -> Result<Arc<Worker>, StartError> {
     if config.smtp.host.is_none() {
         writable_dir("webhooks.outbox_dir", &config.webhooks.outbox_dir)?;
     }
     let mailer = Mailer::new(&config.smtp, &config.webhooks).map_err(StartError::Config)?;
-    Worker::new(store, WorkerSettings::from_config(&config.webhooks), mailer)
-        .map_err(StartError::Config)
+    let settings = WorkerSettings {
+        tracing: traces,
+        ..WorkerSettings::from_config(&config.webhooks)
+    };
+    Worker::new(store, settings, mailer).map_err(StartError::Config)
 }
 
 /// Makes sure `dir` exists and takes files: what is spooled there (audit records, spend, mail)
@@ -324,6 +331,7 @@ fn schema_checked(checked: Result<(), StoreError>) -> Result<(), StartError> {
 /// on the metrics listener, until SIGTERM or SIGINT.
 pub fn work(config: Config) -> Result<(), StartError> {
     metrics::init_webhooks();
+    let traces = Tracing::start(&config.tracing).map_err(StartError::Config)?;
     let listener = bind("server.metrics_listen", &config.server.metrics_listen)?;
     listener
         .set_nonblocking(true)
@@ -338,7 +346,8 @@ pub fn work(config: Config) -> Result<(), StartError> {
         .enable_all()
         .build()
         .map_err(|e| StartError::Config(format!("cannot start the runtime: {e}")))?;
-    runtime.block_on(async move {
+    let worker_traces = traces.clone();
+    let ran = runtime.block_on(async move {
         if config.store.kind == StoreKind::Memory {
             tracing::warn!(
                 "the worker runs on the in-memory store: it sees only events of this process; \
@@ -347,7 +356,7 @@ pub fn work(config: Config) -> Result<(), StartError> {
         }
         let store = connect_store(&config)?;
         schema_checked(store.health.check_schema().await)?;
-        let worker = webhook_worker(&config, store.worker())?;
+        let worker = webhook_worker(&config, store.worker(), worker_traces)?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let running = tokio::spawn(worker.run(stopped));
         let listener = tokio::net::TcpListener::from_std(listener)
@@ -367,7 +376,11 @@ pub fn work(config: Config) -> Result<(), StartError> {
         let _ = running.await;
         probes.abort();
         Ok(())
-    })
+    });
+    if let Some(traces) = traces {
+        traces.shutdown();
+    }
+    ran
 }
 
 /// Brings what an earlier version wrote up to date ([`StoreHealth::prepare`]), off every request's

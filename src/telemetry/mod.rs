@@ -2,11 +2,15 @@
 //! otlp_endpoint` is set, and the W3C trace context (`traceparent`, `tracestate`) read from
 //! callers and passed on to backends.
 //!
+//! Webhook deliveries are traced too: each attempt is a span, a child of the request that
+//! caused the event when the event kept its `traceparent`.
+//!
 //! Off by default, and then free: the gateway holds no [`Tracing`], and a request makes no
 //! span, reads no header and allocates nothing for it. On, spans are batched and exported from
 //! a thread of the exporter's own, never on a request's path.
 
 pub mod config;
+mod delivery;
 mod request;
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
@@ -20,6 +24,7 @@ use opentelemetry_sdk::trace::{
 use std::time::Duration;
 
 pub use config::TracingConfig;
+pub use delivery::{is_traceparent, DeliveryAttempt, DeliveryTrace};
 pub use request::RequestTrace;
 
 /// How long spans wait to be sent in a batch: a sidecar's traces should reach the collector

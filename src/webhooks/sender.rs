@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ids::{unix_millis, unix_now};
+use crate::telemetry::TraceHeaders;
 use crate::webhooks::delivery::Attempt;
 use crate::webhooks::endpoint::{is_internal, Endpoint};
 use crate::webhooks::signature::{sign, EVENT_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
@@ -53,11 +54,18 @@ impl Sender {
     }
 
     /// POSTs `payload`, the body of the event `event_id` ([`crate::webhooks::delivery::body`]), to `endpoint`, signed
-    /// with its secret. The attempts of one event in flight share one copy of it.
-    pub async fn send(&self, endpoint: &Endpoint, event_id: &str, payload: Bytes) -> Attempt {
+    /// with its secret, with the attempt's trace context (`trace`, empty when not traced). The
+    /// attempts of one event in flight share one copy of the payload.
+    pub async fn send(
+        &self,
+        endpoint: &Endpoint,
+        event_id: &str,
+        payload: Bytes,
+        trace: &TraceHeaders,
+    ) -> Attempt {
         let at_ms = unix_millis();
         let started = Instant::now();
-        let result = self.post(endpoint, event_id, payload).await;
+        let result = self.post(endpoint, event_id, payload, trace).await;
         let duration_ms = started.elapsed().as_millis() as u64;
         let (status_code, error) = match result {
             Ok(status) if (200..300).contains(&status) => (Some(status), None),
@@ -82,6 +90,7 @@ impl Sender {
         endpoint: &Endpoint,
         event_id: &str,
         payload: Bytes,
+        trace: &TraceHeaders,
     ) -> Result<u16, String> {
         let url = reqwest::Url::parse(&endpoint.url).map_err(|e| format!("bad URL: {e}"))?;
         if !self.allow_insecure {
@@ -96,13 +105,22 @@ impl Sender {
         }
         let timestamp = unix_now();
         let signature = sign(&endpoint.secret, timestamp, &payload);
-        let mut response = self
+        let mut request = self
             .client
             .post(url)
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(SIGNATURE_HEADER, signature)
             .header(TIMESTAMP_HEADER, timestamp)
-            .header(EVENT_ID_HEADER, event_id)
+            .header(EVENT_ID_HEADER, event_id);
+        for (name, value) in [
+            ("traceparent", &trace.traceparent),
+            ("tracestate", &trace.tracestate),
+        ] {
+            if let Some(value) = value {
+                request = request.header(name, value);
+            }
+        }
+        let mut response = request
             .body(payload)
             .send()
             .await
@@ -211,6 +229,7 @@ mod tests {
                 &endpoint(&format!("http://{addr}/hook")),
                 &event.id,
                 body(&event).into(),
+                &TraceHeaders::default(),
             )
             .await;
         assert_eq!(attempt.status_code, Some(200));
@@ -236,7 +255,12 @@ mod tests {
             "https://localhost:1/hook",
         ] {
             let attempt = sender
-                .send(&endpoint(url), &event.id, body(&event).into())
+                .send(
+                    &endpoint(url),
+                    &event.id,
+                    body(&event).into(),
+                    &TraceHeaders::default(),
+                )
                 .await;
             let error = attempt.error.unwrap_or_default();
             assert!(error.contains("internal"), "{url}: {error}");
@@ -247,6 +271,7 @@ mod tests {
                 &endpoint("http://example.com/hook"),
                 &event.id,
                 body(&event).into(),
+                &TraceHeaders::default(),
             )
             .await;
         // Refused before any lookup or connection: the error is the scheme's, not the

@@ -34,6 +34,7 @@ use crate::events::{Event, LoggedEvent};
 use crate::ids::{new_id, unix_millis};
 use crate::metrics;
 use crate::shared::store::StoreError;
+use crate::telemetry::{DeliveryAttempt, DeliveryTrace, Tracing};
 use crate::webhooks::delivery::{body, Delivery, DeliveryStatus};
 use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use crate::webhooks::mail::Mailer;
@@ -73,6 +74,8 @@ pub struct WorkerSettings {
     pub max_in_flight: usize,
     /// Attempts in flight to one endpoint at most.
     pub max_in_flight_per_endpoint: usize,
+    /// Traces each attempt, when `[tracing] otlp_endpoint` is set.
+    pub tracing: Option<Tracing>,
 }
 
 impl WorkerSettings {
@@ -88,6 +91,7 @@ impl WorkerSettings {
             allow_insecure_targets: config.allow_insecure_targets,
             max_in_flight: config.max_in_flight,
             max_in_flight_per_endpoint: config.max_in_flight_per_endpoint,
+            tracing: None,
         }
     }
 
@@ -368,7 +372,27 @@ impl Worker {
                 ("skipped", None, Outcome::Gone)
             }
             Some(e) => {
-                let attempt = self.sender.send(e, &delivery.event.id, payload).await;
+                let trace = self.settings.tracing.as_ref().map(|t| {
+                    t.delivery(DeliveryAttempt {
+                        event_id: &delivery.event.id,
+                        event_type: &delivery.event.event_type,
+                        endpoint_id: &endpoint_id,
+                        workspace: &delivery.workspace,
+                        attempt: delivery.attempts + 1,
+                        traceparent: delivery.event.traceparent.as_deref(),
+                    })
+                });
+                let headers = trace
+                    .as_ref()
+                    .map(DeliveryTrace::headers)
+                    .unwrap_or_default();
+                let attempt = self
+                    .sender
+                    .send(e, &delivery.event.id, payload, &headers)
+                    .await;
+                if let Some(trace) = trace {
+                    trace.end(attempt.status_code, attempt.error.is_some());
+                }
                 let took = Duration::from_millis(attempt.duration_ms);
                 if attempt.error.is_none() {
                     delivery.succeed(attempt);

@@ -7,6 +7,7 @@ mod delivery;
 mod mail;
 mod operators;
 mod stream;
+mod tracing;
 mod volume;
 mod workers;
 
