@@ -48,6 +48,9 @@ enum Command {
         /// trace collector; one line each, exit 2 if any fails.
         #[arg(long)]
         connect: bool,
+        /// Check it as `svcgate worker` would (no admin token needed) rather than `serve`.
+        #[arg(long)]
+        worker: bool,
     },
     /// Run the webhook worker alone, with /metrics, /healthz and /readyz on the metrics port.
     Worker {
@@ -376,10 +379,20 @@ pub fn run(cli: Cli) -> ExitCode {
             server::serve(config, ServeOptions { upgrade, no_worker })
         }),
         Command::Worker { config } => run_server(config, Role::Worker, server::work),
-        Command::Check { config, connect } => match load_config(Some(config), Role::Server) {
-            Ok(config) => check::run(&config, connect),
-            Err(code) => code,
-        },
+        Command::Check {
+            config,
+            connect,
+            worker,
+        } => {
+            let role = match worker {
+                true => Role::Worker,
+                false => Role::Server,
+            };
+            match load_config(Some(config), role) {
+                Ok(config) => check::run(&config, connect),
+                Err(code) => code,
+            }
+        }
         Command::Workspaces { admin, command } => {
             call_admin(&admin, |client, base| Ok(workspaces(client, base, command)))
         }

@@ -512,6 +512,13 @@ fn check_passes_the_shipped_file_and_names_every_bad_key_of_a_broken_one() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("lisen"));
     let out = check(&dir.path().join("missing.toml"), &[]);
     assert_eq!(out.status.code(), Some(2));
+
+    // A worker's file needs no admin token; a gateway's does.
+    std::fs::write(&broken, "[store]\nkind = \"redis\"\n").unwrap();
+    let out = check(&broken, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.admin_token"));
+    assert_eq!(check(&broken, &["--worker"]).status.code(), Some(0));
 }
 
 #[tokio::test]
