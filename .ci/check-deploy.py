@@ -40,6 +40,7 @@ SCENARIOS = {
         "adminService": {"enabled": True},
         "spool": {"existingClaim": "svcgate-spool"},
         "metrics": {"scrapeAnnotations": False},
+        "tracing": {"otlpEndpoint": "http://otel-collector.observability:4318"},
     },
     "embedded-worker": {
         "worker": {

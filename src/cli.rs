@@ -1,6 +1,8 @@
 //! The command line: `svcgate serve`, `svcgate keys …` and `svcgate events …` which talk to
-//! the admin API, and `svcgate listen`, which forwards webhook events to a local URL.
+//! the admin API, `svcgate listen`, which forwards webhook events to a local URL, and
+//! `svcgate check`, which checks a configuration before a rollout.
 
+mod check;
 mod listen;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -33,6 +35,22 @@ enum Command {
         /// Run no webhook worker in this process (run `svcgate worker` separately).
         #[arg(long)]
         no_worker: bool,
+    },
+    /// Check a configuration as `serve` would, without serving: every problem is printed with
+    /// its key (exit 2); 0 when it is fine. `SVCGATE_*` variables apply as they do to `serve`,
+    /// so run it with the environment of the deployment. For CI, before a rollout.
+    Check {
+        /// TOML config file to check.
+        #[arg(long, short, env = "SVCGATE_CONFIG")]
+        config: PathBuf,
+        /// Also try what it names: the store (PING and its schema version), each backend
+        /// (`upstream.live`, `upstream.sandbox`: a TCP connection), the SMTP relay and the
+        /// trace collector; one line each, exit 2 if any fails.
+        #[arg(long)]
+        connect: bool,
+        /// Check it as `svcgate worker` would (no admin token needed) rather than `serve`.
+        #[arg(long)]
+        worker: bool,
     },
     /// Run the webhook worker alone, with /metrics, /healthz and /readyz on the metrics port.
     Worker {
@@ -372,6 +390,20 @@ pub fn run(cli: Cli) -> ExitCode {
             server::serve(config, ServeOptions { upgrade, no_worker })
         }),
         Command::Worker { config } => run_server(config, Role::Worker, server::work),
+        Command::Check {
+            config,
+            connect,
+            worker,
+        } => {
+            let role = match worker {
+                true => Role::Worker,
+                false => Role::Server,
+            };
+            match load_config(Some(config), role) {
+                Ok(config) => check::run(&config, connect),
+                Err(code) => code,
+            }
+        }
         Command::Workspaces { admin, command } => {
             call_admin(&admin, |client, base| Ok(workspaces(client, base, command)))
         }
@@ -419,17 +451,22 @@ fn openapi(api: OpenapiArg, config: Option<PathBuf>) -> ExitCode {
     }
 }
 
-/// Runs `svcgate listen` until its stream ends (it exits 1 then: the stream is meant to last).
-fn listen(args: ListenArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+/// A runtime on the calling thread for a command's I/O; exit 1 if there is none to be had.
+fn command_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
+        .map_err(|e| {
             eprintln!("svcgate: cannot start a runtime: {e}");
-            return ExitCode::from(1);
-        }
+            ExitCode::from(1)
+        })
+}
+
+/// Runs `svcgate listen` until its stream ends (it exits 1 then: the stream is meant to last).
+fn listen(args: ListenArgs) -> ExitCode {
+    let runtime = match command_runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
     };
     let options = listen::Options {
         api_key: args.api_key.0,
@@ -459,27 +496,9 @@ fn run_server(
     role: Role,
     run: impl FnOnce(Config) -> Result<(), server::StartError>,
 ) -> ExitCode {
-    // Only `SVCGATE_*` variables are settings; another that is not UTF-8 is none of ours (with
-    // `env::vars` it was a panic). One of ours that is not UTF-8 is refused by name.
-    let mut env = Vec::new();
-    for (name, value) in std::env::vars_os() {
-        let Some(name) = name.to_str().filter(|n| n.starts_with("SVCGATE_")) else {
-            continue;
-        };
-        match value.into_string() {
-            Ok(value) => env.push((name.to_string(), value)),
-            Err(_) => {
-                eprintln!("svcgate: invalid configuration: {name}: not UTF-8");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    let config = match Config::load_as(path.as_deref(), env, role) {
+    let config = match load_config(path, role) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("svcgate: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     crate::logging::init(&config.log);
     match run(config) {
@@ -491,20 +510,38 @@ fn run_server(
     }
 }
 
+/// The configuration from `path` and the `SVCGATE_*` variables, validated for `role`; when it
+/// is invalid, every problem is printed with its key and the exit code is 2.
+fn load_config(path: Option<PathBuf>, role: Role) -> Result<Config, ExitCode> {
+    // Only `SVCGATE_*` variables are settings; another that is not UTF-8 is none of ours (with
+    // `env::vars` it was a panic). One of ours that is not UTF-8 is refused by name.
+    let mut env = Vec::new();
+    for (name, value) in std::env::vars_os() {
+        let Some(name) = name.to_str().filter(|n| n.starts_with("SVCGATE_")) else {
+            continue;
+        };
+        match value.into_string() {
+            Ok(value) => env.push((name.to_string(), value)),
+            Err(_) => {
+                eprintln!("svcgate: invalid configuration: {name}: not UTF-8");
+                return Err(ExitCode::from(2));
+            }
+        }
+    }
+    Config::load_as(path.as_deref(), env, role).map_err(|e| {
+        eprintln!("svcgate: {e}");
+        ExitCode::from(2)
+    })
+}
+
 /// Runs one admin API call and prints its JSON answer.
 fn call_admin(
     admin: &AdminArgs,
     build: impl FnOnce(&reqwest::Client, &str) -> Result<reqwest::RequestBuilder, String>,
 ) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match command_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("svcgate: cannot start a runtime: {e}");
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     let base = admin.admin_url.trim_end_matches('/');
     let client = reqwest::Client::new();

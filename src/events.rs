@@ -87,6 +87,10 @@ pub struct Event {
     /// apart ([`crate::webhooks::delivery::WithoutPayload`]) until the store fills it in.
     #[serde(default)]
     pub data: serde_json::Value,
+    /// The W3C `traceparent` of the request that caused the event, when it was traced: its
+    /// deliveries continue that trace. Never part of what is delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl Event {
@@ -104,7 +108,17 @@ impl Event {
             workspace: workspace.to_string(),
             environment,
             data,
+            traceparent: None,
         }
+    }
+
+    /// The event, continuing the trace of `traceparent` if that is a valid W3C
+    /// `traceparent` (anything else is dropped: it is a hint, not part of the event).
+    pub fn caused_by(mut self, traceparent: Option<&str>) -> Self {
+        self.traceparent = traceparent
+            .filter(|t| crate::telemetry::is_traceparent(t))
+            .map(str::to_owned);
+        self
     }
 }
 
@@ -205,7 +219,9 @@ impl Event {
             workspace: workspace.to_string(),
             environment,
             data,
-        })
+            traceparent: None,
+        }
+        .caused_by(field("traceparent")))
     }
 }
 

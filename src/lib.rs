@@ -8,6 +8,7 @@
 //! - [`metering`]: credits (budgets, spend and audit build on it);
 //! - [`admin`]: the operators' API; [`cli`]: the command line;
 //! - [`shared`]: the leaf every area may use (credits, ids, bearer parsing, address checks);
+//! - [`telemetry`]: traces over OTLP and the W3C trace context;
 //! - [`config`], [`metrics`], [`logging`], [`server`], [`shutdown`]: the process around them.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -27,6 +28,7 @@ pub mod server;
 pub mod shared;
 pub mod shutdown;
 pub mod store;
+pub mod telemetry;
 pub mod webhooks;
 
 pub use shared::ids;

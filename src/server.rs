@@ -19,6 +19,7 @@ use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
 use crate::shutdown::{Draining, DrainingSignalWatch};
 use crate::store::{MemoryStore, RedisStore, StoreError, StoreHealth, Stores, WorkerStores};
+use crate::telemetry::Tracing;
 use crate::webhooks::mail::Mailer;
 use crate::webhooks::{Worker, WorkerSettings};
 
@@ -77,6 +78,7 @@ fn run_behind_requests() {
 pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     writable_dir("metering.spool_dir", &config.metering.spool_dir)?;
     metrics::init();
+    let traces = Tracing::start(&config.tracing).map_err(StartError::Config)?;
     // Pingora binds its listeners after start-up and retries a taken port silently; check
     // first so a conflict fails at once with the key to change. In an upgrade the old
     // process still holds the ports and hands them over, so there is nothing to check.
@@ -119,7 +121,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         false => {
             let worker = {
                 let _guard = store_runtime.enter();
-                webhook_worker(&config, store.worker())?
+                webhook_worker(&config, store.worker(), traces.clone())?
             };
             Some(store_runtime.spawn(worker.run(worker_stopped)))
         }
@@ -170,7 +172,8 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     .with_unknown_key_limit(
         config.limits.unknown_keys_per_minute,
         config.limits.unknown_keys_per_minute_total,
-    );
+    )
+    .with_tracing(traces.clone());
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
         gateway,
@@ -250,17 +253,28 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         tokio::join!(worker, metering);
     });
     store_runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // After the last requests' spans ended: what is batched goes to the collector.
+    if let Some(traces) = traces {
+        traces.shutdown();
+    }
     tracing::info!("svcgate stopped");
     Ok(())
 }
 
-fn webhook_worker(config: &Config, store: WorkerStores) -> Result<Arc<Worker>, StartError> {
+fn webhook_worker(
+    config: &Config,
+    store: WorkerStores,
+    traces: Option<Tracing>,
+) -> Result<Arc<Worker>, StartError> {
     if config.smtp.host.is_none() {
         writable_dir("webhooks.outbox_dir", &config.webhooks.outbox_dir)?;
     }
     let mailer = Mailer::new(&config.smtp, &config.webhooks).map_err(StartError::Config)?;
-    Worker::new(store, WorkerSettings::from_config(&config.webhooks), mailer)
-        .map_err(StartError::Config)
+    let settings = WorkerSettings {
+        tracing: traces,
+        ..WorkerSettings::from_config(&config.webhooks)
+    };
+    Worker::new(store, settings, mailer).map_err(StartError::Config)
 }
 
 /// Makes sure `dir` exists and takes files: what is spooled there (audit records, spend, mail)
@@ -275,7 +289,9 @@ fn writable_dir(key: &str, dir: &str) -> Result<(), StartError> {
     std::fs::remove_file(&probe).map_err(fail)
 }
 
-fn connect_store(config: &Config) -> Result<Stores, StartError> {
+/// The store `config` names, connected (lazily: a Redis that does not answer yet is no error
+/// here).
+pub(crate) fn connect_store(config: &Config) -> Result<Stores, StartError> {
     Ok(match config.store.kind {
         StoreKind::Memory => Stores::of(Arc::new(MemoryStore::with_demo_workspace())),
         StoreKind::Redis => {
@@ -315,6 +331,7 @@ fn schema_checked(checked: Result<(), StoreError>) -> Result<(), StartError> {
 /// on the metrics listener, until SIGTERM or SIGINT.
 pub fn work(config: Config) -> Result<(), StartError> {
     metrics::init_webhooks();
+    let traces = Tracing::start(&config.tracing).map_err(StartError::Config)?;
     let listener = bind("server.metrics_listen", &config.server.metrics_listen)?;
     listener
         .set_nonblocking(true)
@@ -329,7 +346,8 @@ pub fn work(config: Config) -> Result<(), StartError> {
         .enable_all()
         .build()
         .map_err(|e| StartError::Config(format!("cannot start the runtime: {e}")))?;
-    runtime.block_on(async move {
+    let worker_traces = traces.clone();
+    let ran = runtime.block_on(async move {
         if config.store.kind == StoreKind::Memory {
             tracing::warn!(
                 "the worker runs on the in-memory store: it sees only events of this process; \
@@ -338,7 +356,7 @@ pub fn work(config: Config) -> Result<(), StartError> {
         }
         let store = connect_store(&config)?;
         schema_checked(store.health.check_schema().await)?;
-        let worker = webhook_worker(&config, store.worker())?;
+        let worker = webhook_worker(&config, store.worker(), worker_traces)?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let running = tokio::spawn(worker.run(stopped));
         let listener = tokio::net::TcpListener::from_std(listener)
@@ -358,7 +376,11 @@ pub fn work(config: Config) -> Result<(), StartError> {
         let _ = running.await;
         probes.abort();
         Ok(())
-    })
+    });
+    if let Some(traces) = traces {
+        traces.shutdown();
+    }
+    ran
 }
 
 /// Brings what an earlier version wrote up to date ([`StoreHealth::prepare`]), off every request's

@@ -454,3 +454,124 @@ async fn a_worker_on_redis_starts_without_an_admin_token() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// `svcgate check --config FILE …`, with no `SVCGATE_*` variables of the developer's.
+fn check(config: &std::path::Path, args: &[&str]) -> std::process::Output {
+    svcgate_command()
+        .arg("check")
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn check_passes_the_shipped_file_and_names_every_bad_key_of_a_broken_one() {
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/svcgate.toml");
+    let out = check(&shipped, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("valid"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.toml");
+    std::fs::write(
+        &broken,
+        "[server]\nlisten = \"nowhere\"\n[tracing]\notlp_endpoint = \"grpc://collector:4317\"\n\
+         sampling_ratio = 2.0\n",
+    )
+    .unwrap();
+    let out = check(&broken, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for key in [
+        "server.listen",
+        "tracing.otlp_endpoint",
+        "tracing.sampling_ratio",
+    ] {
+        assert!(stderr.contains(key), "{key} not in {stderr}");
+    }
+    // The same file stops `serve` with the same report.
+    let serve = svcgate_command()
+        .args(["serve", "--config"])
+        .arg(&broken)
+        .output()
+        .unwrap();
+    assert_eq!(serve.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&serve.stderr), stderr);
+
+    // Syntax errors and an unknown key too.
+    std::fs::write(&broken, "[server]\nlisen = \"x\"\n").unwrap();
+    let out = check(&broken, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lisen"));
+    let out = check(&dir.path().join("missing.toml"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+
+    // A worker's file needs no admin token; a gateway's does.
+    std::fs::write(&broken, "[store]\nkind = \"redis\"\n").unwrap();
+    let out = check(&broken, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.admin_token"));
+    assert_eq!(check(&broken, &["--worker"]).status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn check_connect_reports_what_answers_and_what_does_not() {
+    let ns = TestNamespace::new();
+    let backend = RecordingUpstream::start("live").await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("svcgate.toml");
+    let write = |store_url: &str, sandbox: std::net::SocketAddr| {
+        std::fs::write(
+            &path,
+            format!(
+                "[server]\nadmin_token = \"{ADMIN_TOKEN}-long-enough\"\n\
+                 [store]\nkind = \"redis\"\nurl = \"{store_url}\"\nnamespace = \"{}\"\n\
+                 [upstream]\nlive = \"{}\"\nsandbox = \"{sandbox}\"\nconnect_timeout_ms = 500\n",
+                ns.name, backend.addr
+            ),
+        )
+        .unwrap();
+    };
+    write(&redis_url(), backend.addr);
+    let out = check(&path, &["--connect"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in ["store: ok", "upstream.live: ok", "upstream.sandbox: ok"] {
+        assert!(stdout.contains(line), "{line} not in {stdout}");
+    }
+
+    // A store and a backend that do not answer: each reported, exit 2.
+    write(&format!("redis://{closed}/0"), closed);
+    let out = check(&path, &["--connect"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("upstream.live: ok"), "{stdout}");
+    assert!(stderr.contains("store: FAILED"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "upstream.sandbox: FAILED: cannot connect to {closed}"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("long-enough"),
+        "no secret is shown: {stderr}"
+    );
+}

@@ -1,6 +1,7 @@
 //! `POST /admin/v1/events`: a backend announces an event for a workspace (an image batch
 //! finished, an agent run needs approval, …). It enters the event log, from which the webhook
-//! worker delivers it.
+//! worker delivers it. A `traceparent` on the call is kept with the event, so its deliveries
+//! continue the backend's trace.
 
 use axum::extract::State;
 use axum::Json;
@@ -47,6 +48,7 @@ pub(super) struct Accepted {
 )]
 pub(super) async fn create(
     State(state): State<AdminState>,
+    headers: http::HeaderMap,
     JsonBody(body): JsonBody<NewEvent>,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     if !is_event_type(&body.event_type) {
@@ -74,7 +76,9 @@ pub(super) async fn create(
         ));
     }
     state.require_workspace(&body.workspace).await?;
-    let mut event = Event::new(&body.event_type, &body.workspace, environment, data);
+    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    let mut event =
+        Event::new(&body.event_type, &body.workspace, environment, data).caused_by(traceparent);
     if let Some(id) = body.id {
         event.id = id;
     }

@@ -21,6 +21,7 @@ pub use crate::metering::config::{LimitsConfig, MeteringConfig, ProjectBudgetCon
 pub use crate::proxy::config::{default_routes, resolve, CorsConfig, RouteConfig, UpstreamConfig};
 pub use crate::shared::problem::Problem;
 pub use crate::store::config::{StoreConfig, StoreKind};
+pub use crate::telemetry::TracingConfig;
 pub use crate::webhooks::config::{SmtpConfig, SmtpTls, WebhooksConfig};
 pub use server::ServerConfig;
 
@@ -53,6 +54,8 @@ pub struct Config {
     pub smtp: SmtpConfig,
     /// Browser apps allowed to call the API (with scoped tokens).
     pub cors: CorsConfig,
+    /// Traces exported over OTLP/HTTP.
+    pub tracing: TracingConfig,
     /// The route table. Giving any `[[routes]]` replaces the whole default table.
     pub routes: Vec<RouteConfig>,
 }
@@ -220,9 +223,6 @@ impl Config {
     /// [`Config::validate`] for `role`: a worker serves no admin API, and is not asked for an
     /// admin token (its manifest keeps the token out of the process that calls customers'
     /// URLs).
-    /// [`Config::validate`] for `role`: a worker serves no admin API, and is not asked for an
-    /// admin token (its manifest keeps the token out of the process that calls customers'
-    /// URLs).
     pub fn validate_as(&self, role: Role) -> Result<(), ConfigError> {
         let mut problems = self.server.validate(role, self.store.kind);
         problems.extend(self.keys.validate());
@@ -237,6 +237,7 @@ impl Config {
         problems.extend(self.upstream.validate());
         problems.extend(self.metering.validate());
         problems.extend(self.limits.validate());
+        problems.extend(self.tracing.validate());
         problems.extend(crate::proxy::config::validate_routes(&self.routes()));
         if problems.is_empty() {
             Ok(())
@@ -689,6 +690,10 @@ scope = "models:read"
         assert_eq!(
             toml::to_string(&shipped.smtp).unwrap(),
             toml::to_string(&defaults.smtp).unwrap()
+        );
+        assert_eq!(
+            toml::to_string(&shipped.tracing).unwrap(),
+            toml::to_string(&defaults.tracing).unwrap()
         );
         assert_eq!(shipped.routes(), default_routes());
     }

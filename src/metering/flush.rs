@@ -238,5 +238,6 @@ pub fn credits_low_event(
             "threshold": Credits::from_micros(threshold).as_f64(),
             "month": flush.month,
         }),
+        traceparent: None,
     }
 }

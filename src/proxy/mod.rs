@@ -10,7 +10,8 @@
 //!
 //! This file holds the context and the phases; admission (`admission.rs`), the answers the
 //! gateway gives itself (`local.rs`) and the accounting after the response (`accounting.rs`)
-//! are beside it, and the gateway's own endpoints under [`api`].
+//! are beside it, the hooks into tracing (`traced.rs`), and the gateway's own endpoints under
+//! [`api`].
 
 mod accounting;
 mod admission;
@@ -30,6 +31,7 @@ pub mod respond;
 pub mod routes;
 pub mod simulate;
 pub mod tunnel;
+mod traced;
 pub mod unknown_keys;
 pub mod upstream;
 
@@ -56,6 +58,7 @@ use crate::metering::{Credits, Meter};
 use crate::metrics;
 use crate::shutdown::Draining;
 use crate::store::Stores;
+use crate::telemetry::{RequestTrace, Tracing};
 use auth::{Authenticated, Authenticator};
 use client_ip::TrustedProxies;
 use cors::Cors;
@@ -124,6 +127,8 @@ pub struct RequestCtx {
     gateway_names: bool,
     /// The tunnel an upgrade opened, once the backend answered `101`.
     tunnel: Option<tunnel::TunnelMeter>,
+    /// The request's spans, when tracing is on.
+    trace: Option<Box<RequestTrace>>,
 }
 
 /// A forwarded request's answer's header values, made with the request's identity header
@@ -186,6 +191,8 @@ pub struct Gateway {
     store_check: readiness::StoreCheck,
     /// `GET /v1/openapi.json`, serialized at start from the route table.
     openapi: bytes::Bytes,
+    /// The tracer, when `[tracing] otlp_endpoint` is set.
+    tracing: Option<Tracing>,
 }
 
 /// What `request_filter` decided.
@@ -232,6 +239,7 @@ impl ProxyHttp for Gateway {
             answer_values: None,
             gateway_names: false,
             tunnel: None,
+            trace: None,
         })
     }
 
@@ -248,7 +256,10 @@ impl ProxyHttp for Gateway {
         } else if session.get_keepalive() == Some(0) {
             session.set_keepalive(Some(self.keepalive_secs));
         }
-        match self.admit(session, ctx).await {
+        self.trace_start(session, ctx);
+        let admitted = self.admit(session, ctx).await;
+        self.trace_admission(ctx, &admitted);
+        match admitted {
             Ok(Admission::Forward) => {
                 ctx.billable = true;
                 Ok(false)
@@ -360,6 +371,7 @@ impl ProxyHttp for Gateway {
                 upstream_request.insert_header(&SERVICE_PROJECT, value)?;
             }
         }
+        self.trace_upstream(upstream_request, ctx)?;
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
@@ -382,6 +394,9 @@ impl ProxyHttp for Gateway {
         }
         if let (Some(sent), Some(route)) = (ctx.upstream_sent, self.route(ctx)) {
             route.metrics.record_upstream(sent.elapsed());
+        }
+        if let Some(trace) = ctx.trace.as_mut() {
+            trace.upstream_answered(upstream_response.status.as_u16());
         }
         let mut reported = upstream_response.headers.get_all(&SERVICE_CREDITS).iter();
         if let (Some(v), None) = (reported.next(), reported.next()) {
@@ -605,6 +620,7 @@ impl ProxyHttp for Gateway {
         if let Some(e) = e {
             tracing::warn!(request_id = %ctx.request_id, status, route, error = %e, "request failed");
         }
+        self.trace_end(session, ctx, status);
         self.account(session, ctx, status, elapsed);
     }
 }
@@ -637,7 +653,14 @@ impl Gateway {
             auth: Authenticator::new(keys),
             store_check: readiness::StoreCheck::default(),
             store,
+            tracing: None,
         }
+    }
+
+    /// Traces requests with `tracing` ([`crate::telemetry`]).
+    pub fn with_tracing(mut self, tracing: Option<Tracing>) -> Self {
+        self.tracing = tracing;
+        self
     }
 
     /// Believes `X-Forwarded-For` from `proxies` for the client's address.

@@ -140,6 +140,8 @@ impl Serialize for WithoutPayload<'_> {
             created: u64,
             workspace: &'a str,
             environment: crate::keys::Environment,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            traceparent: Option<&'a str>,
         }
         #[derive(Serialize)]
         struct Record<'a> {
@@ -167,6 +169,7 @@ impl Serialize for WithoutPayload<'_> {
                 created: d.event.created,
                 workspace: &d.event.workspace,
                 environment: d.event.environment,
+                traceparent: d.event.traceparent.as_deref(),
             },
             status: d.status,
             attempts: d.attempts,

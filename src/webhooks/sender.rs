@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ids::{unix_millis, unix_now};
+use crate::telemetry::TraceHeaders;
 use crate::webhooks::delivery::{Attempt, RESPONSE_BODY_KEPT};
 use crate::webhooks::endpoint::{is_internal, Endpoint};
 use crate::webhooks::schedule::parse_retry_after;
@@ -54,12 +55,19 @@ impl Sender {
     }
 
     /// POSTs `payload`, the body of the event `event_id` ([`crate::webhooks::delivery::body`]),
-    /// to `endpoint`, signed in its format with its secrets (two during a rotation). The
-    /// attempts of one event in flight share one copy of it.
-    pub async fn send(&self, endpoint: &Endpoint, event_id: &str, payload: Bytes) -> Attempt {
+    /// to `endpoint`, signed in its format with its secrets (two during a rotation), with the
+    /// attempt's trace context (`trace`, empty when not traced). The attempts of one event in
+    /// flight share one copy of the payload.
+    pub async fn send(
+        &self,
+        endpoint: &Endpoint,
+        event_id: &str,
+        payload: Bytes,
+        trace: &TraceHeaders,
+    ) -> Attempt {
         let at_ms = unix_millis();
         let started = Instant::now();
-        let result = self.post(endpoint, event_id, payload).await;
+        let result = self.post(endpoint, event_id, payload, trace).await;
         let duration_ms = started.elapsed().as_millis() as u64;
         let (answer, error) = match result {
             Ok(a) if (200..300).contains(&a.status) => (Some(a), None),
@@ -93,6 +101,7 @@ impl Sender {
         endpoint: &Endpoint,
         event_id: &str,
         payload: Bytes,
+        trace: &TraceHeaders,
     ) -> Result<Answer, String> {
         let url = reqwest::Url::parse(&endpoint.url).map_err(|e| format!("bad URL: {e}"))?;
         if !self.allow_insecure {
@@ -119,6 +128,14 @@ impl Sender {
             .header(http::header::CONTENT_TYPE, "application/json");
         for (name, value) in signed {
             request = request.header(name, value);
+        }
+        for (name, value) in [
+            ("traceparent", &trace.traceparent),
+            ("tracestate", &trace.tracestate),
+        ] {
+            if let Some(value) = value {
+                request = request.header(name, value);
+            }
         }
         let mut response = request
             .body(payload)
@@ -274,6 +291,7 @@ mod tests {
                 &endpoint(&format!("http://{addr}/hook")),
                 &event.id,
                 body(&event).into(),
+                &TraceHeaders::default(),
             )
             .await;
         assert_eq!(attempt.status_code, Some(200));
@@ -299,7 +317,12 @@ mod tests {
             "https://localhost:1/hook",
         ] {
             let attempt = sender
-                .send(&endpoint(url), &event.id, body(&event).into())
+                .send(
+                    &endpoint(url),
+                    &event.id,
+                    body(&event).into(),
+                    &TraceHeaders::default(),
+                )
                 .await;
             let error = attempt.error.unwrap_or_default();
             assert!(error.contains("internal"), "{url}: {error}");
@@ -310,6 +333,7 @@ mod tests {
                 &endpoint("http://example.com/hook"),
                 &event.id,
                 body(&event).into(),
+                &TraceHeaders::default(),
             )
             .await;
         // Refused before any lookup or connection: the error is the scheme's, not the

@@ -34,6 +34,7 @@ use crate::events::{Event, LoggedEvent};
 use crate::ids::{new_id, unix_millis};
 use crate::metrics;
 use crate::shared::store::StoreError;
+use crate::telemetry::{DeliveryAttempt, DeliveryTrace, Tracing};
 use crate::webhooks::delivery::{body, Delivery, DeliveryStatus};
 use crate::webhooks::endpoint::{Endpoint, EndpointStatus};
 use crate::webhooks::mail::Mailer;
@@ -76,6 +77,8 @@ pub struct WorkerSettings {
     pub max_in_flight_per_endpoint: usize,
     /// The longest `Retry-After` honoured.
     pub max_retry_after: Duration,
+    /// Traces each attempt, when `[tracing] otlp_endpoint` is set.
+    pub tracing: Option<Tracing>,
 }
 
 impl WorkerSettings {
@@ -92,6 +95,7 @@ impl WorkerSettings {
             max_in_flight: config.max_in_flight,
             max_in_flight_per_endpoint: config.max_in_flight_per_endpoint,
             max_retry_after: Duration::from_secs(config.max_retry_after_seconds),
+            tracing: None,
         }
     }
 
@@ -379,7 +383,27 @@ impl Worker {
                 ("rate_limited", None, Outcome::Answered)
             }
             Some(e) => {
-                let attempt = self.sender.send(e, &delivery.event.id, payload).await;
+                let trace = self.settings.tracing.as_ref().map(|t| {
+                    t.delivery(DeliveryAttempt {
+                        event_id: &delivery.event.id,
+                        event_type: &delivery.event.event_type,
+                        endpoint_id: &endpoint_id,
+                        workspace: &delivery.workspace,
+                        attempt: delivery.attempts + 1,
+                        traceparent: delivery.event.traceparent.as_deref(),
+                    })
+                });
+                let headers = trace
+                    .as_ref()
+                    .map(DeliveryTrace::headers)
+                    .unwrap_or_default();
+                let attempt = self
+                    .sender
+                    .send(e, &delivery.event.id, payload, &headers)
+                    .await;
+                if let Some(trace) = trace {
+                    trace.end(attempt.status_code, attempt.error.is_some());
+                }
                 let took = Duration::from_millis(attempt.duration_ms);
                 if attempt.error.is_none() {
                     delivery.succeed(attempt);

@@ -178,6 +178,7 @@ fn assert_delivery(got: &Recorded, secret: &str) -> Value {
         workspace: body["workspace"].as_str().unwrap().to_string(),
         environment: Environment::Live,
         data: body["data"].clone(),
+        traceparent: None,
     };
     assert_eq!(
         String::from_utf8_lossy(&got.body),

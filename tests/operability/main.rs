@@ -5,6 +5,7 @@
 mod common;
 mod lifecycle;
 mod metrics;
+mod tracing;
 mod unknown_keys;
 
 use common::*;

@@ -11,6 +11,7 @@ mod operators;
 mod rate;
 mod retries;
 mod stream;
+mod tracing;
 mod volume;
 mod workers;
 

@@ -29,8 +29,8 @@ use crate::store::{EventFeed, EventLog, StoreError};
 impl EventLog for RedisStore {
     async fn append_event(&self, event: &Event) -> Result<(), StoreError> {
         let min_id = crate::ids::unix_now().saturating_sub(crate::events::RETENTION_SECS) * 1000;
-        redis::cmd("XADD")
-            .arg(self.layout.events())
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(self.layout.events())
             .arg("MINID")
             .arg("~")
             .arg(min_id)
@@ -46,8 +46,11 @@ impl EventLog for RedisStore {
             .arg("environment")
             .arg(event.environment.as_str())
             .arg("data")
-            .arg(event.data.to_string())
-            .query_async::<String>(&mut self.conn())
+            .arg(event.data.to_string());
+        if let Some(traceparent) = &event.traceparent {
+            xadd.arg("traceparent").arg(traceparent);
+        }
+        xadd.query_async::<String>(&mut self.conn())
             .await
             .map(|_| ())
             .map_err(unavailable)

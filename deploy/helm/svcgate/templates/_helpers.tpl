@@ -124,6 +124,13 @@ prometheus.io/path: /metrics
 {{- end }}
 {{- end }}
 
+{{/* Where traces go, for the gateways and the workers alike. */}}
+{{- define "svcgate.tracingEnv" -}}
+{{- with .Values.tracing.otlpEndpoint }}
+- {name: SVCGATE_TRACING_OTLP_ENDPOINT, value: {{ . | quote }}}
+{{- end }}
+{{- end }}
+
 {{/* The gateway container, the same in both modes. */}}
 {{- define "svcgate.gatewayContainer" -}}
 - name: svcgate
@@ -154,6 +161,9 @@ prometheus.io/path: /metrics
     {{- with include "svcgate.smtpEnv" . | trim }}
     {{- . | nindent 4 }}
     {{- end }}
+    {{- end }}
+    {{- with include "svcgate.tracingEnv" . | trim }}
+    {{- . | nindent 4 }}
     {{- end }}
     {{- with .Values.extraEnv }}
     {{- toYaml . | nindent 4 }}
