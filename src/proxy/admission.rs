@@ -161,6 +161,7 @@ impl Gateway {
             .meter
             .admit(
                 &caller.key,
+                caller.billed().rate_limit_override(),
                 caller.monthly_budget(),
                 project,
                 billable,
