@@ -199,36 +199,42 @@ pub(super) async fn guard(State(state): State<AdminState>, req: Request, next: N
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };
-    if let Caller::Operator(token) = &caller {
-        let reach = match &subject.reach {
-            Some(ws) => Reach::Workspace(ws),
-            None => Reach::Global,
-        };
-        if !token
-            .role
-            .allows(token.workspace.as_deref(), req.method(), reach)
-        {
-            return ApiError::Permission(
-                format!(
-                    "this operator token's role ({}) does not allow {} {}",
-                    token.role.as_str(),
-                    req.method(),
-                    redact(req.uri().path())
-                )
-                .into(),
-            )
-            .into_response();
-        }
-    }
     let method = req.method().clone();
-    let path = req.uri().path().to_string();
+    // The guard runs inside the `/admin/v1` nest, which hands it the rest of the path.
+    let path = format!("/admin/v1{}", req.uri().path());
     let request_id = req
         .extensions()
         .get::<AdminRequestId>()
         .map(|id| id.0.clone())
         .unwrap_or_else(|| crate::ids::request_id().to_string());
     let client_ip = client_address(&req);
-    let mut response = next.run(req).await;
+    let refusal = match &caller {
+        Caller::Operator(token) => {
+            let reach = match &subject.reach {
+                Some(ws) => Reach::Workspace(ws),
+                None => Reach::Global,
+            };
+            let allowed = token
+                .role
+                .allows(token.workspace.as_deref(), &method, reach);
+            (!allowed).then(|| {
+                ApiError::Permission(
+                    format!(
+                        "this operator token's role ({}) does not allow {method} {}",
+                        token.role.as_str(),
+                        redact(&path)
+                    )
+                    .into(),
+                )
+            })
+        }
+        Caller::Root => None,
+    };
+    // A refused attempt to change something is audited as well.
+    let mut response = match refusal {
+        Some(refused) => refused.into_response(),
+        None => next.run(req).await,
+    };
     if changes_state(&method) {
         let mut key_id = subject.key_id;
         if key_id.is_none() && method == Method::POST && response.status().is_success() {

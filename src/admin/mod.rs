@@ -20,7 +20,7 @@ mod workspaces;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use hmac::{Hmac, Mac};
 use http::{HeaderValue, StatusCode};
@@ -219,7 +219,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/keys/{id}/rotate", post(keys::rotate))
         .route("/keys/{id}/end-grace", post(keys::end_grace))
         .route("/tokens", post(operators::create).get(operators::list))
-        .route("/tokens/{id}", axum::routing::delete(operators::delete))
+        .route("/tokens/{id}", delete(operators::delete))
         .route("/leaks", post(leaks::report))
         .route("/events", post(events::create))
         .route("/audit", get(metering::audit))
