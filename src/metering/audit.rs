@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use thread_local::ThreadLocal;
 
+mod json;
+
 use super::spool;
 use super::store::AuditStore;
 use crate::ids::RequestId;
@@ -96,111 +98,6 @@ impl AuditRecord {
     /// Sorts `records` as a listing shows them: newest first.
     pub fn sort_listing(records: &mut [AuditRecord]) {
         records.sort_unstable_by(|a, b| b.position().cmp(&a.position()));
-    }
-
-    /// Appends `records` to `out` as a JSON array, byte for byte what `serde_json` writes for
-    /// them (the format is serde's: records are read back with [`Deserialize`]).
-    ///
-    /// Every request's record is serialized, off the request path but on the same two cores:
-    /// through serde, each field costs a call per name, a scan of its name for characters to
-    /// escape, and several small writes, about 4,800 instructions a record. Here the names are
-    /// constants written with their punctuation, and a string is handed to `serde_json` only if
-    /// it holds a character JSON escapes (ids, key and environment never do).
-    pub fn write_json_array(records: &[&AuditRecord], out: &mut Vec<u8>) {
-        out.push(b'[');
-        for (i, record) in records.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            record.write_json(out);
-        }
-        out.push(b']');
-    }
-
-    /// Appends the record to `out` as `serde_json` writes it, fields in declaration order.
-    fn write_json(&self, out: &mut Vec<u8>) {
-        let mut number = itoa::Buffer::new();
-        out.extend_from_slice(b"{\"time_ms\":");
-        out.extend_from_slice(number.format(self.time_ms).as_bytes());
-        out.extend_from_slice(b",\"request_id\":");
-        json_str(out, &self.request_id);
-        out.extend_from_slice(b",\"workspace\":");
-        json_str(out, &self.workspace);
-        out.extend_from_slice(b",\"key_id\":");
-        json_str(out, &self.key_id);
-        out.extend_from_slice(b",\"key\":");
-        json_str(out, &self.key);
-        out.extend_from_slice(b",\"environment\":");
-        json_str(out, self.environment.as_str());
-        if let Some(project) = &self.project {
-            out.extend_from_slice(b",\"project\":");
-            json_str(out, project);
-        }
-        out.extend_from_slice(b",\"method\":");
-        json_str(out, &self.method);
-        out.extend_from_slice(b",\"path\":");
-        json_str(out, &self.path);
-        if let Some(model) = &self.model {
-            out.extend_from_slice(b",\"model\":");
-            json_str(out, model);
-        }
-        out.extend_from_slice(b",\"status\":");
-        out.extend_from_slice(number.format(self.status).as_bytes());
-        out.extend_from_slice(b",\"credits\":");
-        json_value(out, &self.credits);
-        if let Some(ip) = &self.client_ip {
-            out.extend_from_slice(b",\"client_ip\":");
-            json_value(out, ip);
-        }
-        out.extend_from_slice(b",\"latency_ms\":");
-        out.extend_from_slice(number.format(self.latency_ms).as_bytes());
-        if let Some(token_id) = &self.token_id {
-            out.extend_from_slice(b",\"token_id\":");
-            json_str(out, token_id);
-        }
-        if let Some(metadata) = &self.metadata {
-            out.extend_from_slice(b",\"metadata\":");
-            json_value(out, metadata);
-        }
-        if let Some(key_metadata) = &self.key_metadata {
-            out.extend_from_slice(b",\"key_metadata\":");
-            json_value(out, key_metadata);
-        }
-        if let Some(actor) = &self.actor {
-            out.extend_from_slice(b",\"actor\":");
-            json_str(out, actor);
-        }
-        out.push(b'}');
-    }
-}
-
-/// Appends `s` as a JSON string: as it is, quoted, unless it holds a character JSON escapes
-/// (a control character, `"` or `\`, the same set as `serde_json`'s), which `serde_json` then
-/// escapes.
-fn json_str(out: &mut Vec<u8>, s: &str) {
-    // Without an early exit, so the compiler checks many bytes at once.
-    let escapes = s.bytes().fold(false, |found, b| {
-        found | (b < 0x20) | (b == b'"') | (b == b'\\')
-    });
-    if !escapes {
-        out.reserve(s.len() + 2);
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-    } else {
-        json_value(out, s);
-    }
-}
-
-/// Appends `value` as `serde_json` writes it.
-fn json_value<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
-    // Writing to a vector cannot fail, and none of the record's values (strings, numbers, an
-    // address, a map with string keys) can fail to serialize.
-    let start = out.len();
-    if let Err(e) = serde_json::to_writer(&mut *out, value) {
-        tracing::error!(error = %e, "audit record value not serialized");
-        out.truncate(start);
-        out.extend_from_slice(b"null");
     }
 }
 
@@ -803,4 +700,212 @@ fn is_spool_file(name: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+    use crate::keys::{KeyStatus, Scopes};
+    use crate::store::MemoryStore;
+
+    fn key() -> Arc<CachedKey> {
+        let mut record = crate::keys::tests::record(KeyStatus::Active, None);
+        record.last4 = "Ab9z".into();
+        Arc::new(CachedKey::new(
+            &record,
+            "ws_1".into(),
+            Arc::new(Scopes::default()),
+        ))
+    }
+
+    fn pending(key: &Arc<CachedKey>, n: usize) -> PendingAudit {
+        PendingAudit {
+            time_ms: n as u64,
+            request_id: crate::ids::request_id(),
+            key: key.clone(),
+            project: None,
+            method: http::Method::POST,
+            path: "/v1/chat/completions".into(),
+            model: Some("m".into()),
+            status: 200,
+            credits: Credits::ZERO,
+            client_ip: None,
+            latency_ms: 1,
+        }
+    }
+
+    /// A record with every optional field set, or none, and the given strings.
+    fn record(text: &str, full: bool, credits: f64, ip: Option<IpAddr>) -> AuditRecord {
+        let mut metadata = serde_json::Map::new();
+        metadata.insert(
+            text.into(),
+            serde_json::json!({ "n": [1, 2.5, null], "s": text }),
+        );
+        AuditRecord {
+            time_ms: u64::MAX,
+            request_id: format!("req_{text}").into(),
+            workspace: format!("ws_{text}").into(),
+            key_id: "key_1".into(),
+            key: "svc_live_…Ab9z".into(),
+            environment: Environment::Scoped,
+            project: full.then(|| text.to_string()),
+            method: Cow::Owned(text.to_string()),
+            path: format!("/v1/{text}").into(),
+            model: full.then(|| text.into()),
+            status: 599,
+            credits,
+            client_ip: ip,
+            latency_ms: 0,
+            token_id: full.then(|| format!("tok_{text}")),
+            metadata: full.then(|| Arc::new(metadata.clone())),
+            key_metadata: full.then(|| Arc::new(metadata)),
+            actor: full.then(|| format!("dashboard:{text}")),
+        }
+    }
+
+    #[test]
+    fn records_are_written_as_serde_json_writes_them() {
+        use rand::{Rng, SeedableRng};
+        // Everything JSON escapes, what it does not (DEL, non-ASCII), and plain text.
+        let alphabet: Vec<char> = "\0\u{1}\t\n\u{1f} \"\\/\u{7f}aZ9_-…é😀\u{2028}"
+            .chars()
+            .collect();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let mut texts: Vec<String> = ["", "plain", "\"", "\\", "a\u{0}b", "…"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        // Each character at each place of a string a few words long.
+        for c in [
+            '\0', '\u{1}', '\u{1f}', ' ', '"', '\\', '\u{7f}', 'é', '!', '#', '[', ']',
+        ] {
+            for at in 0..26 {
+                texts.push((0..26).map(|i| if i == at { c } else { 'a' }).collect());
+            }
+        }
+        for _ in 0..500 {
+            let len = rng.random_range(0..40);
+            texts.push(
+                (0..len)
+                    .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                    .collect(),
+            );
+        }
+        let ips = [
+            None,
+            Some(IpAddr::from([127, 0, 0, 1])),
+            Some("2001:db8::1".parse().unwrap()),
+        ];
+        let credits = [0.0, 1.0, 1.5, 1e-7, 1e21, 123456.789, f64::NAN];
+        let records: Vec<AuditRecord> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                record(
+                    t,
+                    i % 2 == 0,
+                    credits[i % credits.len()],
+                    ips[i % ips.len()],
+                )
+            })
+            .collect();
+        for chunk in [&records[..0], &records[..1], &records[..]] {
+            let refs: Vec<&AuditRecord> = chunk.iter().collect();
+            let mut ours = Vec::new();
+            AuditRecord::write_json_array(&refs, &mut ours);
+            let serde = serde_json::to_vec(&refs).unwrap();
+            assert_eq!(
+                String::from_utf8(ours).unwrap(),
+                String::from_utf8(serde).unwrap()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_writer_is_told_when_a_thread_has_queued_a_batch() {
+        use futures_util::FutureExt;
+        let spool = tempfile::tempdir().unwrap();
+        let (log, mut writer) = audit_log(Arc::new(MemoryStore::new()), spool.path().into(), 1000);
+        let key = key();
+        for i in 0..AUDIT_BATCH - 1 {
+            log.record(pending(&key, i));
+        }
+        assert!(writer.batch_ready().now_or_never().is_none(), "one short");
+        log.record(pending(&key, AUDIT_BATCH));
+        assert!(writer.batch_ready().now_or_never().is_some());
+        assert!(writer.batch_ready().now_or_never().is_none(), "told once");
+        // Another thread's queue counts for itself.
+        let other = std::thread::spawn({
+            let (log, key) = (log.clone(), key.clone());
+            move || (0..AUDIT_BATCH).for_each(|i| log.record(pending(&key, i)))
+        });
+        other.join().unwrap();
+        assert!(writer.batch_ready().now_or_never().is_some());
+        // Drained, a queue is told of again when it has refilled.
+        assert_eq!(writer.flush().await, 2 * AUDIT_BATCH);
+        for i in 0..AUDIT_BATCH {
+            log.record(pending(&key, i));
+        }
+        assert!(writer.batch_ready().now_or_never().is_some());
+    }
+
+    #[tokio::test]
+    async fn records_from_every_thread_are_written_once() {
+        let store = Arc::new(MemoryStore::new());
+        let spool = tempfile::tempdir().unwrap();
+        let (log, mut writer) = audit_log(store.clone(), spool.path().into(), 10_000);
+        let key = key();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let (log, key) = (log.clone(), key.clone());
+                std::thread::spawn(move || {
+                    for i in 0..250 {
+                        log.record(pending(&key, t * 1000 + i));
+                    }
+                })
+            })
+            .collect();
+        // Drains while the threads are still queueing, and after.
+        let mut written = writer.flush().await;
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(writer.queued(), 1000 - written);
+        written += writer.flush().await;
+        assert_eq!(written, 1000);
+        assert_eq!(writer.queued(), 0);
+
+        let query = AuditQuery {
+            workspace: "ws_1".into(),
+            limit: 2000,
+            ..AuditQuery::default()
+        };
+        let records = store.audit(&query).await.unwrap();
+        assert_eq!(records.len(), 1000);
+        let ids: std::collections::HashSet<_> = records.iter().map(|r| &r.request_id).collect();
+        assert_eq!(ids.len(), 1000);
+        assert!(records.iter().all(|r| r.key == "svc_live_…Ab9z"));
+    }
+
+    #[tokio::test]
+    async fn after_the_last_drain_no_record_is_queued_unseen() {
+        let store = Arc::new(MemoryStore::new());
+        let spool = tempfile::tempdir().unwrap();
+        let (log, writer) = audit_log(store.clone(), spool.path().into(), 10_000);
+        let key = key();
+        log.record(pending(&key, 1));
+        writer.close().await;
+        // From a thread that queued before and from one that never did: both refused (and
+        // logged), neither left in a queue nobody drains.
+        log.record(pending(&key, 2));
+        let (log2, key2) = (log.clone(), key.clone());
+        std::thread::spawn(move || log2.record(pending(&key2, 3)))
+            .join()
+            .unwrap();
+        assert_eq!(log.queues.each().map(|q| q.len()).sum::<usize>(), 0);
+        let query = AuditQuery {
+            workspace: "ws_1".into(),
+            limit: 10,
+            ..AuditQuery::default()
+        };
+        let written = store.audit(&query).await.unwrap();
+        assert_eq!(written.iter().map(|r| r.time_ms).collect::<Vec<_>>(), [1]);
+    }
+}
