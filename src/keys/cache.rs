@@ -719,6 +719,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_workspace_limit_reaches_its_cached_keys_in_place() {
+        let store = Arc::new(MemoryStore::with_demo_workspace());
+        let cache = KeyCache::new(store.clone(), CacheConfig::default());
+        cache.sync().await.unwrap();
+        let mut k = new_key();
+        k.workspace = crate::store::memory::DEMO_WORKSPACE.into();
+        store.insert_key(&k).await.unwrap();
+        cache.sync().await.unwrap();
+        let (key, _) = cache.get(&k.hash).await.unwrap();
+        let key = key.unwrap();
+        assert!(key.workspace_limit.is_loaded());
+        assert_eq!(key.rate_limit_override(), None);
+        let limit = crate::keys::RateLimit {
+            requests_per_minute: 7,
+            burst: None,
+        };
+        store
+            .update_workspace(&k.workspace, &|w: &mut crate::keys::Workspace| {
+                w.rate_limit = Some(limit)
+            })
+            .await
+            .unwrap();
+        cache.sync().await.unwrap();
+        // The key is still cached, and sees the workspace's limit.
+        let (again, outcome) = cache.get(&k.hash).await.unwrap();
+        assert_eq!(outcome, CacheOutcome::Hit);
+        assert!(Arc::ptr_eq(&again.unwrap(), &key));
+        let seen = key
+            .rate_limit_override()
+            .map(|l| (l.requests_per_minute, l.burst()));
+        assert_eq!(seen, Some((7, 7)));
+    }
+
+    #[tokio::test]
     async fn unknown_digests_are_remembered_until_the_key_appears() {
         let store = Arc::new(MemoryStore::new());
         let cache = KeyCache::new(store.clone(), CacheConfig::default());

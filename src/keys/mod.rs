@@ -614,6 +614,68 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_key_stops_at_its_expiry_and_a_revocation_still_says_revoked() {
+        let mut r = record(KeyStatus::Active, None);
+        r.expires_at = Some(100);
+        let key = cached(&r);
+        assert_eq!(key.check_usable(99), Ok(()));
+        assert_eq!(key.check_usable(100), Err(Rejection::KeyExpired));
+        r.status = KeyStatus::Revoked;
+        assert_eq!(cached(&r).check_usable(200), Err(Rejection::Revoked));
+        // In grace, it ends at whichever comes first.
+        r.status = KeyStatus::Rotating;
+        r.grace_until = Some(150);
+        assert_eq!(cached(&r).check_usable(120), Err(Rejection::KeyExpired));
+        r.expires_at = Some(300);
+        assert_eq!(cached(&r).check_usable(160), Err(Rejection::GraceExpired));
+        // Without the new fields (as records written before them are): read as absent.
+        let plain = serde_json::to_string(&record(KeyStatus::Active, None)).unwrap();
+        assert!(!plain.contains("expires_at") && !plain.contains("rate_limit"));
+        let back: KeyRecord = serde_json::from_str(&plain).unwrap();
+        assert_eq!(
+            (back.expires_at, back.rate_limit, back.metadata),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn a_token_carries_its_key_metadata_and_the_key_limit_wins_over_the_workspace() {
+        let mut r = record(KeyStatus::Active, None);
+        let serde_json::Value::Object(m) = serde_json::json!({"customer": "cus_1"}) else {
+            unreachable!()
+        };
+        r.metadata = Some(Arc::new(m));
+        let workspace = Arc::new(SharedLimit::of(Some(RateLimit {
+            requests_per_minute: 10,
+            burst: None,
+        })));
+        let parent = CachedKey::new_in(&r, "ws_1".into(), Arc::default(), workspace.clone());
+        assert_eq!(
+            parent.rate_limit_override().map(|l| l.requests_per_minute),
+            Some(10)
+        );
+        let (_, token) = mint(
+            &parent,
+            r.hash,
+            Scopes::default(),
+            60,
+            Default::default(),
+            0,
+        );
+        assert_eq!(token.metadata, r.metadata);
+        assert_eq!(
+            cached(&token).metadata.unwrap().1.as_ref(),
+            r#"{"customer":"cus_1"}"#
+        );
+        r.rate_limit = Some(RateLimit {
+            requests_per_minute: 3,
+            burst: Some(1),
+        });
+        let own = CachedKey::new_in(&r, "ws_1".into(), Arc::default(), workspace);
+        assert_eq!(own.rate_limit_override().map(|l| l.burst()), Some(1));
+    }
+
+    #[test]
     fn record_json_never_contains_the_key_value() {
         let r = record(KeyStatus::Active, None);
         let json = serde_json::to_string(&r).unwrap();
