@@ -121,7 +121,27 @@ struct Subject {
     workspace: Option<String>,
     key_id: Option<String>,
     environment: Option<Environment>,
+    /// A creation whose answer's `id` the record names: a key's (as its key id) or a
+    /// workspace's (as its workspace).
+    creates: Option<Created>,
 }
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Created {
+    Key,
+    Workspace,
+}
+
+/// `id` if it can be one of ours (`ws_…`, `key_…`): anything else a caller sent is not made
+/// the name of an audit stream.
+fn plausible_id(id: &str) -> Option<String> {
+    let ok =
+        (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    ok.then(|| id.to_string())
+}
+
+/// Longest admin path kept in an audit record, in characters.
+const MAX_AUDITED_PATH: usize = 2048;
 
 /// Largest body read here to find a new key's workspace.
 const MAX_INSPECTED_BODY: usize = 1 << 20;
@@ -146,6 +166,7 @@ async fn subject(state: &AdminState, req: Request) -> Result<(Subject, Request),
         workspace: None,
         key_id: None,
         environment: None,
+        creates: None,
     };
     let mut req = req;
     match (req.method().clone(), segments.as_slice()) {
@@ -158,7 +179,9 @@ async fn subject(state: &AdminState, req: Request) -> Result<(Subject, Request),
                 .ok()
                 .and_then(|v| v.get("workspace")?.as_str().map(str::to_owned));
             req = Request::from_parts(parts, Body::from(bytes));
+            subject.creates = Some(Created::Key);
         }
+        (Method::POST, ["workspaces"]) => subject.creates = Some(Created::Workspace),
         (_, ["keys"] | ["audit"] | ["usage"]) => subject.reach = query_workspace,
         (_, ["keys", id, ..]) => {
             if let Some(key) = state.store.keys.key_by_id(id).await? {
@@ -179,6 +202,8 @@ async fn subject(state: &AdminState, req: Request) -> Result<(Subject, Request),
     if subject.workspace.is_none() {
         subject.workspace = subject.reach.clone();
     }
+    subject.workspace = subject.workspace.as_deref().and_then(plausible_id);
+    subject.key_id = subject.key_id.as_deref().and_then(plausible_id);
     Ok((subject, req))
 }
 
@@ -236,27 +261,25 @@ pub(super) async fn guard(State(state): State<AdminState>, req: Request, next: N
         None => next.run(req).await,
     };
     if changes_state(&method) {
-        let mut key_id = subject.key_id;
-        if key_id.is_none() && method == Method::POST && response.status().is_success() {
-            // A key created: its id is in the answer.
-            let (created_id, kept) = created_id(response).await;
-            key_id = created_id;
+        let (mut workspace, mut key_id) = (subject.workspace, subject.key_id);
+        if let Some(created) = subject.creates.filter(|_| response.status().is_success()) {
+            let (id, kept) = created_id(response).await;
             response = kept;
+            match created {
+                Created::Key => key_id = id,
+                Created::Workspace => workspace = id,
+            }
         }
         let record = AuditRecord {
             time_ms: crate::ids::unix_millis(),
             request_id: request_id.into(),
-            workspace: subject
-                .workspace
-                .as_deref()
-                .unwrap_or(ADMIN_AUDIT_WORKSPACE)
-                .into(),
+            workspace: workspace.as_deref().unwrap_or(ADMIN_AUDIT_WORKSPACE).into(),
             key_id: key_id.as_deref().unwrap_or("").into(),
             key: "".into(),
             environment: subject.environment.unwrap_or(Environment::Live),
             project: None,
             method: method.as_str().to_string().into(),
-            path: path.as_str().into(),
+            path: redact(&path).chars().take(MAX_AUDITED_PATH).collect(),
             model: None,
             status: response.status().as_u16(),
             credits: 0.0,

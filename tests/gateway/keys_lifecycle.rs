@@ -116,7 +116,7 @@ async fn a_key_limit_refuses_its_sixth_request_and_a_workspace_limit_reaches_eve
     let ws = a.create_workspace().await;
     let limited = json!({"rate_limit": {"requests_per_minute": 5}});
     let (_, key) = key_with(&a, &ws, limited).await;
-    let (_, sibling) = key_with(&a, &ws, json!({})).await;
+    let (sibling_id, sibling) = key_with(&a, &ws, json!({})).await;
     for n in 1..=5 {
         let resp = a.chat(&key).await;
         assert_eq!(resp.status(), 200, "request {n}");
@@ -157,6 +157,19 @@ async fn a_key_limit_refuses_its_sixth_request_and_a_workspace_limit_reaches_eve
     }
     assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
     assert_eq!(a.chat(&key).await.headers()["ratelimit-limit"], "5");
+    // A key's own limit changed through one replica reaches the other, as a revocation does.
+    let resp = b
+        .admin_request(Method::PATCH, &format!("/admin/v1/keys/{sibling_id}"))
+        .json(&json!({"rate_limit": {"requests_per_minute": 1000}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let applied = eventually(Duration::from_secs(5), || async {
+        a.chat(&sibling).await.headers()["ratelimit-limit"] == "1000"
+    })
+    .await;
+    assert!(applied.is_some(), "the key's new limit reached the replica");
     // Out of range: refused.
     let resp = b
         .admin_request(Method::PATCH, &format!("/admin/v1/workspaces/{ws}"))
@@ -404,6 +417,13 @@ async fn operator_tokens_act_within_their_role_and_a_revoked_one_is_refused_ever
     assert_eq!(by_billing["status"], 201);
     assert_eq!(by_billing["key_id"], created["id"]);
     assert_eq!(by_billing["path"], "/admin/v1/keys");
+    assert!(audit["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["actor"] == "root"
+            && r["path"] == "/admin/v1/workspaces"
+            && r["status"] == 201));
     let global = a.admin_get("/admin/v1/audit?workspace=_admin").await;
     assert!(global["data"]
         .as_array()
