@@ -121,15 +121,8 @@ struct Subject {
     workspace: Option<String>,
     key_id: Option<String>,
     environment: Option<Environment>,
-    /// A creation whose answer's `id` the record names: a key's (as its key id) or a
-    /// workspace's (as its workspace).
-    creates: Option<Created>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Created {
-    Key,
-    Workspace,
+    /// A key's creation: the record names the id in the answer.
+    creates_key: bool,
 }
 
 /// `id` if it can be one of ours (`ws_…`, `key_…`): anything else a caller sent is not made
@@ -166,7 +159,7 @@ async fn subject(state: &AdminState, req: Request) -> Result<(Subject, Request),
         workspace: None,
         key_id: None,
         environment: None,
-        creates: None,
+        creates_key: false,
     };
     let mut req = req;
     match (req.method().clone(), segments.as_slice()) {
@@ -179,9 +172,8 @@ async fn subject(state: &AdminState, req: Request) -> Result<(Subject, Request),
                 .ok()
                 .and_then(|v| v.get("workspace")?.as_str().map(str::to_owned));
             req = Request::from_parts(parts, Body::from(bytes));
-            subject.creates = Some(Created::Key);
+            subject.creates_key = true;
         }
-        (Method::POST, ["workspaces"]) => subject.creates = Some(Created::Workspace),
         (_, ["keys"] | ["audit"] | ["usage"]) => subject.reach = query_workspace,
         (_, ["keys", id, ..]) => {
             if let Some(key) = state.store.keys.key_by_id(id).await? {
@@ -261,19 +253,19 @@ pub(super) async fn guard(State(state): State<AdminState>, req: Request, next: N
         None => next.run(req).await,
     };
     if changes_state(&method) {
-        let (mut workspace, mut key_id) = (subject.workspace, subject.key_id);
-        if let Some(created) = subject.creates.filter(|_| response.status().is_success()) {
+        let mut key_id = subject.key_id;
+        if subject.creates_key && response.status().is_success() {
             let (id, kept) = created_id(response).await;
-            response = kept;
-            match created {
-                Created::Key => key_id = id,
-                Created::Workspace => workspace = id,
-            }
+            (key_id, response) = (id, kept);
         }
         let record = AuditRecord {
             time_ms: crate::ids::unix_millis(),
             request_id: request_id.into(),
-            workspace: workspace.as_deref().unwrap_or(ADMIN_AUDIT_WORKSPACE).into(),
+            workspace: subject
+                .workspace
+                .as_deref()
+                .unwrap_or(ADMIN_AUDIT_WORKSPACE)
+                .into(),
             key_id: key_id.as_deref().unwrap_or("").into(),
             key: "".into(),
             environment: subject.environment.unwrap_or(Environment::Live),

@@ -51,12 +51,13 @@ async fn a_key_that_expires_works_until_then_and_its_tokens_die_with_it() {
     let ns = TestNamespace::new();
     let gw = on_redis(&ns).await;
     let ws = gw.create_workspace().await;
-    let expires_at = svcgate::ids::unix_now() + 2;
+    // Two seconds ahead, rounded up to the second (RFC 3339 here has no fractions).
+    let expires_at = (svcgate::ids::unix_millis() + 2000).div_ceil(1000);
     let (id, key) = key_with(&gw, &ws, json!({"expires_at": rfc3339::format(expires_at)})).await;
+    assert_eq!(gw.chat(&key).await.status(), 200);
     let token = gw
         .mint_token(&key, json!({"scopes": ["chat.completions:create"]}))
         .await;
-    assert_eq!(gw.chat(&key).await.status(), 200);
     assert_eq!(gw.chat(&token).await.status(), 200);
     let shown = gw.admin_get(&format!("/admin/v1/keys/{id}")).await;
     assert_eq!(shown["expires_at"], rfc3339::format(expires_at));
@@ -417,14 +418,14 @@ async fn operator_tokens_act_within_their_role_and_a_revoked_one_is_refused_ever
     assert_eq!(by_billing["status"], 201);
     assert_eq!(by_billing["key_id"], created["id"]);
     assert_eq!(by_billing["path"], "/admin/v1/keys");
-    assert!(audit["data"]
+    let global = a.admin_get("/admin/v1/audit?workspace=_admin").await;
+    assert!(global["data"]
         .as_array()
         .unwrap()
         .iter()
         .any(|r| r["actor"] == "root"
             && r["path"] == "/admin/v1/workspaces"
             && r["status"] == 201));
-    let global = a.admin_get("/admin/v1/audit?workspace=_admin").await;
     assert!(global["data"]
         .as_array()
         .unwrap()
