@@ -27,6 +27,9 @@ pub(super) struct AuditParams {
     since: Option<u64>,
     cursor: Option<String>,
     limit: Option<usize>,
+    /// `true`: the records of admin API actions (with their `actor`) instead of requests;
+    /// the default for the workspace `_admin`, which holds only those.
+    actions: Option<bool>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -73,6 +76,9 @@ pub(super) async fn audit(
     if workspace != super::access::ADMIN_AUDIT_WORKSPACE {
         state.require_workspace(&workspace).await?;
     }
+    let actions = params
+        .actions
+        .unwrap_or(workspace == super::access::ADMIN_AUDIT_WORKSPACE);
     // One more than asked for tells whether there are more.
     let query = AuditQuery {
         workspace,
@@ -81,6 +87,7 @@ pub(super) async fn audit(
         since: params.since,
         cursor,
         limit: limit + 1,
+        actions,
     };
     let mut data = state.store.audit.audit(&query).await?;
     let has_more = data.len() > limit;

@@ -166,6 +166,8 @@ pub struct AuditQuery {
     pub cursor: Option<AuditCursor>,
     /// At most this many, newest first ([`AuditRecord::sort_listing`]).
     pub limit: usize,
+    /// Records of administrative actions (those with an `actor`) instead of requests.
+    pub actions: bool,
 }
 
 impl AuditQuery {
@@ -180,6 +182,7 @@ impl AuditQuery {
                 .since
                 .is_none_or(|s| record.time_ms >= s.saturating_mul(1000))
             && self.cursor.as_ref().is_none_or(|c| c.passes(record))
+            && record.actor.is_some() == self.actions
     }
 }
 

@@ -406,7 +406,7 @@ async fn operator_tokens_act_within_their_role_and_a_revoked_one_is_refused_ever
 
     // Every state-changing action is audited with who acted.
     let audit = a
-        .admin_get(&format!("/admin/v1/audit?workspace={ws}"))
+        .admin_get(&format!("/admin/v1/audit?workspace={ws}&actions=true"))
         .await;
     let by_billing = audit["data"]
         .as_array()
@@ -435,7 +435,9 @@ async fn operator_tokens_act_within_their_role_and_a_revoked_one_is_refused_ever
             && r["path"] == format!("/admin/v1/tokens/{read_id}")));
     // So is an attempt its role refused, under the workspace it reached for.
     let other_audit = a
-        .admin_get(&format!("/admin/v1/audit?workspace={other_ws}"))
+        .admin_get(&format!(
+            "/admin/v1/audit?workspace={other_ws}&actions=true"
+        ))
         .await;
     assert!(other_audit["data"]
         .as_array()
