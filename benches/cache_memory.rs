@@ -43,6 +43,9 @@ fn main() {
                     },
                     name: String::new(),
                     monthly_budget: None,
+                    expires_at: None,
+                    rate_limit: None,
+                    metadata: None,
                 },
                 1_700_000_000,
             );

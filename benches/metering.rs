@@ -60,6 +60,9 @@ fn main() {
                     scopes: Scopes::new(["chat.completions:create"]),
                     name: String::new(),
                     monthly_budget: Some(Credits::from_micros(1_000_000_000_000)),
+                    expires_at: None,
+                    rate_limit: None,
+                    metadata: None,
                 },
                 0,
             );
@@ -111,7 +114,7 @@ fn main() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_millis() as u64;
-            meter.admit(&caller.key, caller.monthly_budget(), Some("bench"), true, now_ms).await.1.unwrap();
+            meter.admit(&caller.key, None, caller.monthly_budget(), Some("bench"), true, now_ms).await.1.unwrap();
             meter.finish(PendingAudit {
                 time_ms: now_ms,
                 request_id: svcgate::ids::request_id(),

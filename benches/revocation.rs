@@ -51,6 +51,9 @@ fn main() {
                     scopes: Scopes::new(["models:read"]),
                     name: String::new(),
                     monthly_budget: None,
+                    expires_at: None,
+                    rate_limit: None,
+                    metadata: None,
                 },
                 0,
             );

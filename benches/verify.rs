@@ -41,6 +41,9 @@ fn bench(c: &mut Criterion) {
             scopes: Scopes::new(["chat.completions:create", "models:read", "images:create"]),
             name: String::new(),
             monthly_budget: Some(Credits::from_micros(i64::MAX / 2)),
+            expires_at: None,
+            rate_limit: None,
+            metadata: None,
         },
         0,
     );
@@ -173,6 +176,7 @@ fn bench(c: &mut Criterion) {
             latency_ms: 182,
             token_id: None,
             metadata: None,
+            key_metadata: None,
             actor: None,
             suppressed: None,
             tunnel: None,

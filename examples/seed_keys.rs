@@ -31,6 +31,9 @@ async fn main() {
                 scopes: Scopes::new(["chat.completions:create"]),
                 name: format!("load-{i}"),
                 monthly_budget: None,
+                expires_at: None,
+                rate_limit: None,
+                metadata: None,
             },
             svcgate::ids::unix_now(),
         );

@@ -222,6 +222,41 @@ fn parse_budget(raw: &str) -> Result<f64, String> {
     }
 }
 
+/// `--expires-at`: an RFC 3339 time, or `never` (JSON `null`, for `keys update`).
+fn parse_expiry(raw: &str) -> Result<serde_json::Value, String> {
+    match raw {
+        "never" => Ok(serde_json::Value::Null),
+        _ => crate::shared::rfc3339::parse(raw)
+            .map(|_| json!(raw))
+            .ok_or_else(|| "an RFC 3339 time, like 2030-01-31T12:00:00Z, or `never`".into()),
+    }
+}
+
+/// `--rate-limit`: `N` or `N/BURST` requests per minute, or `none` (JSON `null`).
+fn parse_rate_limit(raw: &str) -> Result<serde_json::Value, String> {
+    if raw == "none" {
+        return Ok(serde_json::Value::Null);
+    }
+    let number = |s: &str| s.parse::<u32>().ok().filter(|n| *n > 0);
+    let (rate, burst) = match raw.split_once('/') {
+        Some((rate, burst)) => (number(rate), Some(number(burst))),
+        None => (number(raw), None),
+    };
+    match (rate, burst) {
+        (Some(rate), None) => Ok(json!({"requests_per_minute": rate})),
+        (Some(rate), Some(Some(burst))) => Ok(json!({"requests_per_minute": rate, "burst": burst})),
+        _ => Err("requests per minute, optionally /burst (e.g. 600 or 600/50), or `none`".into()),
+    }
+}
+
+/// `--metadata`: a JSON object, or `null`.
+fn parse_metadata(raw: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str::<serde_json::Value>(raw) {
+        Ok(v) if v.is_object() || v.is_null() => Ok(v),
+        _ => Err("a JSON object, like {\"customer\":\"cus_42\"}, or null".into()),
+    }
+}
+
 /// An id goes into the admin API's URL path, so it is checked as one: letters, digits, `_`.
 fn parse_id(raw: &str) -> Result<String, String> {
     let valid = !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
@@ -259,8 +294,8 @@ struct AdminArgs {
         global = true
     )]
     admin_url: String,
-    /// Admin token.
-    #[arg(long, env = "SVCGATE_SERVER_ADMIN_TOKEN", hide_env_values = true, default_value = DEMO_ADMIN_TOKEN, hide_default_value = true, global = true)]
+    /// Admin token, or an operator token (`svcop_…`) whose role allows the command.
+    #[arg(long, alias = "operator-token", env = "SVCGATE_SERVER_ADMIN_TOKEN", hide_env_values = true, default_value = DEMO_ADMIN_TOKEN, hide_default_value = true, global = true)]
     admin_token: String,
 }
 
@@ -330,9 +365,45 @@ enum KeysCommand {
         /// Monthly budget in credits.
         #[arg(long, value_parser = parse_budget)]
         monthly_budget: Option<f64>,
+        /// When the key stops working (RFC 3339).
+        #[arg(long, value_parser = parse_expiry)]
+        expires_at: Option<serde_json::Value>,
+        /// The key's own rate limit: N or N/BURST requests per minute.
+        #[arg(long, value_parser = parse_rate_limit)]
+        rate_limit: Option<serde_json::Value>,
+        /// Metadata: a JSON object of at most 4 KiB.
+        #[arg(long, value_parser = parse_metadata)]
+        metadata: Option<serde_json::Value>,
         /// Makes a retried creation return the same key rather than a second one.
         #[arg(long)]
         idempotency_key: Option<String>,
+    },
+    /// Change a key; what is not given stays.
+    Update {
+        /// Key id (`key_…`).
+        #[arg(value_parser = parse_id)]
+        id: String,
+        /// Label.
+        #[arg(long)]
+        name: Option<String>,
+        /// Scopes, repeated or comma-separated: replace the key's.
+        #[arg(long = "scope", value_delimiter = ',')]
+        scopes: Vec<String>,
+        /// Monthly budget in credits.
+        #[arg(long, value_parser = parse_budget, conflicts_with = "no_budget")]
+        monthly_budget: Option<f64>,
+        /// Remove the monthly budget.
+        #[arg(long)]
+        no_budget: bool,
+        /// When the key stops working (RFC 3339), or `never`.
+        #[arg(long, value_parser = parse_expiry)]
+        expires_at: Option<serde_json::Value>,
+        /// N or N/BURST requests per minute, or `none` for the workspace's or environment's.
+        #[arg(long, value_parser = parse_rate_limit)]
+        rate_limit: Option<serde_json::Value>,
+        /// Metadata: a JSON object (replaces the key's), or null.
+        #[arg(long, value_parser = parse_metadata)]
+        metadata: Option<serde_json::Value>,
     },
     /// List the keys of a workspace, a page at a time (`has_more`: ask again with
     /// `--starting-after` the last id shown).
@@ -346,6 +417,9 @@ enum KeysCommand {
         /// The last key id of the previous page.
         #[arg(long)]
         starting_after: Option<String>,
+        /// Only keys expiring within this many seconds (those expired included).
+        #[arg(long)]
+        expiring_within_seconds: Option<u64>,
     },
     /// Show one key.
     Show {
@@ -651,6 +725,9 @@ fn keys(
             scopes,
             name,
             monthly_budget,
+            expires_at,
+            rate_limit,
+            metadata,
             idempotency_key,
         } => {
             let environment = environment_name(environment);
@@ -665,18 +742,66 @@ fn keys(
             if let Some(budget) = monthly_budget {
                 body["monthly_budget"] = json!(budget);
             }
+            for (field, value) in [
+                ("expires_at", expires_at),
+                ("rate_limit", rate_limit),
+                ("metadata", metadata),
+            ] {
+                if let Some(value) = value.filter(|v| !v.is_null()) {
+                    body[field] = value;
+                }
+            }
             let request = client.post(format!("{base}/admin/v1/keys")).json(&body);
             match idempotency_key {
                 Some(k) => request.header("Idempotency-Key", k),
                 None => request,
             }
         }
+        KeysCommand::Update {
+            id,
+            name,
+            scopes,
+            monthly_budget,
+            no_budget,
+            expires_at,
+            rate_limit,
+            metadata,
+        } => {
+            let mut body = json!({});
+            if let Some(name) = name {
+                body["name"] = json!(name);
+            }
+            if !scopes.is_empty() {
+                body["scopes"] = json!(scopes);
+            }
+            match (monthly_budget, no_budget) {
+                (Some(budget), _) => body["monthly_budget"] = json!(budget),
+                (None, true) => body["monthly_budget"] = serde_json::Value::Null,
+                (None, false) => {}
+            }
+            for (field, value) in [
+                ("expires_at", expires_at),
+                ("rate_limit", rate_limit),
+                ("metadata", metadata),
+            ] {
+                if let Some(value) = value {
+                    body[field] = value;
+                }
+            }
+            client
+                .patch(format!("{base}/admin/v1/keys/{id}"))
+                .json(&body)
+        }
         KeysCommand::List {
             workspace,
             limit,
             starting_after,
+            expiring_within_seconds,
         } => {
             let mut query = vec![("workspace", workspace)];
+            if let Some(within) = expiring_within_seconds {
+                query.push(("expiring_within_seconds", within.to_string()));
+            }
             if let Some(limit) = limit {
                 query.push(("limit", limit.to_string()));
             }

@@ -168,6 +168,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         draining.clone(),
     )
     .with_cors(Cors::new(&config.cors.allowed_origins))
+    .with_key_metadata_forwarding(config.upstream.forward_key_metadata)
     .with_trusted_proxies(TrustedProxies::new(&server_cfg.trusted_proxies))
     .with_unknown_key_limit(
         config.limits.unknown_keys_per_minute,

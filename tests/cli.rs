@@ -122,6 +122,82 @@ async fn keys_cli_creates_lists_shows_and_revokes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
 }
 
+#[tokio::test]
+async fn keys_cli_sets_expiry_rate_limit_and_metadata_and_takes_an_operator_token() {
+    let gw = Gateway::builder().start().await;
+    let expires_at = svcgate::shared::rfc3339::format(svcgate::ids::unix_now() + 3600);
+    let created = printed(&run_keys(
+        &gw,
+        &[
+            "create",
+            "--workspace",
+            DEMO_WS,
+            "--scope",
+            "chat.completions:create",
+            "--expires-at",
+            &expires_at,
+            "--rate-limit",
+            "5/2",
+            "--metadata",
+            r#"{"customer":"cus_42"}"#,
+        ],
+    ));
+    let id = created["id"].as_str().unwrap().to_string();
+    assert_eq!(created["expires_at"], expires_at.as_str());
+    assert_eq!(created["rate_limit"]["requests_per_minute"], 5);
+    assert_eq!(created["rate_limit"]["burst"], 2);
+    assert_eq!(created["metadata"]["customer"], "cus_42");
+
+    let updated = printed(&run_keys(
+        &gw,
+        &[
+            "update",
+            &id,
+            "--rate-limit",
+            "none",
+            "--expires-at",
+            "never",
+            "--metadata",
+            "null",
+        ],
+    ));
+    assert_eq!(updated["rate_limit"], Value::Null);
+    assert_eq!(updated["expires_at"], Value::Null);
+    assert_eq!(updated["metadata"], Value::Null);
+
+    // Malformed values are refused before any call.
+    for bad in [
+        ["--rate-limit", "fast"],
+        ["--expires-at", "soon"],
+        ["--metadata", "[1]"],
+    ] {
+        let out = run_keys(&gw, &["update", &id, bad[0], bad[1]]);
+        assert!(!out.status.success());
+    }
+
+    // An operator token where the admin token goes: a reader lists, and may not change.
+    let resp = gw
+        .admin_request(reqwest::Method::POST, "/admin/v1/tokens")
+        .json(&serde_json::json!({"name": "cli-reader", "role": "read"}))
+        .send()
+        .await
+        .unwrap();
+    let token: Value = resp.json().await.unwrap();
+    let token = token["token"].as_str().unwrap();
+    let as_reader = |args: &[&str]| {
+        svcgate_command()
+            .args(["keys", "--admin-url", &gw.admin, "--admin-token", token])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let listed = printed(&as_reader(&["list", "--workspace", DEMO_WS]));
+    assert_eq!(listed["data"][0]["id"], id.as_str());
+    let out = as_reader(&["update", &id, "--name", "x"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("permission_error"));
+}
+
 fn run_webhooks(gw: &Gateway, args: &[&str]) -> std::process::Output {
     run_admin_cli(gw, "webhooks", args)
 }

@@ -13,9 +13,13 @@ use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::unix_now;
 use crate::keys::scopes::is_valid_scope;
+use crate::keys::settings;
 use crate::keys::MAX_GRACE_SECONDS;
-use crate::keys::{self, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
+use crate::keys::{
+    self, Environment, KeyParams, KeyRecord, KeyStatus, Metadata, RateLimit, Scopes,
+};
 use crate::metering::Credits;
+use crate::shared::rfc3339;
 use crate::store::{Rotation, StoreError};
 
 /// A key as the admin API shows it: never the value, never the digest.
@@ -40,6 +44,21 @@ pub(super) struct KeyView {
     rotated_from: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     rotated_to: Option<String>,
+    /// When the key stops working (RFC 3339), if it expires.
+    #[serde(serialize_with = "rfc3339::serialize_opt")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    expires_at: Option<u64>,
+    /// The key's own rate limit, over its workspace's and its environment's.
+    rate_limit: Option<RateLimit>,
+    /// Free-form key/value pairs.
+    #[schema(value_type = Option<Object>)]
+    metadata: Option<Metadata>,
+    /// The start of the minute of the key's latest request (RFC 3339): kept to the minute,
+    /// written by the usage flush a moment after the request. A scoped token's requests count
+    /// as its parent key's.
+    #[serde(serialize_with = "rfc3339::serialize_opt")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    last_used_at: Option<u64>,
 }
 
 impl From<&KeyRecord> for KeyView {
@@ -59,7 +78,35 @@ impl From<&KeyRecord> for KeyView {
             grace_until: k.grace_until,
             rotated_from: k.rotated_from.clone(),
             rotated_to: k.rotated_to.clone(),
+            expires_at: k.expires_at,
+            rate_limit: k.rate_limit,
+            metadata: k.metadata.clone(),
+            last_used_at: None,
         }
+    }
+}
+
+impl KeyView {
+    /// The views of `keys`, with when each was last used.
+    async fn of_all(state: &AdminState, keys: &[&KeyRecord]) -> Result<Vec<Self>, ApiError> {
+        let ids: Vec<&str> = keys.iter().map(|k| k.id.as_str()).collect();
+        let used = state.store.usage.keys_last_used(&ids).await?;
+        Ok(keys
+            .iter()
+            .zip(used.into_iter().chain(std::iter::repeat(None)))
+            .map(|(k, used)| Self {
+                last_used_at: used,
+                ..Self::from(*k)
+            })
+            .collect())
+    }
+
+    /// The view of `key`, with when it was last used.
+    async fn of(state: &AdminState, key: &KeyRecord) -> Result<Self, ApiError> {
+        let mut views = Self::of_all(state, &[key]).await?;
+        views
+            .pop()
+            .ok_or_else(|| ApiError::not_found("no such key"))
     }
 }
 
@@ -73,6 +120,29 @@ pub(super) struct CreateKey {
     name: Option<String>,
     #[serde(default)]
     monthly_budget: Option<Credits>,
+    /// RFC 3339, in the future.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    expires_at: Option<String>,
+    #[serde(default)]
+    rate_limit: Option<RateLimit>,
+    /// A JSON object of at most 4 KiB.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// An RFC 3339 `expires_at`, as a unix second.
+fn parse_expiry(text: &str) -> Result<u64, ApiError> {
+    rfc3339::parse(text).ok_or_else(|| {
+        ApiError::invalid("expires_at must be an RFC 3339 time, like 2030-01-31T12:00:00Z")
+    })
+}
+
+fn parse_metadata(
+    metadata: serde_json::Map<String, serde_json::Value>,
+) -> Result<Metadata, ApiError> {
+    settings::check_metadata(metadata).map_err(ApiError::invalid)
 }
 
 fn parse_scopes(names: &[String]) -> Result<Scopes, ApiError> {
@@ -115,6 +185,17 @@ pub(super) async fn create(
     if name.chars().count() > 200 {
         return Err(ApiError::invalid("name must be at most 200 characters"));
     }
+    let now = unix_now();
+    let expires_at = body.expires_at.as_deref().map(parse_expiry).transpose()?;
+    if expires_at.is_some_and(|at| at <= now) {
+        return Err(ApiError::invalid("expires_at must be in the future"));
+    }
+    let rate_limit = body
+        .rate_limit
+        .map(RateLimit::check)
+        .transpose()
+        .map_err(ApiError::invalid)?;
+    let metadata = body.metadata.map(parse_metadata).transpose()?;
     state.require_workspace(&body.workspace).await?;
     let context = [&b"create"[..], body.workspace.as_bytes()];
     let idempotency = state
@@ -135,13 +216,15 @@ pub(super) async fn create(
             ));
         }
     }
-    let now = unix_now();
     let params = KeyParams {
         workspace: body.workspace,
         environment: body.environment,
         scopes,
         name,
         monthly_budget: body.monthly_budget,
+        expires_at,
+        rate_limit,
+        metadata,
     };
     let record = keys::record_of(params, &new_key, now);
     let record = match state.store.keys.insert_key(&record).await {
@@ -160,7 +243,10 @@ pub(super) async fn create(
             let same = existing.environment == record.environment
                 && existing.scopes == record.scopes
                 && existing.name == record.name
-                && existing.monthly_budget == record.monthly_budget;
+                && existing.monthly_budget == record.monthly_budget
+                && existing.expires_at == record.expires_at
+                && existing.rate_limit == record.rate_limit
+                && existing.metadata == record.metadata;
             if !same {
                 return Err(ApiError::invalid(
                     "this Idempotency-Key was used for a different key",
@@ -192,6 +278,9 @@ pub(super) struct ListQuery {
     limit: Option<usize>,
     /// The id of the last key of the previous page.
     starting_after: Option<String>,
+    /// Only keys that are not revoked and expire within this many seconds from now (those
+    /// expired already included).
+    expiring_within_seconds: Option<u64>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -229,17 +318,63 @@ pub(super) async fn list(
             ));
         }
     }
-    let mut keys = state
-        .store
-        .keys
-        .keys_in_workspace(&workspace, query.starting_after.as_deref(), limit + 1)
-        .await?;
+    let mut keys = match query.expiring_within_seconds {
+        None => {
+            state
+                .store
+                .keys
+                .keys_in_workspace(&workspace, query.starting_after.as_deref(), limit + 1)
+                .await?
+        }
+        Some(within) => {
+            let until = unix_now().saturating_add(within);
+            let expiring = |k: &KeyRecord| {
+                k.status != KeyStatus::Revoked && k.expires_at.is_some_and(|at| at <= until)
+            };
+            matching_keys(
+                &state,
+                &workspace,
+                query.starting_after,
+                limit + 1,
+                expiring,
+            )
+            .await?
+        }
+    };
     let has_more = keys.len() > limit;
     keys.truncate(limit);
+    let records: Vec<&KeyRecord> = keys.iter().map(|k| &**k).collect();
     Ok(Json(KeyList {
-        data: keys.iter().map(|k| KeyView::from(&**k)).collect(),
+        data: KeyView::of_all(&state, &records).await?,
         has_more,
     }))
+}
+
+/// Up to `want` of a workspace's keys after `after` that pass `filter`, read from the store a
+/// page at a time.
+async fn matching_keys(
+    state: &AdminState,
+    workspace: &str,
+    mut after: Option<String>,
+    want: usize,
+    filter: impl Fn(&KeyRecord) -> bool,
+) -> Result<Vec<std::sync::Arc<KeyRecord>>, ApiError> {
+    const PAGE: usize = 500;
+    let mut found = Vec::new();
+    loop {
+        let page = state
+            .store
+            .keys
+            .keys_in_workspace(workspace, after.as_deref(), PAGE)
+            .await?;
+        let last = page.last().map(|k| k.id.clone());
+        found.extend(page.iter().filter(|k| filter(k)).cloned());
+        if found.len() >= want || page.len() < PAGE {
+            found.truncate(want);
+            return Ok(found);
+        }
+        after = last;
+    }
 }
 
 /// `GET /admin/v1/keys/{id}`: one key or scoped token.
@@ -261,7 +396,7 @@ pub(super) async fn show(
         .key_by_id(&id)
         .await?
         .ok_or_else(|| no_such_key(&id))?;
-    Ok(Json(KeyView::from(&*key)))
+    Ok(Json(KeyView::of(&state, &key).await?))
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -274,9 +409,23 @@ pub(super) struct PatchKey {
     monthly_budget: Option<Option<Credits>>,
     #[serde(default)]
     name: Option<String>,
+    /// Absent: unchanged; `null`: never expires; RFC 3339: expires then (a time past makes
+    /// it stop working now).
+    #[serde(default, deserialize_with = "super::extract::present")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    expires_at: Option<Option<String>>,
+    /// Absent: unchanged; `null`: the workspace's or environment's limit; an object: the
+    /// key's own.
+    #[serde(default, deserialize_with = "super::extract::present")]
+    rate_limit: Option<Option<RateLimit>>,
+    /// Absent: unchanged; `null`: none; an object (at most 4 KiB of JSON): replaces it.
+    #[serde(default, deserialize_with = "super::extract::present")]
+    #[schema(value_type = Option<Object>)]
+    metadata: Option<Option<serde_json::Map<String, serde_json::Value>>>,
 }
 
-/// `PATCH /admin/v1/keys/{id}`: a key's scopes, budget or name.
+/// `PATCH /admin/v1/keys/{id}`: a key's scopes, budget, name, expiry, rate limit or metadata.
+/// Every replica applies the change to its next request, as it does a revocation.
 #[utoipa::path(
     patch, path = "/admin/v1/keys/{id}", tag = "keys",
     params(("id" = String, Path, description = "Key id (`key_…`), or a scoped token's (`tok_…`)")),
@@ -296,6 +445,19 @@ pub(super) async fn patch(
     if body.name.as_ref().is_some_and(|n| n.chars().count() > 200) {
         return Err(ApiError::invalid("name must be at most 200 characters"));
     }
+    let expires_at = match &body.expires_at {
+        Some(Some(text)) => Some(Some(parse_expiry(text)?)),
+        Some(None) => Some(None),
+        None => None,
+    };
+    if let Some(Some(limit)) = body.rate_limit {
+        limit.check().map_err(ApiError::invalid)?;
+    }
+    let metadata = match body.metadata {
+        Some(Some(m)) => Some(Some(parse_metadata(m)?)),
+        Some(None) => Some(None),
+        None => None,
+    };
     let updated = state
         .store
         .keys
@@ -309,11 +471,20 @@ pub(super) async fn patch(
             if let Some(name) = &body.name {
                 k.name = name.clone();
             }
+            if let Some(expires_at) = expires_at {
+                k.expires_at = expires_at;
+            }
+            if let Some(limit) = body.rate_limit {
+                k.rate_limit = limit;
+            }
+            if let Some(metadata) = &metadata {
+                k.metadata = metadata.clone();
+            }
         })
         .await?
         .ok_or_else(|| no_such_key(&id))?;
     state.refresh_keys().await;
-    Ok(Json(KeyView::from(&*updated)))
+    Ok(Json(KeyView::of(&state, &updated).await?))
 }
 
 /// `POST /admin/v1/keys/{id}/revoke`: the key or token stops working at once.

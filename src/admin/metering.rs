@@ -27,6 +27,9 @@ pub(super) struct AuditParams {
     since: Option<u64>,
     cursor: Option<String>,
     limit: Option<usize>,
+    /// `true`: the records of admin API actions (with their `actor`) instead of requests;
+    /// the default for the workspace `_admin`, which holds only those.
+    actions: Option<bool>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -80,7 +83,13 @@ pub(super) async fn audit(
         Some(ListingCursor::After(point)) => (Some(point), None),
         Some(ListingCursor::Scan(resume, point)) => (point, Some(resume)),
     };
-    state.require_workspace(&workspace).await?;
+    // Actions that concern no one workspace are audited under a name of their own.
+    if workspace != super::access::ADMIN_AUDIT_WORKSPACE {
+        state.require_workspace(&workspace).await?;
+    }
+    let actions = params
+        .actions
+        .unwrap_or(workspace == super::access::ADMIN_AUDIT_WORKSPACE);
     // One more than asked for tells whether there are more (a scan says so itself).
     let scanning = resume.is_some();
     let query = AuditQuery {
@@ -91,6 +100,7 @@ pub(super) async fn audit(
         cursor,
         resume,
         limit: if scanning { limit } else { limit + 1 },
+        actions,
     };
     let read = state.store.audit.audit_page(&query).await?;
     let mut data = read.records;

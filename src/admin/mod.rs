@@ -3,6 +3,7 @@
 //! JSON in, JSON out, `Authorization: Bearer <admin token>` on everything under `/admin/v1`,
 //! errors as [`ApiError`] with the gateway's error body. `/healthz` and `/readyz` need no token.
 
+mod access;
 pub mod config;
 mod events;
 mod extract;
@@ -11,6 +12,7 @@ mod keys;
 mod leaks;
 mod metering;
 mod openapi;
+mod operators;
 mod service;
 mod webhooks;
 mod workspaces;
@@ -18,7 +20,7 @@ mod workspaces;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use hmac::{Hmac, Mac};
 use http::{HeaderValue, StatusCode};
@@ -216,6 +218,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/keys/{id}/revoke", post(keys::revoke))
         .route("/keys/{id}/rotate", post(keys::rotate))
         .route("/keys/{id}/end-grace", post(keys::end_grace))
+        .route("/tokens", post(operators::create).get(operators::list))
+        .route("/tokens/{id}", delete(operators::delete))
         .route("/leaks", post(leaks::report))
         .route("/events", post(events::create))
         .route("/audit", get(metering::audit))
@@ -239,7 +243,7 @@ pub fn router(state: AdminState) -> Router {
             "/workspaces/{id}/webhooks/{endpoint}/replay",
             post(webhooks::replay),
         )
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .route_layer(middleware::from_fn_with_state(state.clone(), access::guard));
     Router::new()
         .nest("/admin/v1", api)
         .route("/healthz", get(healthz))
@@ -313,74 +317,22 @@ async fn readyz(State(state): State<AdminState>) -> Result<Json<serde_json::Valu
     Ok(Json(serde_json::json!({"status": "ready"})))
 }
 
-async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
-    match check_token(&state, &req) {
-        Ok(()) => next.run(req).await,
-        Err(refused) => refused.into_response(),
-    }
-}
-
-/// A path no route has: 404, to a caller with the token only, so that the answer tells
+/// A path no route has: 404, to a caller with a token only, so that the answer tells
 /// nothing of which paths exist.
 async fn unmatched(State(state): State<AdminState>, req: Request) -> ApiError {
-    match check_token(&state, &req) {
-        Ok(()) => ApiError::not_found("no such admin route"),
+    let address = access::client_address(&req);
+    let (parts, _) = req.into_parts();
+    match access::caller(&state, &parts.headers, address).await {
+        Ok(_) => ApiError::not_found("no such admin route"),
         Err(refused) => refused,
     }
 }
 
-/// The admin token of `req`, and who may present it: an address past
-/// [`guard::MAX_FAILURES`] failed attempts within a minute gets 429 whatever it presents; the
-/// demo token is refused with a `Host` that is not loopback (a web page's request, through DNS
-/// rebinding, names its own host).
-fn check_token(state: &AdminState, req: &Request) -> Result<(), ApiError> {
-    let address = req
-        .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map(|c| c.0.ip());
-    let now = std::time::Instant::now();
-    if let Some(retry_after_secs) = state.failed_auths.throttled(address, now) {
-        return Err(ApiError::RateLimited {
-            message: format!(
-                "more than {} failed admin authentications from this address within a minute",
-                guard::MAX_FAILURES
-            )
-            .into(),
-            retry_after_secs,
-        });
-    }
-    // Parsed as the gateway parses API keys: one header, `Bearer` in any case.
-    let presented = crate::shared::bearer::authorization(req.headers())
-        .ok()
-        .flatten()
-        .and_then(|v| crate::shared::bearer::bearer_credential(Some(v)).ok());
-    match presented {
-        Some(token) if state.token_matches(token) => {
-            let host = req
-                .headers()
-                .get(http::header::HOST)
-                .map(HeaderValue::as_bytes);
-            if state.demo_token && !host.is_some_and(guard::is_loopback_host) {
-                return Err(ApiError::Permission(
-                    "the demo admin token is accepted only with a loopback Host (localhost, \
-                     127.0.0.1, [::1]); set SVCGATE_SERVER_ADMIN_TOKEN to use another"
-                        .into(),
-                ));
-            }
-            Ok(())
-        }
-        _ => {
-            state.failed_auths.fail(address, now);
-            Err(ApiError::Authentication(
-                "a valid admin token is required".into(),
-            ))
-        }
-    }
-}
-
 /// Gives every answer a request id, and renders errors with it.
-async fn with_request_id(req: Request, next: Next) -> Response {
+async fn with_request_id(mut req: Request, next: Next) -> Response {
     let id = request_id();
+    req.extensions_mut()
+        .insert(access::AdminRequestId(id.to_string()));
     let mut resp = next.run(req).await;
     if let Some(err) = resp.extensions_mut().remove::<ApiError>() {
         resp = render(&err, &id);

@@ -21,8 +21,9 @@ const SCHEME: &str = "admin_token";
         title = "svcgate admin API",
         description = "The operators' API of svcgate, on the admin listener: workspaces, keys, \
                        leaked-key reports, events, audit, usage, project budgets and webhook \
-                       endpoints. Everything under /admin/v1 takes the admin token as a bearer \
-                       token, except this document; /healthz and /readyz take none."
+                       endpoints. Everything under /admin/v1 takes the admin token, or an \
+                       operator token its role allows, as a bearer token, except this \
+                       document; /healthz and /readyz take none."
     ),
     paths(
         super::workspaces::create,
@@ -36,6 +37,9 @@ const SCHEME: &str = "admin_token";
         super::keys::revoke,
         super::keys::rotate,
         super::keys::end_grace,
+        super::operators::create,
+        super::operators::list,
+        super::operators::delete,
         super::leaks::report,
         super::events::create,
         super::metering::audit,
@@ -57,6 +61,7 @@ const SCHEME: &str = "admin_token";
     tags(
         (name = "workspaces", description = "Owners of keys, endpoints and budgets"),
         (name = "keys", description = "API keys: issue, change, rotate, revoke"),
+        (name = "tokens", description = "Operator tokens: narrower admin credentials, each with a role"),
         (name = "leaks", description = "Secret-scanner reports: leaked live keys revoked at once"),
         (name = "events", description = "Events a backend announces, delivered as webhooks"),
         (name = "metering", description = "Audit records, usage and project budgets"),

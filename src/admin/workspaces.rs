@@ -10,7 +10,7 @@ use super::extract::{page_limit, JsonBody, PathParams, QueryParams};
 use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::{new_id, unix_now};
-use crate::keys::Workspace;
+use crate::keys::{RateLimit, Workspace};
 use crate::metering::Credits;
 
 #[derive(Deserialize, ToSchema)]
@@ -22,6 +22,9 @@ pub(super) struct CreateWorkspace {
     monthly_credits: Option<Credits>,
     #[serde(default)]
     credits_low_threshold: Option<Credits>,
+    /// The rate limit of each of its keys that sets none.
+    #[serde(default)]
+    rate_limit: Option<RateLimit>,
 }
 
 /// `POST /admin/v1/workspaces`: a new workspace.
@@ -40,6 +43,11 @@ pub(super) async fn create(
         admin_emails: valid_emails(body.admin_emails)?,
         monthly_credits: body.monthly_credits,
         credits_low_threshold: body.credits_low_threshold,
+        rate_limit: body
+            .rate_limit
+            .map(RateLimit::check)
+            .transpose()
+            .map_err(ApiError::invalid)?,
         created_at: unix_now(),
     };
     state.store.keys.create_workspace(&workspace).await?;
@@ -120,6 +128,10 @@ pub(super) struct PatchWorkspace {
     monthly_credits: Option<Option<Credits>>,
     #[serde(default, deserialize_with = "super::extract::present")]
     credits_low_threshold: Option<Option<Credits>>,
+    /// Absent: unchanged; `null`: the environment's default; an object: the workspace's
+    /// keys' limit (a key's own limit still wins).
+    #[serde(default, deserialize_with = "super::extract::present")]
+    rate_limit: Option<Option<RateLimit>>,
 }
 
 /// Changes a workspace. Every replica reads the credits and the threshold on its next usage
@@ -141,6 +153,9 @@ pub(super) async fn patch(
 ) -> Result<Json<Workspace>, ApiError> {
     let name = body.name.as_deref().map(valid_name).transpose()?;
     let admin_emails = body.admin_emails.map(valid_emails).transpose()?;
+    if let Some(Some(limit)) = body.rate_limit {
+        limit.check().map_err(ApiError::invalid)?;
+    }
     let updated = state
         .store
         .keys
@@ -157,9 +172,13 @@ pub(super) async fn patch(
             if let Some(threshold) = body.credits_low_threshold {
                 w.credits_low_threshold = threshold;
             }
+            if let Some(limit) = body.rate_limit {
+                w.rate_limit = limit;
+            }
         })
         .await?
         .ok_or_else(|| super::unknown("workspace", &id))?;
+    state.refresh_keys().await;
     tracing::info!(workspace = %updated.id, "workspace changed");
     Ok(Json(updated))
 }

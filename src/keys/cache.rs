@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::directory::KeyDirectory;
 use super::store::KeyStore;
-use crate::keys::{CachedKey, KeyHash, KeyRecord, Scopes};
+use crate::keys::{workspace_digest, CachedKey, KeyHash, KeyRecord, Scopes, SharedLimit};
 use crate::shared::store::StoreError;
 
 /// How many times a fetch reads the store when syncs keep overlapping it.
@@ -53,7 +53,9 @@ const TOKEN_ENTRY_BYTES: usize = 512;
 fn token_weight(key: &CachedKey) -> usize {
     key.scoped.as_ref().map_or(0, |grant| {
         let json = serde_json::to_vec(&grant.metadata).map_or(0, |v| v.len());
-        TOKEN_ENTRY_BYTES + 4 * json
+        // The key's metadata it carries: parsed, and its JSON kept for the header.
+        let inherited = key.metadata.as_ref().map_or(0, |(_, json)| 5 * json.len());
+        TOKEN_ENTRY_BYTES + 4 * json + inherited
     })
 }
 
@@ -83,6 +85,10 @@ pub struct KeyCache {
     /// One shared copy of each workspace id and each scope set: most keys share both.
     workspaces: DashSet<Arc<str>>,
     scope_sets: DashSet<Arc<Scopes>>,
+    /// The rate limit of each workspace a cached key belongs to, one cell per workspace, by
+    /// the digest its changes are logged under ([`workspace_digest`]): a change to the
+    /// workspace updates the cell in place for all its keys.
+    workspace_limits: DashMap<KeyHash, (Arc<str>, Arc<SharedLimit>), foldhash::fast::RandomState>,
     /// Where in the store's change log the cache has caught up to: the epoch and the mark
     /// of the change at it.
     position: Mutex<(u64, String)>,
@@ -124,6 +130,7 @@ impl KeyCache {
             unknown: DashMap::default(),
             workspaces: DashSet::new(),
             scope_sets: DashSet::new(),
+            workspace_limits: DashMap::default(),
             position: Mutex::new((0, String::new())),
             syncing: tokio::sync::Mutex::new((0, Ok(()))),
             syncs_started: AtomicU64::new(0),
@@ -211,6 +218,13 @@ impl KeyCache {
         loop {
             let generation = self.generation.load(Ordering::Acquire);
             let record = read().await?.map(|r| Arc::new(self.compact(&r)));
+            if let Some(key) = record.as_ref().filter(|k| !k.workspace_limit.is_loaded()) {
+                // The first key of its workspace here: its limit is read once, and kept up to
+                // date by the change log from then on.
+                let workspace = self.store.workspace(&key.workspace).await?;
+                key.workspace_limit
+                    .load_once(workspace.and_then(|w| w.rate_limit));
+            }
             if self.remember(hash, &record, generation) || attempt == FETCH_ATTEMPTS {
                 return Ok((record, CacheOutcome::Miss));
             }
@@ -329,7 +343,13 @@ impl KeyCache {
     fn compact(&self, record: &KeyRecord) -> CachedKey {
         let workspace = intern(&self.workspaces, record.workspace.as_str(), |w| w.into());
         let scopes = intern(&self.scope_sets, &record.scopes, |s| Arc::new(s.clone()));
-        CachedKey::new(record, workspace, scopes)
+        let limit = self
+            .workspace_limits
+            .entry(workspace_digest(&record.workspace))
+            .or_insert_with(|| (workspace.clone(), Arc::new(SharedLimit::unloaded())))
+            .1
+            .clone();
+        CachedKey::new_in(record, workspace, scopes, limit)
     }
 
     /// Whether the last successful sync is recent enough to trust cached answers.
@@ -370,9 +390,17 @@ impl KeyCache {
     async fn read_changes(&self) -> Result<(), StoreError> {
         let (since, mark) = self.position().clone();
         let changes = self.store.key_changes_since(since, &mark).await?;
+        if let Some(hashes) = &changes.changed {
+            // Read before the position moves: if the store fails here, the next sync reads
+            // the same changes again.
+            self.reload_workspace_limits(hashes).await?;
+        }
         match changes.changed {
             None => {
                 self.generation.fetch_add(1, Ordering::AcqRel);
+                // New cells, read afresh with the keys: a workspace changed in the gap is
+                // named nowhere.
+                self.workspace_limits.clear();
                 self.known.retain(|_, key| {
                     self.release(key);
                     false
@@ -399,6 +427,19 @@ impl KeyCache {
             // Every key written from here on is in the change log: the store's listing, which
             // starts after this, finds the rest.
             self.directory.restart();
+        }
+        Ok(())
+    }
+
+    /// Reads again the rate limit of each workspace among `changed` that a cached key uses.
+    async fn reload_workspace_limits(&self, changed: &[KeyHash]) -> Result<(), StoreError> {
+        for hash in changed {
+            let Some((id, cell)) = self.workspace_limits.get(hash).map(|e| e.value().clone())
+            else {
+                continue;
+            };
+            let workspace = self.store.workspace(&id).await?;
+            cell.set(workspace.and_then(|w| w.rate_limit));
         }
         Ok(())
     }
@@ -549,6 +590,9 @@ mod tests {
                 scopes: Scopes::new(["a:b"]),
                 name: String::new(),
                 monthly_budget: None,
+                expires_at: None,
+                rate_limit: None,
+                metadata: None,
             },
             0,
         );
@@ -672,6 +716,40 @@ mod tests {
         assert!(r.is_none());
         assert_eq!(reads.load(Ordering::Acquire), FETCH_ATTEMPTS);
         assert!(cache.cached(&other.hash).is_none(), "nothing kept");
+    }
+
+    #[tokio::test]
+    async fn a_workspace_limit_reaches_its_cached_keys_in_place() {
+        let store = Arc::new(MemoryStore::with_demo_workspace());
+        let cache = KeyCache::new(store.clone(), CacheConfig::default());
+        cache.sync().await.unwrap();
+        let mut k = new_key();
+        k.workspace = crate::store::memory::DEMO_WORKSPACE.into();
+        store.insert_key(&k).await.unwrap();
+        cache.sync().await.unwrap();
+        let (key, _) = cache.get(&k.hash).await.unwrap();
+        let key = key.unwrap();
+        assert!(key.workspace_limit.is_loaded());
+        assert_eq!(key.rate_limit_override(), None);
+        let limit = crate::keys::RateLimit {
+            requests_per_minute: 7,
+            burst: None,
+        };
+        store
+            .update_workspace(&k.workspace, &|w: &mut crate::keys::Workspace| {
+                w.rate_limit = Some(limit)
+            })
+            .await
+            .unwrap();
+        cache.sync().await.unwrap();
+        // The key is still cached, and sees the workspace's limit.
+        let (again, outcome) = cache.get(&k.hash).await.unwrap();
+        assert_eq!(outcome, CacheOutcome::Hit);
+        assert!(Arc::ptr_eq(&again.unwrap(), &key));
+        let seen = key
+            .rate_limit_override()
+            .map(|l| (l.requests_per_minute, l.burst()));
+        assert_eq!(seen, Some((7, 7)));
     }
 
     #[tokio::test]

@@ -8,7 +8,9 @@ pub mod cache;
 pub mod config;
 pub mod directory;
 pub mod format;
+pub mod operators;
 pub mod scopes;
+pub mod settings;
 pub mod store;
 
 use compact_str::CompactString;
@@ -19,6 +21,7 @@ pub use crate::shared::environment::Environment;
 use crate::shared::Credits;
 pub use format::{KeyFormatError, KeyHash, NewKey};
 pub use scopes::{Scope, Scopes};
+pub use settings::{Metadata, RateLimit, SharedLimit};
 
 /// Lifecycle state of a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -48,6 +51,8 @@ impl KeyStatus {
 pub enum Rejection {
     /// The key was revoked.
     Revoked,
+    /// The key passed its `expires_at`.
+    KeyExpired,
     /// The key was rotated and its grace period is over.
     GraceExpired,
     /// A scoped token past its expiry.
@@ -61,6 +66,7 @@ impl Rejection {
     pub fn reason(self) -> &'static str {
         match self {
             Self::Revoked => "revoked",
+            Self::KeyExpired => "key_expired",
             Self::GraceExpired => "grace_expired",
             Self::Expired => "token_expired",
             Self::ParentInvalid => "parent_invalid",
@@ -116,6 +122,15 @@ pub struct KeyRecord {
     /// For a scoped token, what it was minted from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scoped: Option<Box<ScopedGrant>>,
+    /// Unix second the key stops working, if it expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+    /// The key's own rate limit, over its workspace's and its environment's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+    /// Free-form key/value pairs, in the audit records of the key and its tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
 }
 
 /// What makes a scoped token (`svc_scoped_…`): minted from a parent key, for a subset of its
@@ -164,11 +179,30 @@ pub struct CachedKey {
     pub scoped: Option<Box<ScopedGrant>>,
     /// The visible tail of the key, for audit records.
     pub last4: [u8; 4],
+    /// Unix second the key stops working, if it expires.
+    pub expires_at: Option<u64>,
+    /// The key's own rate limit.
+    pub rate_limit: Option<RateLimit>,
+    /// Its workspace's rate limit: one cell per workspace, shared by its cached keys.
+    pub workspace_limit: Arc<SharedLimit>,
+    /// The key's metadata, and the same as compact visible-ASCII JSON (a header's value).
+    pub metadata: Option<(Metadata, Arc<str>)>,
 }
 
 impl CachedKey {
-    /// The request path's view of `record`, with `workspace` and `scopes` as given (shared).
+    /// The request path's view of `record`, with `workspace` and `scopes` as given (shared),
+    /// for a workspace without a rate limit.
     pub fn new(record: &KeyRecord, workspace: Arc<str>, scopes: Arc<Scopes>) -> Self {
+        Self::new_in(record, workspace, scopes, Arc::new(SharedLimit::of(None)))
+    }
+
+    /// [`Self::new`], with the workspace's rate limit as given (shared).
+    pub fn new_in(
+        record: &KeyRecord,
+        workspace: Arc<str>,
+        scopes: Arc<Scopes>,
+        workspace_limit: Arc<SharedLimit>,
+    ) -> Self {
         Self {
             id: record.id.as_str().into(),
             workspace,
@@ -189,7 +223,21 @@ impl CachedKey {
             },
             scoped: record.scoped.clone(),
             last4: record.last4.as_bytes().try_into().unwrap_or([b'?'; 4]),
+            expires_at: record.expires_at,
+            rate_limit: record.rate_limit,
+            workspace_limit,
+            metadata: record
+                .metadata
+                .as_ref()
+                .filter(|m| !m.is_empty())
+                .map(|m| (m.clone(), settings::header_json(m).into())),
         }
+    }
+
+    /// The rate limit that overrides the environment's: the key's own, else its workspace's.
+    #[inline]
+    pub fn rate_limit_override(&self) -> Option<RateLimit> {
+        self.rate_limit.or_else(|| self.workspace_limit.get())
     }
 
     /// The visible form of the key: its prefix and last four characters.
@@ -233,6 +281,9 @@ impl CachedKey {
                 return Err(Rejection::Expired);
             }
         }
+        if self.status != KeyStatus::Revoked && self.expires_at.is_some_and(|at| now >= at) {
+            return Err(Rejection::KeyExpired);
+        }
         match self.status {
             KeyStatus::Active => Ok(()),
             KeyStatus::Revoked => Err(Rejection::Revoked),
@@ -262,6 +313,12 @@ pub struct KeyParams {
     pub name: String,
     /// Optional monthly cap.
     pub monthly_budget: Option<Credits>,
+    /// Unix second the key stops working, if it expires.
+    pub expires_at: Option<u64>,
+    /// The key's own rate limit.
+    pub rate_limit: Option<RateLimit>,
+    /// Free-form key/value pairs.
+    pub metadata: Option<Metadata>,
 }
 
 /// Generates a key and its record. The value is returned once and never stored.
@@ -291,6 +348,9 @@ pub fn record_of(params: KeyParams, key: &NewKey, now: u64) -> KeyRecord {
         descendants: Vec::new(),
         predecessors: Vec::new(),
         scoped: None,
+        expires_at: params.expires_at,
+        rate_limit: params.rate_limit,
+        metadata: params.metadata,
     }
 }
 
@@ -329,6 +389,10 @@ pub fn mint(
             expires_at: now.saturating_add(expires_in),
             metadata: Arc::new(metadata),
         })),
+        expires_at: None,
+        rate_limit: None,
+        // The parent's metadata as it is now: in the token's audit records, and forwarded.
+        metadata: parent.metadata.as_ref().map(|(m, _)| m.clone()),
     };
     (key, record)
 }
@@ -353,6 +417,9 @@ pub fn inherit(successor: &mut KeyRecord, old: &KeyRecord) {
     successor.scopes = old.scopes.clone();
     successor.monthly_budget = old.monthly_budget;
     successor.predecessors = successor_lineage(old);
+    successor.expires_at = old.expires_at;
+    successor.rate_limit = old.rate_limit;
+    successor.metadata = old.metadata.clone();
 }
 
 /// `predecessor` as it is once `successor` (a key whose lineage it is in) replaced a key after
@@ -395,7 +462,17 @@ pub fn successor(old: &KeyRecord, key: &NewKey, now: u64) -> KeyRecord {
         descendants: Vec::new(),
         predecessors: successor_lineage(old),
         scoped: None,
+        expires_at: old.expires_at,
+        rate_limit: old.rate_limit,
+        metadata: old.metadata.clone(),
     }
+}
+
+/// The digest under which a change to workspace `id` is logged in the key change log, so
+/// that key caches read its rate limit again. No key hashes to it: keys are hashed from their
+/// values, which never contain a space.
+pub fn workspace_digest(id: &str) -> KeyHash {
+    KeyHash::of(&format!("workspace {id}"))
 }
 
 /// A workspace: the owner of keys, endpoints and budgets.
@@ -414,6 +491,9 @@ pub struct Workspace {
     /// `billing.credits.low` fires when the remainder drops below this.
     #[serde(default)]
     pub credits_low_threshold: Option<Credits>,
+    /// The rate limit of each of its keys that sets none, over the environment's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
     /// Unix seconds.
     pub created_at: u64,
 }
@@ -443,6 +523,9 @@ pub(crate) mod tests {
             descendants: Vec::new(),
             predecessors: Vec::new(),
             scoped: None,
+            expires_at: None,
+            rate_limit: None,
+            metadata: None,
         }
     }
 
@@ -528,6 +611,68 @@ pub(crate) mod tests {
             cached(&record(KeyStatus::Rotating, None)).check_usable(0),
             Err(Rejection::GraceExpired)
         );
+    }
+
+    #[test]
+    fn a_key_stops_at_its_expiry_and_a_revocation_still_says_revoked() {
+        let mut r = record(KeyStatus::Active, None);
+        r.expires_at = Some(100);
+        let key = cached(&r);
+        assert_eq!(key.check_usable(99), Ok(()));
+        assert_eq!(key.check_usable(100), Err(Rejection::KeyExpired));
+        r.status = KeyStatus::Revoked;
+        assert_eq!(cached(&r).check_usable(200), Err(Rejection::Revoked));
+        // In grace, it ends at whichever comes first.
+        r.status = KeyStatus::Rotating;
+        r.grace_until = Some(150);
+        assert_eq!(cached(&r).check_usable(120), Err(Rejection::KeyExpired));
+        r.expires_at = Some(300);
+        assert_eq!(cached(&r).check_usable(160), Err(Rejection::GraceExpired));
+        // Without the new fields (as records written before them are): read as absent.
+        let plain = serde_json::to_string(&record(KeyStatus::Active, None)).unwrap();
+        assert!(!plain.contains("expires_at") && !plain.contains("rate_limit"));
+        let back: KeyRecord = serde_json::from_str(&plain).unwrap();
+        assert_eq!(
+            (back.expires_at, back.rate_limit, back.metadata),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn a_token_carries_its_key_metadata_and_the_key_limit_wins_over_the_workspace() {
+        let mut r = record(KeyStatus::Active, None);
+        let serde_json::Value::Object(m) = serde_json::json!({"customer": "cus_1"}) else {
+            unreachable!()
+        };
+        r.metadata = Some(Arc::new(m));
+        let workspace = Arc::new(SharedLimit::of(Some(RateLimit {
+            requests_per_minute: 10,
+            burst: None,
+        })));
+        let parent = CachedKey::new_in(&r, "ws_1".into(), Arc::default(), workspace.clone());
+        assert_eq!(
+            parent.rate_limit_override().map(|l| l.requests_per_minute),
+            Some(10)
+        );
+        let (_, token) = mint(
+            &parent,
+            r.hash,
+            Scopes::default(),
+            60,
+            Default::default(),
+            0,
+        );
+        assert_eq!(token.metadata, r.metadata);
+        assert_eq!(
+            cached(&token).metadata.unwrap().1.as_ref(),
+            r#"{"customer":"cus_1"}"#
+        );
+        r.rate_limit = Some(RateLimit {
+            requests_per_minute: 3,
+            burst: Some(1),
+        });
+        let own = CachedKey::new_in(&r, "ws_1".into(), Arc::default(), workspace);
+        assert_eq!(own.rate_limit_override().map(|l| l.burst()), Some(1));
     }
 
     #[test]

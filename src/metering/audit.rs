@@ -75,6 +75,11 @@ pub struct AuditRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
+    /// The key's metadata (for a scoped token, its parent's as it was when the token was
+    /// minted), shared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub key_metadata: Option<crate::keys::Metadata>,
     /// Who acted, on a record of an administrative action rather than a gateway request:
     /// `root` (the configured admin token), `operator:<name>` or `dashboard:<email>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,6 +194,10 @@ impl AuditRecord {
             out.extend_from_slice(b",\"metadata\":");
             json_value(out, metadata);
         }
+        if let Some(key_metadata) = &self.key_metadata {
+            out.extend_from_slice(b",\"key_metadata\":");
+            json_value(out, key_metadata);
+        }
         if let Some(actor) = &self.actor {
             out.extend_from_slice(b",\"actor\":");
             json_str(out, actor);
@@ -295,6 +304,7 @@ impl PendingAudit {
                 .as_ref()
                 .filter(|g| !g.metadata.is_empty())
                 .map(|g| g.metadata.clone()),
+            key_metadata: key.metadata.as_ref().map(|(m, _)| m.clone()),
             actor: None,
             suppressed: self.suppressed,
             tunnel: self.tunnel,
@@ -629,7 +639,8 @@ mod tests {
             client_ip: ip,
             latency_ms: 0,
             token_id: full.then(|| format!("tok_{text}")),
-            metadata: full.then(|| Arc::new(metadata)),
+            metadata: full.then(|| Arc::new(metadata.clone())),
+            key_metadata: full.then(|| Arc::new(metadata)),
             actor: full.then(|| format!("dashboard:{text}")),
             suppressed: full.then_some(3),
             tunnel: full.then_some(Tunnel {

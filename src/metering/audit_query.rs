@@ -72,6 +72,8 @@ pub struct AuditQuery {
     pub resume: Option<AuditResume>,
     /// At most this many, newest first ([`AuditRecord::sort_listing`]).
     pub limit: usize,
+    /// Records of administrative actions (those with an `actor`) instead of requests.
+    pub actions: bool,
 }
 
 impl AuditQuery {
@@ -86,6 +88,7 @@ impl AuditQuery {
                 .since
                 .is_none_or(|s| record.time_ms >= s.saturating_mul(1000))
             && self.cursor.as_ref().is_none_or(|c| c.passes(record))
+            && record.actor.is_some() == self.actions
     }
 }
 

@@ -20,7 +20,7 @@ use super::spool;
 use super::store::{AuditStore, UsageStore};
 use super::usage::{BudgetScope, KeyBudget, RateFlush, Usage, UsageFlush, Verdict};
 use crate::error::ApiError;
-use crate::keys::{CachedKey, Environment};
+use crate::keys::{CachedKey, Environment, RateLimit};
 use crate::shared::Credits;
 
 /// How the meter is set up.
@@ -134,11 +134,17 @@ impl Meter {
         (meter, writer)
     }
 
-    /// The limit that applies to `key`.
-    pub fn limit_for(&self, key: &CachedKey) -> Limit {
-        match key.effective_environment() {
-            Environment::Test => self.config.test_limit,
-            _ => self.config.live_limit,
+    /// The limit that applies to `key`: `set` (the billed key's own, or its workspace's), else
+    /// its environment's.
+    #[inline]
+    pub fn limit_for(&self, key: &CachedKey, set: Option<RateLimit>) -> Limit {
+        match (set, key.effective_environment()) {
+            (Some(set), _) => Limit {
+                requests_per_minute: set.requests_per_minute,
+                burst: set.burst(),
+            },
+            (None, Environment::Test) => self.config.test_limit,
+            (None, _) => self.config.live_limit,
         }
     }
 
@@ -150,12 +156,13 @@ impl Meter {
     pub async fn admit(
         &self,
         key: &CachedKey,
+        rate_limit: Option<RateLimit>,
         budget: Option<KeyBudget<'_>>,
         project: Option<&str>,
         billable: bool,
         now_ms: u64,
     ) -> (Decision, Result<(), ApiError>) {
-        let limit = self.limit_for(key);
+        let limit = self.limit_for(key, rate_limit);
         let billed = || key.billed_key_id_shared();
         let decision = self
             .rate

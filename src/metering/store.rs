@@ -39,6 +39,11 @@ pub trait UsageStore: Send + Sync + 'static {
         budget: Option<i64>,
     ) -> Result<(), StoreError>;
 
+    /// When each of `ids` (key ids) was last used, in unix seconds to the minute (the start
+    /// of the minute of its latest request flushed), in the same order; `None` for a key not
+    /// used since the store began keeping it.
+    async fn keys_last_used(&self, ids: &[&str]) -> Result<Vec<Option<u64>>, StoreError>;
+
     /// A workspace's spend in `month` (`YYYY-MM`).
     async fn usage_report(&self, workspace: &str, month: &str) -> Result<UsageReport, StoreError>;
 }

@@ -114,6 +114,10 @@ mod tests {
             budget_peers: Box::default(),
             scoped: None,
             last4: *b"abcd",
+            expires_at: None,
+            rate_limit: None,
+            workspace_limit: Arc::new(crate::keys::SharedLimit::of(None)),
+            metadata: None,
         }
     }
 

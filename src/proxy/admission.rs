@@ -153,7 +153,7 @@ impl Gateway {
                 if let Some(key) = &key {
                     let (decision, verdict) = self
                         .meter
-                        .admit(key, None, None, false, ctx.arrived_ms)
+                        .admit(key, key.rate_limit_override(), None, None, false, ctx.arrived_ms)
                         .await;
                     if !decision.allowed {
                         ctx.refused_key = Some(key.clone());
@@ -178,6 +178,7 @@ impl Gateway {
             .meter
             .admit(
                 &caller.key,
+                caller.billed().rate_limit_override(),
                 caller.monthly_budget(),
                 project,
                 billable,

@@ -69,6 +69,7 @@ impl From<AuthFailure> for ApiError {
             AuthFailure::Format(_) => "malformed API key",
             AuthFailure::Unknown => "invalid API key",
             AuthFailure::Rejected(Rejection::Revoked) => "this API key has been revoked",
+            AuthFailure::Rejected(Rejection::KeyExpired) => "this API key has expired",
             AuthFailure::Rejected(Rejection::GraceExpired) => {
                 "this API key was rotated and its grace period has ended"
             }
@@ -276,6 +277,12 @@ impl Authenticated {
     /// its parent (a parent's scopes can shrink after minting).
     pub fn allows(&self, scope: &str) -> bool {
         self.key.scopes.allows(scope) && self.parent.as_ref().is_none_or(|p| p.scopes.allows(scope))
+    }
+
+    /// The key billed: the parent, for a scoped token. Its rate limit and metadata are the
+    /// token's too.
+    pub fn billed(&self) -> &Arc<CachedKey> {
+        self.parent.as_ref().unwrap_or(&self.key)
     }
 
     /// The monthly budget of the key billed: a scoped token has none of its own, and spends

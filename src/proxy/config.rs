@@ -22,6 +22,8 @@ pub struct UpstreamConfig {
     pub read_timeout_ms: u64,
     /// Longest wait to write to the backend (milliseconds).
     pub write_timeout_ms: u64,
+    /// Send the key's metadata to the backend as `Service-Key-Metadata` (compact JSON).
+    pub forward_key_metadata: bool,
 }
 
 impl Default for UpstreamConfig {
@@ -32,6 +34,7 @@ impl Default for UpstreamConfig {
             connect_timeout_ms: 1_000,
             read_timeout_ms: 60_000,
             write_timeout_ms: 60_000,
+            forward_key_metadata: false,
         }
     }
 }

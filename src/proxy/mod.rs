@@ -175,6 +175,8 @@ pub struct Gateway {
     store: Stores,
     /// Whether webhook endpoints may be `http://` or internal (development and tests).
     allow_insecure_targets: bool,
+    /// Whether the key's metadata goes to the backend (`Service-Key-Metadata`).
+    forward_key_metadata: bool,
     /// How long an idle client connection stays open between requests.
     keepalive_secs: u64,
     /// Set on SIGTERM: not ready, and every connection closes after its response.
@@ -358,6 +360,12 @@ impl ProxyHttp for Gateway {
             framing::to_origin_form(upstream_request, self.upstreams.host(ctx.target))?;
         }
         upstream::set_identity_headers(upstream_request, identity, forwarded_for)?;
+        if self.forward_key_metadata {
+            // Set after the client's `Service-*` headers went (hygiene), so it is the gateway's.
+            if let Some((_, json)) = &caller.key.metadata {
+                upstream::set_key_metadata(upstream_request, json)?;
+            }
+        }
         if let Some(backend) = self.upstreams.host(ctx.target) {
             framing::for_backend(upstream_request, session.req_header().version, backend)?;
         }
@@ -644,6 +652,7 @@ impl Gateway {
             upstreams,
             meter,
             allow_insecure_targets,
+            forward_key_metadata: false,
             keepalive_secs,
             draining,
             cors: Cors::default(),
@@ -660,6 +669,12 @@ impl Gateway {
     /// Traces requests with `tracing` ([`crate::telemetry`]).
     pub fn with_tracing(mut self, tracing: Option<Tracing>) -> Self {
         self.tracing = tracing;
+        self
+    }
+
+    /// Sends each key's metadata to the backend, as `Service-Key-Metadata`.
+    pub fn with_key_metadata_forwarding(mut self, forward: bool) -> Self {
+        self.forward_key_metadata = forward;
         self
     }
 

@@ -191,6 +191,21 @@ pub fn set_identity_headers(
     )
 }
 
+/// The key's metadata, for backends that want it (`[upstream] forward_key_metadata`).
+pub static SERVICE_KEY_METADATA: HeaderName = HeaderName::from_static("service-key-metadata");
+
+/// Sets `Service-Key-Metadata` to `json`: the key's metadata as compact JSON of visible ASCII
+/// ([`crate::keys::settings::header_json`]).
+pub fn set_key_metadata(req: &mut RequestHeader, json: &str) -> pingora::Result<()> {
+    let value = HeaderValue::from_str(json).map_err(|_| {
+        pingora::Error::explain(
+            pingora::ErrorType::InternalError,
+            "metadata is no header value",
+        )
+    })?;
+    req.insert_header(&SERVICE_KEY_METADATA, value)
+}
+
 /// A client address some backends read (nginx's `real_ip_header`, many frameworks).
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 

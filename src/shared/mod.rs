@@ -9,6 +9,7 @@
 //! - [`net`]: the internal-address check;
 //! - [`problem`]: what a configuration check reports;
 //! - [`project`]: the names of projects that spend is attributed to;
+//! - [`rfc3339`]: instants as people read them;
 //! - [`store`]: why a store call failed, and the store's health as a whole.
 
 pub mod bearer;
@@ -19,6 +20,7 @@ pub mod month;
 pub mod net;
 pub mod problem;
 pub mod project;
+pub mod rfc3339;
 pub mod store;
 
 pub use credits::Credits;

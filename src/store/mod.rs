@@ -14,6 +14,7 @@ mod redis;
 
 use std::sync::Arc;
 
+pub use crate::keys::operators::OperatorStore;
 pub use crate::keys::store::{KeyChange, KeyChanges, KeyStore, Rotation, WorkspaceChange};
 pub use crate::metering::store::{AuditStore, UsageReport, UsageStore};
 pub use crate::shared::store::{StoreError, StoreHealth};
@@ -33,6 +34,8 @@ pub struct Stores {
     pub health: Arc<dyn StoreHealth>,
     /// Workspaces, keys and scoped tokens.
     pub keys: Arc<dyn KeyStore>,
+    /// Operator tokens of the admin API.
+    pub operators: Arc<dyn OperatorStore>,
     /// Spend, rate counts and budgets.
     pub usage: Arc<dyn UsageStore>,
     /// The audit log.
@@ -53,6 +56,7 @@ impl Stores {
     where
         S: StoreHealth
             + KeyStore
+            + OperatorStore
             + UsageStore
             + AuditStore
             + EventLog
@@ -63,6 +67,7 @@ impl Stores {
         Self {
             health: store.clone(),
             keys: store.clone(),
+            operators: store.clone(),
             usage: store.clone(),
             audit: store.clone(),
             events: store.clone(),

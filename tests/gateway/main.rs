@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod connections;
+mod keys_lifecycle;
 mod requests;
 
 use common::*;

@@ -55,6 +55,7 @@ fn workspace() -> Workspace {
         admin_emails: vec!["ops@acme.example".into()],
         monthly_credits: None,
         credits_low_threshold: None,
+        rate_limit: None,
         created_at: unix_now(),
     }
 }
@@ -67,6 +68,9 @@ fn key(workspace: &str, created_at: u64) -> KeyRecord {
             scopes: Scopes::new(["models:read"]),
             name: "k".into(),
             monthly_budget: None,
+            expires_at: None,
+            rate_limit: None,
+            metadata: None,
         },
         created_at,
     )
@@ -187,6 +191,7 @@ fn audit_record(workspace: &str, time_ms: u64) -> AuditRecord {
         latency_ms: 1,
         token_id: None,
         metadata: None,
+        key_metadata: None,
         actor: None,
         suppressed: None,
         tunnel: None,

@@ -5,7 +5,7 @@ use crate::events::Event;
 use crate::ids::unix_now;
 use crate::keys::directory::MintedTokens;
 use crate::keys::KeyStatus;
-use crate::keys::{KeyHash, KeyRecord, Workspace};
+use crate::keys::{workspace_digest, KeyHash, KeyRecord, Workspace};
 use crate::store::{KeyChange, KeyChanges, KeyStore, Rotation, StoreError, WorkspaceChange};
 use async_trait::async_trait;
 use std::sync::Arc;
@@ -96,7 +96,13 @@ impl KeyStore for MemoryStore {
         change(&mut next);
         next.id = workspace.id.clone();
         next.created_at = workspace.created_at;
+        if next == *workspace {
+            return Ok(Some(next));
+        }
         *workspace = next.clone();
+        inner.record_change(workspace_digest(id));
+        drop(inner);
+        self.changed.notify_one();
         Ok(Some(next))
     }
 

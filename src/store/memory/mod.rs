@@ -7,6 +7,7 @@ mod events;
 mod keys;
 mod listen;
 mod notices;
+mod operators;
 mod usage;
 mod webhooks;
 
@@ -46,6 +47,10 @@ struct Inner {
     budgets: HashMap<String, HashMap<String, i64>>,
     /// Requests per `(key id, minute window)`.
     rate: HashMap<(String, u64), u64>,
+    /// The start (unix seconds) of the latest minute window each key id had requests in.
+    last_used: HashMap<String, u64>,
+    /// Operator tokens by digest.
+    operators: HashMap<String, crate::keys::operators::OperatorToken>,
     /// Audit records per workspace, oldest first.
     audit: HashMap<String, VecDeque<AuditRecord>>,
     /// Webhook endpoints per workspace, oldest first.
@@ -105,6 +110,7 @@ impl MemoryStore {
                 admin_emails: Vec::new(),
                 monthly_credits: None,
                 credits_low_threshold: None,
+                rate_limit: None,
                 created_at: unix_now(),
             },
         );
@@ -174,6 +180,9 @@ mod tests {
             descendants: Vec::new(),
             predecessors: Vec::new(),
             scoped: None,
+            expires_at: None,
+            rate_limit: None,
+            metadata: None,
         }
     }
 

@@ -95,6 +95,10 @@ impl UsageStore for MemoryStore {
                 }
                 *c
             };
+            if fresh_rate && r.count > 0 {
+                let used = inner.last_used.entry(r.key.clone()).or_default();
+                *used = (*used).max(r.window * 60);
+            }
             let previous = inner
                 .rate
                 .get(&(r.key.clone(), r.window.saturating_sub(1)))
@@ -140,6 +144,14 @@ impl UsageStore for MemoryStore {
             None => budgets.remove(project),
         };
         Ok(())
+    }
+
+    async fn keys_last_used(&self, ids: &[&str]) -> Result<Vec<Option<u64>>, StoreError> {
+        let inner = self.read();
+        Ok(ids
+            .iter()
+            .map(|id| inner.last_used.get(*id).copied())
+            .collect())
     }
 
     async fn usage_report(&self, workspace: &str, month: &str) -> Result<UsageReport, StoreError> {

@@ -8,7 +8,7 @@ use tokio::sync::Notify;
 use super::*;
 use crate::events::Event;
 use crate::keys::directory::MintedTokens;
-use crate::keys::{KeyHash, KeyRecord, KeyStatus, Workspace};
+use crate::keys::{workspace_digest, KeyHash, KeyRecord, KeyStatus, Workspace};
 use crate::store::{KeyChange, KeyChanges, KeyStore, Rotation, StoreError, WorkspaceChange};
 
 /// Inserts a key record and its indexes, then records the change.
@@ -134,15 +134,24 @@ impl KeyStore for RedisStore {
             if next == current {
                 return Ok(Some(current));
             }
-            let swapped: i64 = SET_IF_UNCHANGED
+            // Logged as a change under the workspace's digest, so every replica's key cache
+            // reads the workspace's rate limit again.
+            let epoch: i64 = UPDATE_KEY
                 .key(&key)
+                .key(self.layout.epoch())
+                .key(self.layout.log())
+                .key(self.layout.events())
                 .arg(&raw)
                 .arg(encode(&next))
+                .arg(workspace_digest(id).to_hex())
+                .arg(self.layout.channel())
+                .arg(CHANGE_LOG_LEN)
+                .arg(new_mark())
                 .invoke_async(&mut self.conn())
                 .await
                 .map_err(unavailable)?;
-            if let Some(done) = settled(swapped, next) {
-                return Ok(done);
+            if epoch >= 0 {
+                return Ok(Some(next));
             }
         }
         Err(changing_too_often("workspace", id))

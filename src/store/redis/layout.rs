@@ -21,6 +21,8 @@
 //! | `{ns}:flush:<id>` | string | a usage batch (spend, or rate counts) already added (a day), so a retry adds nothing |
 //! | `{ns}:rl:<key id>:<minute>` | integer | requests in that minute window, all replicas (expires) |
 //! | `{ns}:rl:mint:<key id>:<minute>` | integer | scoped tokens the key minted in that window (expires) |
+//! | `{ns}:last_used` | hash | key id → the unix second of the minute of its last request (set by the usage flush) |
+//! | `{ns}:operators` | hash | operator token digest hex → operator token JSON (name, role, workspace; never the token) |
 //! | `{ns}:endpoints:<ws>` | hash | webhook endpoint id → endpoint JSON (with its secret) |
 //! | `{ns}:wh:cursor` | string | an event-log entry id such that every entry up to it is fanned out (kept behind the oldest entry pending in the group); where a lost consumer group restarts |
 //! | `{ns}:wh:ready` | sorted set | `<ws> <endpoint id>` of every endpoint with queued deliveries, scored by the earliest due time (ms) |
@@ -116,6 +118,12 @@ impl Layout {
     /// Set once a batch of audit records with id `once` is in the workspace's stream.
     pub(super) fn audit_once(&self, workspace: &str, once: &str) -> String {
         format!("{}:once:{once}", self.audit(workspace))
+    }
+    pub(super) fn last_used(&self) -> String {
+        format!("{{{}}}:last_used", self.ns)
+    }
+    pub(super) fn operators(&self) -> String {
+        format!("{{{}}}:operators", self.ns)
     }
     pub(super) fn listen_slots(&self, key_id: &str) -> String {
         format!("{{{}}}:listen:{key_id}", self.ns)

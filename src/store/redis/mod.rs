@@ -20,6 +20,7 @@ mod keys;
 mod layout;
 mod listen;
 mod notices;
+mod operators;
 mod schema;
 mod streams;
 mod tokens;

@@ -11,7 +11,8 @@ use crate::store::{StoreError, UsageReport, UsageStore};
 
 /// Applies one usage flush (see [`UsageStore::flush_usage`]). KEYS: the event log, the batch's
 /// marker, its rate counts' marker, then `(spend, budgets, workspace record)` of each workspace
-/// and `(this window, the one before)` of each rate count, in the flush's order; every one
+/// and `(this window, the one before)` of each rate count, in the flush's order, then the keys'
+/// last uses (set from the rate counts, to the minute); every one
 /// starts with the `{ns}` hash tag, so it runs on one Cluster slot. ARGV[1] is the flush as JSON.
 /// Answers JSON with totals as decimal strings (Lua numbers would lose digits).
 pub(super) static FLUSH_USAGE: LazyLock<Script> =
@@ -106,6 +107,7 @@ impl UsageStore for RedisStore {
                 .key(format!("{p}:rl:{}:{window}", r.key))
                 .key(format!("{p}:rl:{}:{}", r.key, window - 1));
         }
+        invocation.key(self.layout.last_used());
         let raw: String = invocation
             .arg(batch)
             .invoke_async(&mut self.conn())
@@ -172,6 +174,19 @@ impl UsageStore for RedisStore {
             None => conn.hdel::<_, _, ()>(key, project).await,
         }
         .map_err(unavailable)
+    }
+
+    async fn keys_last_used(&self, ids: &[&str]) -> Result<Vec<Option<u64>>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let used: Vec<Option<u64>> = redis::cmd("HMGET")
+            .arg(self.layout.last_used())
+            .arg(ids)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(used)
     }
 
     async fn usage_report(&self, workspace: &str, month: &str) -> Result<UsageReport, StoreError> {

@@ -29,11 +29,6 @@ pub(super) static RENEW_LEASE: LazyLock<Script> =
 pub(super) static RELEASE_LEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/release_lease.lua")));
 
-/// Replaces a value if it still is what the caller read (compare-and-set). KEYS: the value.
-/// ARGV: expected, new. Returns 1, 0 if it changed meanwhile, -1 if it is gone.
-pub(super) static SET_IF_UNCHANGED: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/set_if_unchanged.lua")));
-
 /// How long a workspace listing waits for another replica's fill.
 pub(super) const INDEX_FILL_LISTING_WAIT: Duration = Duration::from_secs(5);
 

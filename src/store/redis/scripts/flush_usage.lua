@@ -67,6 +67,7 @@ for _, w in ipairs(b.workspaces) do
 end
 -- Rate counts go in batches of their own: a retry sends the same counts under the same id.
 local fresh_rate = false
+local last_used = KEYS[#KEYS]
 for _, r in ipairs(b.rate) do
   if r.count > 0 then
     fresh_rate = redis.call('SET', KEYS[3], '1', 'NX', 'EX', 86400)
@@ -85,5 +86,11 @@ for _, r in ipairs(b.rate) do
   end
   local prev = redis.call('GET', previous) or '0'
   out.rate[r.key] = {window = int(r.window), previous = prev, current = int(cur)}
+  -- A key's last use, to the minute: the start of the latest window it had requests in.
+  if fresh_rate and r.count > 0 then
+    local used = r.window * 60
+    local seen = tonumber(redis.call('HGET', last_used, r.key) or '0')
+    if used > seen then redis.call('HSET', last_used, r.key, int(used)) end
+  end
 end
 return cjson.encode(out)
