@@ -74,6 +74,7 @@ impl Config {
             spool_dir: self.metering.spool_dir.clone().into(),
             audit_backlog: self.metering.audit_backlog,
             max_credits_per_request: self.metering.max_credits_per_request,
+            budget_when_store_down: self.metering.budget_when_store_down,
             project_budgets: self
                 .metering
                 .project_budgets

@@ -343,6 +343,7 @@ mod tests {
             audit_backlog: 10,
             project_budgets: HashMap::new(),
             max_credits_per_request: crate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
+            budget_when_store_down: crate::metering::config::StoreDown::Admit,
         };
         let store = Arc::new(MemoryStore::new());
         Meter::new(store.clone(), store, config).0

@@ -64,19 +64,23 @@ impl Gateway {
         };
         let req = session.req_header();
         // Only what the request already holds: the writer renders the stored record.
-        self.meter.finish(PendingAudit {
-            time_ms: ctx.arrived_ms,
-            request_id: std::mem::take(&mut ctx.request_id),
-            key,
-            project: ctx.project.take(),
-            method: req.method.clone(),
-            path: audited_path(&redact(req.uri.path())),
-            model: ctx.model.take(),
-            status,
-            credits: cost,
-            client_ip: self.trusted_proxies.client(peer_ip(session), &req.headers),
-            latency_ms: elapsed.as_millis() as u64,
-        });
+        let reservation = ctx.reservation.take();
+        self.meter.finish(
+            PendingAudit {
+                time_ms: ctx.arrived_ms,
+                request_id: std::mem::take(&mut ctx.request_id),
+                key,
+                project: ctx.project.take(),
+                method: req.method.clone(),
+                path: audited_path(&redact(req.uri.path())),
+                model: ctx.model.take(),
+                status,
+                credits: cost,
+                client_ip: self.trusted_proxies.client(peer_ip(session), &req.headers),
+                latency_ms: elapsed.as_millis() as u64,
+            },
+            reservation,
+        );
     }
 }
 

@@ -51,6 +51,7 @@ use crate::keys::cache::KeyCache;
 use crate::keys::format::redact;
 use crate::keys::{CachedKey, Environment};
 use crate::metering::ratelimit::Decision;
+use crate::metering::usage::Reservation;
 use crate::metering::{Credits, Meter};
 use crate::metrics;
 use crate::shutdown::Draining;
@@ -121,6 +122,8 @@ pub struct RequestCtx {
     answer_values: Option<AnswerValues>,
     /// Whether the client sent headers of the gateway's namespace, dropped before forwarding.
     gateway_names: bool,
+    /// What the request reserved against its budgets' leases, settled when it finishes.
+    reservation: Option<Reservation>,
 }
 
 /// A forwarded request's answer's header values, made with the request's identity header
@@ -228,6 +231,7 @@ impl ProxyHttp for Gateway {
             refused_key: None,
             answer_values: None,
             gateway_names: false,
+            reservation: None,
         })
     }
 

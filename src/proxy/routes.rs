@@ -95,6 +95,8 @@ pub struct Route {
     pub handler: Handler,
     /// Whether it takes protocol upgrades (`Upgrade`, WebSocket).
     pub upgrade: bool,
+    /// Credits reserved against budgets while a request is in flight, if not the price.
+    pub reserve: Option<Credits>,
     /// Its metric series.
     pub metrics: crate::metrics::RouteMetrics,
 }
@@ -106,6 +108,15 @@ impl Route {
         match *method == Method::HEAD {
             true => Credits::ZERO,
             false => self.price,
+        }
+    }
+
+    /// The credits a request reserves against its budgets while in flight: the route's
+    /// `reserve`, or its price; nothing for a `HEAD`, which is never charged.
+    pub fn reserve_for(&self, method: &Method) -> Credits {
+        match *method == Method::HEAD {
+            true => Credits::ZERO,
+            false => self.reserve.unwrap_or(self.price),
         }
     }
 }
@@ -137,6 +148,7 @@ impl RouteTable {
                     scope: scope.to_string(),
                     price: Credits::ZERO,
                     upgrade: false,
+                    reserve: None,
                 },
                 *handler,
             )
@@ -168,6 +180,7 @@ impl RouteTable {
                 price: config.price,
                 handler,
                 upgrade: config.upgrade,
+                reserve: config.reserve,
                 metrics: crate::metrics::RouteMetrics::new(&config.path),
             });
         }
@@ -325,6 +338,7 @@ mod tests {
             scope: "files:check".into(),
             price: Credits::ZERO,
             upgrade: false,
+            reserve: None,
         });
         routes.push(RouteConfig {
             method: "GET".into(),
@@ -332,6 +346,7 @@ mod tests {
             scope: "files:read".into(),
             price: Credits::ZERO,
             upgrade: false,
+            reserve: None,
         });
         let t = RouteTable::new(&routes).unwrap();
         let models = t.find(&Method::HEAD, "/v1/models").unwrap();
@@ -364,6 +379,7 @@ mod tests {
             scope: "x:y".into(),
             price: Credits::ZERO,
             upgrade: false,
+            reserve: None,
         });
         assert!(RouteTable::new(&routes).is_err());
     }
@@ -392,6 +408,7 @@ mod tests {
             scope: "files:write".into(),
             price: Credits::ZERO,
             upgrade: false,
+            reserve: None,
         });
         let t = RouteTable::new(&routes).unwrap();
         let file = t
