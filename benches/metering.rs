@@ -82,6 +82,7 @@ fn main() {
                 audit_backlog: 1_000_000,
                 project_budgets: Default::default(),
                 max_credits_per_request: svcgate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
+                budget_when_store_down: Default::default(),
             },
         );
         let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -107,7 +108,12 @@ fn main() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_millis() as u64;
-            meter.admit(&caller.key, caller.monthly_budget(), Some("bench"), true, now_ms).await.1.unwrap();
+            let price = Credits::from_micros(500_000);
+            let reservation = meter
+                .admit(&caller.key, caller.monthly_budget(), Some("bench"), true, price, now_ms)
+                .await
+                .1
+                .unwrap();
             meter.finish(PendingAudit {
                 time_ms: now_ms,
                 request_id: svcgate::ids::request_id(),
@@ -120,7 +126,7 @@ fn main() {
                 credits: Credits::from_micros(500_000),
                 client_ip: Some(std::net::Ipv4Addr::LOCALHOST.into()),
                 latency_ms: 1,
-            });
+            }, reservation);
         }
         let full = started.elapsed();
         let _ = stop.send(true);

@@ -130,15 +130,29 @@ impl Usage {
         now_ms: u64,
     ) -> Admit {
         let mut ledger = self.ledger();
-        let ledger = &mut *ledger;
+        let admit = self.admit_locked(&mut ledger, key, budget, project, need, now_ms);
+        drop(ledger);
+        if let Admit::Unknown { .. } = admit {
+            self.flush_wanted.notify_one();
+        }
+        admit
+    }
+
+    /// [`Usage::admit_budget`] under the ledger's lock.
+    fn admit_locked(
+        &self,
+        ledger: &mut Ledger,
+        key: &CachedKey,
+        budget: Option<KeyBudget<'_>>,
+        project: Option<&str>,
+        need: i64,
+        now_ms: u64,
+    ) -> Admit {
         let (verdict, applies) = self.check_locked(ledger, key, budget, project, now_ms);
         match verdict {
             Verdict::Within => {}
             Verdict::Spent(scope) => return Admit::Spent(scope),
-            Verdict::Unknown { flush } => {
-                self.flush_wanted.notify_one();
-                return Admit::Unknown { flush };
-            }
+            Verdict::Unknown { flush } => return Admit::Unknown { flush },
         }
         if applies.key.is_none() && applies.project.is_none() && !applies.workspace {
             return Admit::Reserved(Reservation::default());
@@ -154,19 +168,38 @@ impl Usage {
                 month: ledger.month.clone(),
                 ttl_ms: LEASE_TTL_MS,
                 share: LEASE_SHARE,
+                unit: need.max(1),
                 asks,
             }),
         }
     }
 
-    /// Takes the store's answer to a [`LeaseRequest`] sent at `start_ms`.
-    pub fn leases_granted(&self, request: &LeaseRequest, grants: &[LeaseGrant], start_ms: u64) {
+    /// Takes the store's answer to a [`LeaseRequest`] sent at `start_ms`, and checks the
+    /// request that asked again at once, under the same lock: what was granted for it is not
+    /// taken by requests arriving meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit_granted(
+        &self,
+        request: &LeaseRequest,
+        grants: &[LeaseGrant],
+        start_ms: u64,
+        key: &CachedKey,
+        budget: Option<KeyBudget<'_>>,
+        project: Option<&str>,
+        need: i64,
+        now_ms: u64,
+    ) -> Admit {
         let mut ledger = self.ledger();
-        if ledger.month != request.month {
-            return;
+        if ledger.month == request.month {
+            let now = crate::ids::unix_millis();
+            ledger.leases.granted(request, grants, start_ms, now);
         }
-        let now_ms = crate::ids::unix_millis();
-        ledger.leases.granted(request, grants, start_ms, now_ms);
+        let admit = self.admit_locked(&mut ledger, key, budget, project, need, now_ms);
+        drop(ledger);
+        if let Admit::Unknown { .. } = admit {
+            self.flush_wanted.notify_one();
+        }
+        admit
     }
 
     /// The budget check under the ledger's lock, and the budgets that apply.

@@ -161,7 +161,7 @@ impl Usage {
             let l = &mut *ledger;
             // A lease's spend is recorded with the flush that carries all of it.
             let rest = l.pending.get(&ws);
-            let leases = l.leases.to_flush(&ws, now_ms, |scope| {
+            let leases = l.leases.for_flush(&ws, now_ms, |scope| {
                 let Some(rest) = rest else { return true };
                 match (scope.strip_prefix("key:"), scope.strip_prefix("project:")) {
                     (Some(id), _) => !rest.keys.contains_key(id),

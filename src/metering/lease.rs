@@ -41,13 +41,17 @@ pub const LEASE_SHARE: i64 = 8;
 pub const NO_LIMIT: i64 = 1 << 52;
 
 /// What a lease grants when `free` micro-credits are left beyond every lease and spend, and
-/// `ask` are asked for: a [`LEASE_SHARE`]th of what is left, or what is asked if more, never
-/// more than what is left. (The Redis script computes the same.)
-pub fn lease_grant(free: i64, ask: i64, share: i64) -> i64 {
+/// `ask` are asked for by requests reserving `unit` each: a [`LEASE_SHARE`]th of what is left
+/// rounded up to whole units (so that what is left stays whole units too), or what is asked
+/// if more; never more than what is left. (The Redis script computes the same.)
+pub fn lease_grant(free: i64, ask: i64, share: i64, unit: i64) -> i64 {
     if free <= 0 {
         return 0;
     }
-    let slice = free / share.max(1) + i64::from(free % share.max(1) != 0);
+    let (share, unit) = (share.max(1), unit.max(1));
+    // Both positive: the rounding up of signed division is plain arithmetic.
+    let up = |n: i64, d: i64| n / d + i64::from(n % d != 0);
+    let slice = up(up(free, share), unit).saturating_mul(unit);
     free.min(ask.max(slice))
 }
 
@@ -91,6 +95,8 @@ pub struct LeaseRequest {
     pub ttl_ms: u64,
     /// [`LEASE_SHARE`].
     pub share: i64,
+    /// What one request of those asking reserves: grants are whole multiples of it.
+    pub unit: i64,
     /// Budgets, key first, then project, then workspace.
     pub asks: Vec<LeaseAsk>,
 }
@@ -371,7 +377,7 @@ impl Leases {
     /// recorded yet, those to renew, and those returned (idle, or every one when closing),
     /// which are dropped here. `settled` says whether all of a scope's spend is in this
     /// flush (a flush too large leaves some for the next).
-    pub(super) fn to_flush(
+    pub(super) fn for_flush(
         &mut self,
         workspace: &str,
         now_ms: u64,

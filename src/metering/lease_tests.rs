@@ -133,7 +133,7 @@ async fn a_lease_returned_at_shutdown_is_spent_by_another_replica() {
     let (a, stop_a, run_a) = replica(&store, dir.path());
     let k = Arc::new(key(100));
     // A big remainder: replica A takes a slice larger than one request.
-    assert_eq!(concurrent(&[a.clone()], &k, 1).await, 1);
+    assert_eq!(concurrent(std::slice::from_ref(&a), &k, 1).await, 1);
     {
         let ledger = a.usage.ledger();
         let lease = &ledger.leases.by_workspace["ws_1"].keys["key_1"];
@@ -145,14 +145,17 @@ async fn a_lease_returned_at_shutdown_is_spent_by_another_replica() {
     }
     // Replica B, while A holds its lease, cannot spend the whole remainder...
     let (b, stop_b, run_b) = replica(&store, dir.path());
-    let held = concurrent(&[b.clone()], &k, 99).await;
+    let held = concurrent(std::slice::from_ref(&b), &k, 99).await;
     assert!(held < 99, "A's lease is A's: {held}");
-    assert_eq!(concurrent(&[b.clone()], &k, 99).await, 0);
+    assert_eq!(concurrent(std::slice::from_ref(&b), &k, 99).await, 0);
     // ...until A stops and returns it.
     stop_a.send(true).unwrap();
     run_a.await.unwrap();
     tokio::time::sleep(Duration::from_millis(DRY_RETRY_MS + 50)).await;
-    assert_eq!(concurrent(&[b.clone()], &k, 99).await, 99 - held);
+    assert_eq!(
+        concurrent(std::slice::from_ref(&b), &k, 99).await,
+        99 - held
+    );
     stop_b.send(true).unwrap();
     run_b.await.unwrap();
 }
@@ -193,14 +196,17 @@ async fn far_from_the_end_most_requests_need_no_store_call() {
 
 #[test]
 fn grants_are_a_share_of_the_remainder_and_never_more() {
-    assert_eq!(lease_grant(0, 5, 8), 0);
-    assert_eq!(lease_grant(-3, 5, 8), 0);
-    assert_eq!(lease_grant(800, 1, 8), 100);
-    assert_eq!(lease_grant(801, 1, 8), 101);
-    assert_eq!(lease_grant(800, 300, 8), 300);
-    assert_eq!(lease_grant(10, 1, 8), 2);
-    assert_eq!(lease_grant(1, 1, 8), 1);
-    assert_eq!(lease_grant(3, 50, 8), 3, "never more than what is left");
+    assert_eq!(lease_grant(0, 5, 8, 1), 0);
+    assert_eq!(lease_grant(-3, 5, 8, 1), 0);
+    assert_eq!(lease_grant(800, 1, 8, 1), 100);
+    assert_eq!(lease_grant(801, 1, 8, 1), 101);
+    assert_eq!(lease_grant(800, 300, 8, 1), 300);
+    assert_eq!(lease_grant(10, 1, 8, 1), 2);
+    assert_eq!(lease_grant(1, 1, 8, 1), 1);
+    assert_eq!(lease_grant(3, 50, 8, 1), 3, "never more than what is left");
+    // In whole units of a request: 10 credits left, one-credit requests: 2, not 1.25.
+    assert_eq!(lease_grant(10 * CREDIT, CREDIT, 8, CREDIT), 2 * CREDIT);
+    assert_eq!(lease_grant(CREDIT / 2, CREDIT, 8, CREDIT), CREDIT / 2);
 }
 
 #[test]
@@ -219,6 +225,7 @@ fn a_request_costing_more_than_it_reserved_overspends_by_the_excess_only() {
         month: "2026-01".into(),
         ttl_ms: LEASE_TTL_MS,
         share: LEASE_SHARE,
+        unit: CREDIT,
         asks,
     };
     // The store grants 2 credits and has 8 left beyond them.
@@ -244,12 +251,12 @@ fn a_request_costing_more_than_it_reserved_overspends_by_the_excess_only() {
     assert_eq!((lease.charged, lease.reserved), (4 * CREDIT, 0));
     assert_eq!(lease.available(), -2 * CREDIT);
     // The flush records the spend and keeps the lease (used just now).
-    let flushed = leases.to_flush("ws_1", 1_100, |_| true);
+    let flushed = leases.for_flush("ws_1", 1_100, |_| true);
     assert_eq!(flushed.len(), 1);
     assert_eq!((flushed[0].spent, flushed[0].release), (4 * CREDIT, false));
     leases.flushed("ws_1", &flushed, 1_100);
     // Idle for long enough, it is returned, and dropped here.
-    let flushed = leases.to_flush("ws_1", 1_100 + LEASE_IDLE_MS + 1, |_| true);
+    let flushed = leases.for_flush("ws_1", 1_100 + LEASE_IDLE_MS + 1, |_| true);
     assert_eq!(flushed.len(), 1);
     assert!(flushed[0].release);
     assert!(leases.by_workspace.is_empty());
@@ -270,6 +277,7 @@ fn a_dry_budget_lends_what_is_left_then_refuses() {
         month: "2026-01".into(),
         ttl_ms: LEASE_TTL_MS,
         share: LEASE_SHARE,
+        unit: CREDIT,
         asks,
     };
     // Half a credit was left, and it is all this replica's now.

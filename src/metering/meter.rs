@@ -246,7 +246,11 @@ impl Meter {
                     drop(turn);
                     drop(joined);
                     match asked {
-                        Ok(grants) => self.usage.leases_granted(&request, &grants, start_ms),
+                        Ok(grants) => {
+                            found = self.usage.admit_granted(
+                                &request, &grants, start_ms, key, budget, project, need, now_ms,
+                            );
+                        }
                         Err(e) => {
                             tracing::debug!(error = %e, "budget lease not granted");
                             return self.leave(ws, slot, need, self.store_down());
@@ -254,13 +258,17 @@ impl Meter {
                     }
                 }
             }
-            found = self.usage.admit_budget(key, budget, project, need, now_ms);
         }
-        match found {
-            Admit::Reserved(r) => self.leave(ws, slot, need, Ok(Some(r))),
-            Admit::Spent(scope) => self.leave(ws, slot, need, Err(spent(scope))),
-            _ => self.leave(ws, slot, need, self.store_down()),
-        }
+        let last = match found {
+            Admit::Reserved(r) => Ok(Some(r)),
+            Admit::Spent(scope) => Err(spent(scope)),
+            // Leases granted and gone again round after round (a month turning meanwhile):
+            // refused rather than admitted unreserved.
+            _ => Err(ApiError::ServiceUnavailable(
+                "budgets could not be checked in time; retry later".into(),
+            )),
+        };
+        self.leave(ws, slot, need, last)
     }
 
     /// Leaves the workspace's lease queue, if the request joined it, answering `result`.

@@ -184,7 +184,7 @@ impl UsageStore for MemoryStore {
                 .unwrap_or(NO_LIMIT)
                 .saturating_sub(spent)
                 .saturating_sub(outstanding);
-            let grant = lease_grant(free, ask.ask, request.share);
+            let grant = lease_grant(free, ask.ask, request.share, request.unit);
             let entry = inner
                 .leases
                 .entry((ws.clone(), month.clone(), ask.scope.clone()))

@@ -64,8 +64,10 @@ for i, a in ipairs(r.asks) do
   local free = limit - spent - held
   local grant = 0
   if free > 0 then
-    local share = math.max(r.share, 1)
-    grant = math.min(free, math.max(a.ask, math.ceil(free / share)))
+    -- A share of what is left, in whole units of what one request reserves.
+    local share, unit = math.max(r.share, 1), math.max(r.unit or 1, 1)
+    local slice = math.ceil(math.ceil(free / share) / unit) * unit
+    grant = math.min(free, math.max(a.ask, slice))
   end
   local g, s = 0, 0
   local v = redis.call('HGET', own, a.id)
