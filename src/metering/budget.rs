@@ -129,9 +129,48 @@ impl Usage {
         need: i64,
         now_ms: u64,
     ) -> Admit {
-        let mut ledger = self.ledger();
-        let admit = self.admit_locked(&mut ledger, key, budget, project, need, now_ms);
-        drop(ledger);
+        self.admit_after(None, key, budget, project, need, now_ms)
+    }
+
+    /// Takes the store's answer to a [`LeaseRequest`] sent at `start_ms`, and checks the
+    /// request that asked again at once, under the same lock: what was granted for it is not
+    /// taken by requests arriving meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit_granted(
+        &self,
+        request: &LeaseRequest,
+        grants: &[LeaseGrant],
+        start_ms: u64,
+        key: &CachedKey,
+        budget: Option<KeyBudget<'_>>,
+        project: Option<&str>,
+        need: i64,
+        now_ms: u64,
+    ) -> Admit {
+        let granted = Some((request, grants, start_ms));
+        self.admit_after(granted, key, budget, project, need, now_ms)
+    }
+
+    /// [`Usage::admit_budget`], after taking a grant first if there is one.
+    fn admit_after(
+        &self,
+        granted: Option<(&LeaseRequest, &[LeaseGrant], u64)>,
+        key: &CachedKey,
+        budget: Option<KeyBudget<'_>>,
+        project: Option<&str>,
+        need: i64,
+        now_ms: u64,
+    ) -> Admit {
+        let mut guard = self.ledger();
+        let ledger = &mut *guard;
+        if let Some((request, grants, start_ms)) = granted {
+            if ledger.month == request.month {
+                let now = crate::ids::unix_millis();
+                ledger.leases.granted(request, grants, start_ms, now);
+            }
+        }
+        let admit = self.admit_locked(ledger, key, budget, project, need, now_ms);
+        drop(guard);
         if let Admit::Unknown { .. } = admit {
             self.flush_wanted.notify_one();
         }
@@ -172,34 +211,6 @@ impl Usage {
                 asks,
             }),
         }
-    }
-
-    /// Takes the store's answer to a [`LeaseRequest`] sent at `start_ms`, and checks the
-    /// request that asked again at once, under the same lock: what was granted for it is not
-    /// taken by requests arriving meanwhile.
-    #[allow(clippy::too_many_arguments)]
-    pub fn admit_granted(
-        &self,
-        request: &LeaseRequest,
-        grants: &[LeaseGrant],
-        start_ms: u64,
-        key: &CachedKey,
-        budget: Option<KeyBudget<'_>>,
-        project: Option<&str>,
-        need: i64,
-        now_ms: u64,
-    ) -> Admit {
-        let mut ledger = self.ledger();
-        if ledger.month == request.month {
-            let now = crate::ids::unix_millis();
-            ledger.leases.granted(request, grants, start_ms, now);
-        }
-        let admit = self.admit_locked(&mut ledger, key, budget, project, need, now_ms);
-        drop(ledger);
-        if let Admit::Unknown { .. } = admit {
-            self.flush_wanted.notify_one();
-        }
-        admit
     }
 
     /// The budget check under the ledger's lock, and the budgets that apply.

@@ -8,9 +8,9 @@
 //! replica has spent since; a total not read yet is unknown, and the request waits for the flush
 //! that reads it ([`Verdict::Unknown`]).
 //!
-//! Across replicas a budget can be overshot by at most what the other replicas admitted during
-//! one flush interval, plus the requests in flight when it ran out (their cost is only known
-//! when they finish).
+//! Across replicas, budgets hold by leases ([`lease`](super::lease)): requests reserve their
+//! price against slices of each budget that the store grants atomically, so a budget is
+//! overspent by at most what requests in flight cost beyond what they reserved.
 //!
 //! The parts: budget arithmetic ([`budget`](super::budget)), the ledger of unflushed spend
 //! (`ledger.rs`), the flush to the store ([`flush`](super::flush)) and the spool kept over a
