@@ -330,6 +330,30 @@ mod tests {
     }
 
     #[test]
+    fn a_request_reserves_the_routes_reserve_or_its_price() {
+        let route = |price: i64, reserve: Option<i64>| RouteConfig {
+            method: "POST".into(),
+            path: "/v1/runs".into(),
+            scope: "runs:create".into(),
+            price: Credits::from_micros(price),
+            upgrade: false,
+            reserve: reserve.map(Credits::from_micros),
+        };
+        let t = RouteTable::new(&[route(0, Some(5_000_000))]).unwrap();
+        let priced_by_backend = t.find(&Method::POST, "/v1/runs").unwrap();
+        assert_eq!(
+            priced_by_backend.reserve_for(&Method::POST).micros(),
+            5_000_000
+        );
+        assert_eq!(priced_by_backend.reserve_for(&Method::HEAD), Credits::ZERO);
+        let t = RouteTable::new(&[route(2_000_000, None)]).unwrap();
+        let priced = t.find(&Method::POST, "/v1/runs").unwrap();
+        assert_eq!(priced.reserve_for(&Method::POST).micros(), 2_000_000);
+        let negative = crate::proxy::config::validate_routes(&[route(0, Some(-1))]);
+        assert_eq!(negative.len(), 1, "{negative:?}");
+    }
+
+    #[test]
     fn head_is_served_by_the_get_route_unless_one_names_it() {
         let mut routes = default_routes();
         routes.push(RouteConfig {
