@@ -89,6 +89,7 @@ fn main() {
                 refused_audit_per_second: 5,
                 project_budgets: Default::default(),
                 max_credits_per_request: svcgate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
+                budget_when_store_down: Default::default(),
             },
         );
         let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -114,7 +115,12 @@ fn main() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_millis() as u64;
-            meter.admit(&caller.key, None, caller.monthly_budget(), Some("bench"), true, now_ms).await.1.unwrap();
+            let price = Credits::from_micros(500_000);
+            let reservation = meter
+                .admit(&caller.key, None, caller.monthly_budget(), Some("bench"), true, price, now_ms)
+                .await
+                .1
+                .unwrap();
             meter.finish(PendingAudit {
                 time_ms: now_ms,
                 request_id: svcgate::ids::request_id(),
@@ -129,7 +135,7 @@ fn main() {
                 latency_ms: 1,
                 suppressed: None,
                 tunnel: None,
-            });
+            }, reservation);
         }
         let full = started.elapsed();
         let _ = stop.send(true);

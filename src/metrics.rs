@@ -55,7 +55,7 @@ static KEY_LOOKUPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 static POLICY_REJECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "svcgate_policy_rejections_total",
-        "Requests refused by policy, by reason (rate_limit, token_mint_rate, budget_key, budget_project, budget_workspace).",
+        "Requests refused by policy, by reason (rate_limit, token_mint_rate, budget_key, budget_project, budget_workspace, budget_unchecked).",
         &["reason"]
     )
     .expect("metric registers once")

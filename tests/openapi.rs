@@ -234,6 +234,7 @@ async fn the_gateway_document_follows_the_configured_route_table() {
                 scope: "embeddings:create".to_string(),
                 price: Credits::from_micros(250_000),
                 upgrade: false,
+                reserve: None,
             }]
         })
         .start()

@@ -84,6 +84,7 @@ impl Config {
             audit_backlog_bytes: self.metering.audit_backlog_bytes,
             refused_audit_per_second: self.metering.refused_audit_per_second,
             max_credits_per_request: self.metering.max_credits_per_request,
+            budget_when_store_down: self.metering.budget_when_store_down,
             project_budgets: self
                 .metering
                 .project_budgets

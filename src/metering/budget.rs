@@ -3,7 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::ledger::{touch, PendingSpend};
+use super::lease::{
+    Applies, LeaseGrant, LeaseRequest, Reservation, Reserve, LEASE_SHARE, LEASE_TTL_MS,
+};
+use super::ledger::{touch, Ledger, PendingSpend};
 use super::usage::Usage;
 use crate::keys::CachedKey;
 use crate::shared::month::{month_bounds_ms, month_of};
@@ -46,6 +49,22 @@ pub enum Verdict {
         /// The flush that reads the missing totals.
         flush: u64,
     },
+}
+
+/// What [`Usage::admit_budget`] found.
+#[derive(Debug)]
+pub enum Admit {
+    /// Within every budget; the request's reservation, settled when it finishes.
+    Reserved(Reservation),
+    /// This budget is spent.
+    Spent(BudgetScope),
+    /// Totals not read yet: as [`Verdict::Unknown`].
+    Unknown {
+        /// The flush that reads them.
+        flush: u64,
+    },
+    /// A lease is missing or short: ask the store, then check again.
+    Fetch(LeaseRequest),
 }
 
 /// How long a request whose totals are unknown waits for the flush that reads them. Past it
@@ -91,10 +110,123 @@ impl Usage {
         now_ms: u64,
     ) -> Verdict {
         let mut ledger = self.ledger();
+        let (verdict, _) = self.check_locked(&mut ledger, key, budget, project, now_ms);
+        drop(ledger);
+        if let Verdict::Unknown { .. } = verdict {
+            self.flush_wanted.notify_one();
+        }
+        verdict
+    }
+
+    /// The budget check and, for a request within every budget, a reservation of `need`
+    /// micro-credits against this replica's leases of them ([`lease`](super::lease)); or what
+    /// to ask the store for first.
+    pub fn admit_budget(
+        &self,
+        key: &CachedKey,
+        budget: Option<KeyBudget<'_>>,
+        project: Option<&str>,
+        need: i64,
+        now_ms: u64,
+    ) -> Admit {
+        self.admit_after(None, key, budget, project, need, now_ms)
+    }
+
+    /// Takes the store's answer to a [`LeaseRequest`] sent at `start_ms`, and checks the
+    /// request that asked again at once, under the same lock: what was granted for it is not
+    /// taken by requests arriving meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit_granted(
+        &self,
+        request: &LeaseRequest,
+        grants: &[LeaseGrant],
+        start_ms: u64,
+        key: &CachedKey,
+        budget: Option<KeyBudget<'_>>,
+        project: Option<&str>,
+        need: i64,
+        now_ms: u64,
+    ) -> Admit {
+        let granted = Some((request, grants, start_ms));
+        self.admit_after(granted, key, budget, project, need, now_ms)
+    }
+
+    /// [`Usage::admit_budget`], after taking a grant first if there is one.
+    fn admit_after(
+        &self,
+        granted: Option<(&LeaseRequest, &[LeaseGrant], u64)>,
+        key: &CachedKey,
+        budget: Option<KeyBudget<'_>>,
+        project: Option<&str>,
+        need: i64,
+        now_ms: u64,
+    ) -> Admit {
+        let mut guard = self.ledger();
+        let ledger = &mut *guard;
+        if let Some((request, grants, start_ms)) = granted {
+            if ledger.month == request.month {
+                let now = crate::ids::unix_millis();
+                ledger.leases.granted(request, grants, start_ms, now);
+            }
+        }
+        let admit = self.admit_locked(ledger, key, budget, project, need, now_ms);
+        drop(guard);
+        if let Admit::Unknown { .. } = admit {
+            self.flush_wanted.notify_one();
+        }
+        admit
+    }
+
+    /// [`Usage::admit_budget`] under the ledger's lock.
+    fn admit_locked(
+        &self,
+        ledger: &mut Ledger,
+        key: &CachedKey,
+        budget: Option<KeyBudget<'_>>,
+        project: Option<&str>,
+        need: i64,
+        now_ms: u64,
+    ) -> Admit {
+        let (verdict, applies) = self.check_locked(ledger, key, budget, project, now_ms);
+        match verdict {
+            Verdict::Within => {}
+            Verdict::Spent(scope) => return Admit::Spent(scope),
+            Verdict::Unknown { flush } => return Admit::Unknown { flush },
+        }
+        if applies.key.is_none() && applies.project.is_none() && !applies.workspace {
+            return Admit::Reserved(Reservation::default());
+        }
+        match ledger
+            .leases
+            .reserve(&key.workspace, applies, need.max(1), now_ms)
+        {
+            Reserve::Reserved(r) => Admit::Reserved(r),
+            Reserve::Spent(scope) => Admit::Spent(scope),
+            Reserve::Fetch(asks) => Admit::Fetch(LeaseRequest {
+                workspace: key.workspace.to_string(),
+                month: ledger.month.clone(),
+                ttl_ms: LEASE_TTL_MS,
+                share: LEASE_SHARE,
+                unit: need.max(1),
+                asks,
+            }),
+        }
+    }
+
+    /// The budget check under the ledger's lock, and the budgets that apply.
+    fn check_locked<'a>(
+        &self,
+        ledger: &mut Ledger,
+        key: &'a CachedKey,
+        budget: Option<KeyBudget<'a>>,
+        project: Option<&'a str>,
+        now_ms: u64,
+    ) -> (Verdict, Applies<'a>) {
         if now_ms >= ledger.month_ms.end {
             let unix = now_ms / 1000;
             ledger.turn_to(&month_of(unix), month_bounds_ms(unix));
         }
+        let mut applies = Applies::default();
         let ws = &*key.workspace;
         let billed = key.billed_key_id();
         let now = ledger.flushes;
@@ -136,6 +268,7 @@ impl Usage {
         };
         let mut verdict = Verdict::Within;
         if let Some(budget) = budget {
+            applies.key = Some((billed, budget.limit.micros(), budget.peers));
             let mut spent_by = |id: &str| {
                 let base = totals.and_then(|t| t.keys.get(id).copied());
                 known &= base.is_some();
@@ -164,6 +297,12 @@ impl Usage {
                         .copied()
                 });
             if let Some(budget) = budget {
+                let configured = self
+                    .configured_project_budgets
+                    .get(ws)
+                    .and_then(|projects| projects.get(p))
+                    .copied();
+                applies.project = Some((p, configured));
                 let used = spent(
                     &|s| s.projects.get(p).copied().unwrap_or(0),
                     base.unwrap_or(0),
@@ -175,6 +314,7 @@ impl Usage {
         }
         if let (Some(credits), Verdict::Within) = (totals.and_then(|t| t.monthly_credits), verdict)
         {
+            applies.workspace = true;
             let base = totals.map_or(0, |t| t.total);
             if spent(&|p| p.total, base) >= credits {
                 verdict = Verdict::Spent(BudgetScope::Workspace);
@@ -184,11 +324,9 @@ impl Usage {
             // The next batch begun reads what this check added to the watch lists; a batch
             // under way or being retried does not.
             let flush = ledger.flushes + 1;
-            drop(ledger);
-            self.flush_wanted.notify_one();
-            return Verdict::Unknown { flush };
+            return (Verdict::Unknown { flush }, applies);
         }
-        verdict
+        (verdict, applies)
     }
 
     /// Waits (at most [`READ_BACK_WAIT`]) until flush number `flush` has landed, or a flush

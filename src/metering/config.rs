@@ -31,6 +31,21 @@ pub struct MeteringConfig {
     /// The most a backend's `Service-Credits` may report for one request; a larger figure is
     /// not charged as sent (a backend bug must not drain a budget): the route's price applies.
     pub max_credits_per_request: Credits,
+    /// What becomes of a billable request whose budgets cannot be checked because the store
+    /// is unreachable (its totals unread, or a lease it needs not granted): admitted, its
+    /// spend charged when the store is back, or refused with 503.
+    pub budget_when_store_down: StoreDown,
+}
+
+/// `metering.budget_when_store_down`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreDown {
+    /// Admitted: an outage does not stop the service; budgets may be overspent meanwhile.
+    #[default]
+    Admit,
+    /// Refused with 503 `service_unavailable`: no budget is overspent.
+    Refuse,
 }
 
 /// The least `audit_backlog_bytes` may be: room for one record with a path of the longest
@@ -51,6 +66,7 @@ impl Default for MeteringConfig {
             audit_retention_days: 30,
             project_budgets: Vec::new(),
             max_credits_per_request: DEFAULT_MAX_CREDITS_PER_REQUEST,
+            budget_when_store_down: StoreDown::Admit,
         }
     }
 }

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
+use super::lease::LeaseFlush;
 use super::ledger::{FastMap, Ledger, WATCH_IDLE_FLUSHES};
 use super::usage::Usage;
 use super::MAX_FLUSH_ENTRIES;
@@ -59,6 +60,9 @@ pub struct WorkspaceFlush {
     pub watch_projects: Vec<String>,
     /// Id for a `billing.credits.low` event, used only if this flush crosses the threshold.
     pub event_id: String,
+    /// This replica's budget leases in the workspace to settle, renew or return.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leases: Vec<LeaseFlush>,
 }
 
 /// Requests a key was admitted in one minute window, on this replica since the last flush.
@@ -123,6 +127,8 @@ impl Usage {
             ledger.turn_to(month, bounds_of_month(month));
         }
         ledger.flush_month = month.to_string();
+        let now_ms = crate::ids::unix_millis();
+        ledger.attempt_ms = now_ms;
         if let Some(batch) = &ledger.in_flight_batch {
             return batch.clone();
         }
@@ -141,6 +147,7 @@ impl Usage {
         let earlier = std::mem::take(&mut ledger.pending_other);
         let mut workspaces: HashSet<String> = pending.keys().cloned().collect();
         workspaces.extend(ledger.watched.keys().cloned());
+        workspaces.extend(ledger.leases.workspaces().cloned());
         let mut out = Vec::with_capacity(workspaces.len());
         let mut room = MAX_FLUSH_ENTRIES;
         ledger.deferred = false;
@@ -151,6 +158,17 @@ impl Usage {
                 ledger.deferred = true;
             }
             ledger.in_flight.entry(ws.clone()).or_default().add(&spend);
+            let l = &mut *ledger;
+            // A lease's spend is recorded with the flush that carries all of it.
+            let rest = l.pending.get(&ws);
+            let leases = l.leases.for_flush(&ws, now_ms, |scope| {
+                let Some(rest) = rest else { return true };
+                match (scope.strip_prefix("key:"), scope.strip_prefix("project:")) {
+                    (Some(id), _) => !rest.keys.contains_key(id),
+                    (_, Some(p)) => !rest.projects.contains_key(p),
+                    _ => true,
+                }
+            });
             let names = |m: &FastMap<Box<str>, u64>| m.keys().map(|k| k.to_string()).collect();
             let (watch_keys, watch_projects) = ledger
                 .watched
@@ -166,6 +184,7 @@ impl Usage {
                 projects: spend.projects.into_iter().collect(),
                 event_id: crate::ids::new_id("evt"),
                 workspace: ws,
+                leases,
             });
         }
         // Spend of other months goes to those months, and reads nothing back.
@@ -193,6 +212,11 @@ impl Usage {
         batch
     }
 
+    /// Every lease goes back to the store with the next flush: the replica is stopping.
+    pub fn return_leases(&self) {
+        self.ledger().leases.closing = true;
+    }
+
     /// Whether the last batch begun left spend behind for the next: more than
     /// [`MAX_FLUSH_ENTRIES`] keys and projects had spend waiting.
     pub fn deferred(&self) -> bool {
@@ -203,8 +227,12 @@ impl Usage {
     pub fn finish_flush(&self, snapshot: &UsageSnapshot) {
         let mut ledger = self.ledger();
         ledger.in_flight.clear();
-        ledger.in_flight_batch = None;
+        let batch = ledger.in_flight_batch.take();
         if ledger.flush_month == ledger.month {
+            let start_ms = ledger.attempt_ms;
+            for w in batch.iter().flat_map(|(_, parts)| parts) {
+                ledger.leases.flushed(&w.workspace, &w.leases, start_ms);
+            }
             for (ws, totals) in &snapshot.workspaces {
                 ledger.totals.insert(ws.clone(), totals.into());
             }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 use super::flush::{WorkspaceFlush, WorkspaceTotals};
+use super::lease::{Leases, Reservation};
 use super::usage::{SpendByMonth, Usage};
 use crate::keys::CachedKey;
 use crate::shared::month::month_of;
@@ -91,6 +92,10 @@ pub(super) struct Ledger {
     pub(super) flush_month: String,
     /// Its unix milliseconds: a request that arrived in them is charged to `pending`.
     pub(super) month_ms: std::ops::Range<u64>,
+    /// This replica's budget leases for `month`.
+    pub(super) leases: Leases,
+    /// When the last flush attempt began (unix ms): what it renews counts from then.
+    pub(super) attempt_ms: u64,
 }
 
 impl Ledger {
@@ -116,6 +121,8 @@ impl Ledger {
         self.totals.clear();
         // What is in flight was spent in the month that ended: not this month's spend.
         self.in_flight.clear();
+        // Leases are slices of a month's budgets; the store forgets the last month's itself.
+        self.leases.by_workspace.clear();
     }
 }
 
@@ -176,14 +183,35 @@ impl Usage {
     /// Charges `cost` to the key, the project and the workspace, in the month of `arrived_ms`
     /// (unix milliseconds).
     pub fn charge(&self, key: &CachedKey, project: Option<&str>, cost: Credits, arrived_ms: u64) {
-        if cost.micros() <= 0 {
-            return;
-        }
+        self.settle(key, project, cost, arrived_ms, None);
+    }
+
+    /// Charges a finished request as [`Usage::charge`] does, and settles what it reserved
+    /// against this replica's budget leases: the reservation is released, and the cost is
+    /// spent against the leases.
+    pub fn settle(
+        &self,
+        key: &CachedKey,
+        project: Option<&str>,
+        cost: Credits,
+        arrived_ms: u64,
+        reservation: Option<Reservation>,
+    ) {
         let mut ledger = self.ledger();
         let ledger = &mut *ledger;
         let ws = &*key.workspace;
+        let this_month = ledger.month_ms.contains(&arrived_ms);
+        if this_month && !ledger.leases.by_workspace.is_empty() {
+            let billed = key.billed_key_id();
+            ledger
+                .leases
+                .settle(ws, billed, project, cost.micros(), reservation);
+        }
+        if cost.micros() <= 0 {
+            return;
+        }
         // To the month the request arrived in (UTC), whenever it is flushed.
-        let pending = if ledger.month_ms.contains(&arrived_ms) {
+        let pending = if this_month {
             match ledger.pending.get_mut(ws) {
                 Some(p) => p,
                 None => ledger.pending.entry(ws.to_string()).or_default(),

@@ -12,16 +12,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::audit::{audit_log, AuditLog, AuditWriter, PendingAudit, AUDIT_BATCH};
+use super::config::StoreDown;
+use super::lease::FetchSlot;
 use super::month::month_of;
 use super::ratelimit::{Decision, Limit, RateLimiter, WindowCounts};
 use super::refused::RefusedAudit;
 use super::spend_spool::Checkpoint;
 use super::spool;
 use super::store::{AuditStore, UsageStore};
-use super::usage::{BudgetScope, KeyBudget, RateFlush, Usage, UsageFlush, Verdict};
+use super::usage::{Admit, BudgetScope, KeyBudget, RateFlush, Reservation, Usage, UsageFlush};
 use crate::error::ApiError;
 use crate::keys::{CachedKey, Environment, RateLimit};
 use crate::shared::Credits;
+use std::sync::atomic::Ordering;
 
 /// How the meter is set up.
 #[derive(Debug, Clone)]
@@ -49,6 +52,18 @@ pub struct MeterConfig {
     pub project_budgets: HashMap<(String, String), i64>,
     /// The most a backend's `Service-Credits` may report for one request.
     pub max_credits_per_request: Credits,
+    /// What becomes of a request whose budgets cannot be checked because the store is down.
+    pub budget_when_store_down: StoreDown,
+}
+
+/// A spent budget's answer.
+fn spent(scope: BudgetScope) -> ApiError {
+    crate::metrics::record_policy_rejection(match scope {
+        BudgetScope::Key => "budget_key",
+        BudgetScope::Project => "budget_project",
+        BudgetScope::Workspace => "budget_workspace",
+    });
+    ApiError::BudgetExceeded(format!("the {} monthly budget is spent", scope.as_str()).into())
 }
 
 /// Rate limits, budgets, spend and audit.
@@ -149,10 +164,12 @@ impl Meter {
     }
 
     /// Rate limit (429), then — for a `billable` request, one a backend answers — budgets
-    /// (402). The rate decision comes back either way: its `RateLimit-*` headers go on every
-    /// answer. `budget` is the billed key's monthly budget: a scoped token's parent's. A
-    /// request whose totals this replica has not read yet waits for the flush that reads them
-    /// (the first request of a workspace, key or project here, or after two idle minutes).
+    /// (402), reserving `reserve` (the route's price, or its `reserve`) against this replica's
+    /// leases of them. The rate decision comes back either way: its `RateLimit-*` headers go
+    /// on every answer. `budget` is the billed key's monthly budget: a scoped token's parent's.
+    /// A request whose totals this replica has not read yet waits for the flush that reads them
+    /// (the first request of a workspace, key or project here, or after two idle minutes); one
+    /// whose leases are missing or short waits for the store to grant more.
     pub async fn admit(
         &self,
         key: &CachedKey,
@@ -160,8 +177,9 @@ impl Meter {
         budget: Option<KeyBudget<'_>>,
         project: Option<&str>,
         billable: bool,
+        reserve: Credits,
         now_ms: u64,
-    ) -> (Decision, Result<(), ApiError>) {
+    ) -> (Decision, Result<Option<Reservation>, ApiError>) {
         let limit = self.limit_for(key, rate_limit);
         let billed = || key.billed_key_id_shared();
         let decision = self
@@ -182,32 +200,117 @@ impl Meter {
         // Test keys are never billed, so no budget can be spent by them; managing tokens and
         // webhooks costs nothing either.
         if !billable || key.effective_environment() == Environment::Test {
-            return (decision, Ok(()));
+            return (decision, Ok(None));
         }
-        let verdict = match self.usage.check(key, budget, project, now_ms) {
-            Verdict::Unknown { flush } => {
-                // New to this replica, or forgotten: read the totals first (boxed, so the
-                // request path's future does not carry the wait's state).
-                Box::pin(self.usage.read_back(flush)).await;
-                self.usage.check(key, budget, project, now_ms)
-            }
-            verdict => verdict,
+        let need = reserve.micros();
+        let admitted = match self.usage.admit_budget(key, budget, project, need, now_ms) {
+            Admit::Reserved(r) => Ok(Some(r)),
+            Admit::Spent(scope) => Err(spent(scope)),
+            // New to this replica, or forgotten, or short of a lease: ask the store first
+            // (boxed, so the request path's future does not carry the wait's state).
+            first => Box::pin(self.admit_slowly(first, key, budget, project, need, now_ms)).await,
         };
-        let verdict = match verdict {
-            // Still unknown: the store is slow or down, and requests go on meanwhile.
-            Verdict::Within | Verdict::Unknown { .. } => Ok(()),
-            Verdict::Spent(scope) => {
-                crate::metrics::record_policy_rejection(match scope {
-                    BudgetScope::Key => "budget_key",
-                    BudgetScope::Project => "budget_project",
-                    BudgetScope::Workspace => "budget_workspace",
-                });
-                Err(ApiError::BudgetExceeded(
-                    format!("the {} monthly budget is spent", scope.as_str()).into(),
+        (decision, admitted)
+    }
+
+    /// [`Meter::admit`]'s budgets when the store must be asked first: for the totals (wait for
+    /// the flush that reads them), or for leases (one request of a workspace asks at a time,
+    /// for what every request waiting reserves).
+    async fn admit_slowly(
+        &self,
+        mut found: Admit,
+        key: &CachedKey,
+        budget: Option<KeyBudget<'_>>,
+        project: Option<&str>,
+        need: i64,
+        now_ms: u64,
+    ) -> Result<Option<Reservation>, ApiError> {
+        let ws = &*key.workspace;
+        let mut slot = None;
+        // A read-back, then a lease for each budget, and one more should a month's turn have
+        // come between.
+        for _ in 0..5 {
+            match found {
+                Admit::Reserved(r) => return self.leave(ws, slot, need, Ok(Some(r))),
+                Admit::Spent(scope) => return self.leave(ws, slot, need, Err(spent(scope))),
+                Admit::Unknown { flush } => {
+                    self.usage.read_back(flush).await;
+                    found = self.usage.admit_budget(key, budget, project, need, now_ms);
+                    if let Admit::Unknown { .. } = found {
+                        // Still unknown: the store is slow or down.
+                        return self.leave(ws, slot, need, self.store_down());
+                    }
+                    continue;
+                }
+                Admit::Fetch(_) => {
+                    let joined = slot
+                        .get_or_insert_with(|| self.usage.fetches.join(ws, need))
+                        .clone();
+                    let turn = joined.lock.lock().await;
+                    // The request before may have brought enough.
+                    let mut request =
+                        match self.usage.admit_budget(key, budget, project, need, now_ms) {
+                            Admit::Fetch(request) => request,
+                            other => {
+                                drop(turn);
+                                found = other;
+                                continue;
+                            }
+                        };
+                    let waiting = joined.waiting.load(Ordering::Relaxed);
+                    for ask in &mut request.asks {
+                        ask.ask = ask.ask.max(waiting);
+                    }
+                    let start_ms = crate::ids::unix_millis();
+                    let asked = self.store.lease_budget(&request).await;
+                    drop(turn);
+                    drop(joined);
+                    match asked {
+                        Ok(grants) => {
+                            found = self.usage.admit_granted(
+                                &request, &grants, start_ms, key, budget, project, need, now_ms,
+                            );
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "budget lease not granted");
+                            return self.leave(ws, slot, need, self.store_down());
+                        }
+                    }
+                }
+            }
+        }
+        let last = match found {
+            Admit::Reserved(r) => Ok(Some(r)),
+            Admit::Spent(scope) => Err(spent(scope)),
+            // Leases granted and gone again round after round (a month turning meanwhile):
+            // refused rather than admitted unreserved.
+            _ => Err(ApiError::ServiceUnavailable(
+                "budgets could not be checked in time; retry later".into(),
+            )),
+        };
+        self.leave(ws, slot, need, last)
+    }
+
+    /// Leaves the workspace's lease queue, if the request joined it, answering `result`.
+    fn leave<T>(&self, ws: &str, slot: Option<Arc<FetchSlot>>, need: i64, result: T) -> T {
+        if let Some(slot) = slot {
+            self.usage.fetches.leave(ws, slot, need);
+        }
+        result
+    }
+
+    /// A request's budgets cannot be checked (the store is unreachable or slow):
+    /// `metering.budget_when_store_down` decides.
+    fn store_down(&self) -> Result<Option<Reservation>, ApiError> {
+        match self.config.budget_when_store_down {
+            StoreDown::Admit => Ok(None),
+            StoreDown::Refuse => {
+                crate::metrics::record_policy_rejection("budget_unchecked");
+                Err(ApiError::ServiceUnavailable(
+                    "budgets cannot be checked: the store is unreachable; retry later".into(),
                 ))
             }
-        };
-        (decision, verdict)
+        }
     }
 
     /// The largest metadata of a scoped token, as JSON (bytes).
@@ -252,15 +355,17 @@ impl Meter {
         None
     }
 
-    /// After the response: charges the cost (never for test keys) and queues the audit record.
-    pub fn finish(&self, record: PendingAudit) {
+    /// After the response: charges the cost (never for test keys), settling what the request
+    /// reserved, and queues the audit record.
+    pub fn finish(&self, record: PendingAudit, reservation: Option<Reservation>) {
         let key = &record.key;
         if key.effective_environment() != Environment::Test {
-            self.usage.charge(
+            self.usage.settle(
                 key,
                 record.project.as_deref(),
                 record.credits,
                 record.time_ms,
+                reservation,
             );
         }
         self.audit.record(record);
@@ -408,8 +513,10 @@ impl Meter {
         self.close(writer).await;
     }
 
-    /// Last flush; what cannot be written is spooled for the next start.
+    /// Last flush, returning every budget lease; what cannot be written is spooled for the
+    /// next start.
     pub async fn close(&self, writer: AuditWriter) {
+        self.usage.return_leases();
         for _ in 0..CLOSING_FLUSHES {
             if !self.flush_usage().await || self.usage.spool().is_empty() {
                 break;
@@ -506,6 +613,7 @@ mod audit_tests {
             refused_audit_per_second: 5,
             project_budgets: HashMap::new(),
             max_credits_per_request: crate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
+            budget_when_store_down: StoreDown::Admit,
         };
         let (meter, writer) = Meter::new(store.clone(), store.clone(), config);
         let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -18,6 +18,7 @@ pub mod budget;
 pub mod checkpoint;
 pub mod config;
 pub mod flush;
+pub mod lease;
 mod ledger;
 pub mod meter;
 pub mod ratelimit;

@@ -350,6 +350,7 @@ mod tests {
             refused_audit_per_second: 5,
             project_budgets: HashMap::new(),
             max_credits_per_request: crate::metering::config::DEFAULT_MAX_CREDITS_PER_REQUEST,
+            budget_when_store_down: crate::metering::config::StoreDown::Admit,
         };
         let store = Arc::new(MemoryStore::new());
         Meter::new(store.clone(), store, config).0

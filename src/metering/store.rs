@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use super::audit::{AuditQuery, AuditRead, AuditRecord};
+use super::lease::{LeaseGrant, LeaseRequest};
 use super::usage::{UsageFlush, UsageSnapshot};
 use crate::shared::store::StoreError;
 
@@ -24,6 +25,13 @@ pub trait UsageStore: Send + Sync + 'static {
     /// workspace whose remaining credits this batch takes below its threshold (once per
     /// crossing), and answers the month's totals of everything the batch watches. Atomic.
     async fn flush_usage(&self, flush: &UsageFlush) -> Result<UsageSnapshot, StoreError>;
+
+    /// Grants budget leases (see [`lease`](super::lease)), atomically for every ask: to each,
+    /// what it asks for or a [`LEASE_SHARE`](super::lease::LEASE_SHARE)th of what is left,
+    /// whichever is more, and never more than what is left — the budget less the month's
+    /// spend and every unexpired lease's unspent part, of every replica. Answers, per ask in
+    /// order, the lease's whole grant so far and what is left after it.
+    async fn lease_budget(&self, request: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError>;
 
     /// The monthly budgets set for a workspace's projects, in micro-credits, by project.
     async fn project_budgets(

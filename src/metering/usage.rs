@@ -8,9 +8,9 @@
 //! replica has spent since; a total not read yet is unknown, and the request waits for the flush
 //! that reads it ([`Verdict::Unknown`]).
 //!
-//! Across replicas a budget can be overshot by at most what the other replicas admitted during
-//! one flush interval, plus the requests in flight when it ran out (their cost is only known
-//! when they finish).
+//! Across replicas, budgets hold by leases ([`lease`](super::lease)): requests reserve their
+//! price against slices of each budget that the store grants atomically, so a budget is
+//! overspent by at most what requests in flight cost beyond what they reserved.
 //!
 //! The parts: budget arithmetic ([`budget`](super::budget)), the ledger of unflushed spend
 //! (`ledger.rs`), the flush to the store ([`flush`](super::flush)) and the spool kept over a
@@ -20,15 +20,17 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::flush::FlushState;
+use super::lease::{FetchSlots, Leases};
 use super::ledger::{FastMap, Ledger};
 use crate::shared::month::{month_bounds_ms, month_of};
 
-pub use super::budget::{BudgetScope, KeyBudget, Verdict, READ_BACK_WAIT};
+pub use super::budget::{Admit, BudgetScope, KeyBudget, Verdict, READ_BACK_WAIT};
 pub use super::checkpoint::{SpendByMonth, SpendSpool};
 pub use super::flush::{
     credits_low_event, RateFlush, RateTotals, UsageFlush, UsageSnapshot, WorkspaceFlush,
     WorkspaceTotals,
 };
+pub use super::lease::{LeaseAsk, LeaseFlush, LeaseGrant, LeaseRequest, Reservation};
 pub use super::ledger::{PendingSpend, WATCH_IDLE_FLUSHES};
 
 /// This replica's view of the month's spend, and its unflushed spend.
@@ -41,6 +43,8 @@ pub struct Usage {
     pub(super) flush_wanted: tokio::sync::Notify,
     /// Where flushes stand, for requests waiting on totals ([`Usage::read_back`]).
     pub(super) flushed: tokio::sync::watch::Sender<FlushState>,
+    /// Requests waiting to ask the store for leases, per workspace.
+    pub(super) fetches: FetchSlots,
 }
 
 impl Usage {
@@ -56,12 +60,14 @@ impl Usage {
                 Ledger {
                     month: month_of(now),
                     month_ms: month_bounds_ms(now),
+                    leases: Leases::new(),
                     ..Ledger::default()
                 }
             }),
             configured_project_budgets: nested,
             flush_wanted: tokio::sync::Notify::new(),
             flushed: tokio::sync::watch::Sender::new(FlushState::default()),
+            fetches: FetchSlots::default(),
         }
     }
 

@@ -82,9 +82,10 @@ impl Gateway {
             suppressed: None,
             tunnel: ctx.tunnel.take().map(|t| t.finish()),
         };
+        let reservation = ctx.reservation.take();
         match refused {
             true => self.meter.finish_refused(record),
-            false => self.meter.finish(record),
+            false => self.meter.finish(record, reservation),
         }
     }
 }

@@ -153,7 +153,15 @@ impl Gateway {
                 if let Some(key) = &key {
                     let (decision, verdict) = self
                         .meter
-                        .admit(key, key.rate_limit_override(), None, None, false, ctx.arrived_ms)
+                        .admit(
+                            key,
+                            key.rate_limit_override(),
+                            None,
+                            None,
+                            false,
+                            crate::metering::Credits::ZERO,
+                            ctx.arrived_ms,
+                        )
                         .await;
                     if !decision.allowed {
                         ctx.refused_key = Some(key.clone());
@@ -169,9 +177,13 @@ impl Gateway {
         let found = hygiene::scan(&req.headers);
         ctx.gateway_names = found.gateway_names;
         let checked = self.check_request(req, caller, ctx.route, found, ctx.cors_origin.is_some());
-        let (project, billable) = match &checked {
-            Ok((route, project)) => (*project, route.handler == Handler::Forward),
-            Err(_) => (None, false),
+        let (project, billable, reserve) = match &checked {
+            Ok((route, project)) => (
+                *project,
+                route.handler == Handler::Forward,
+                route.reserve_for(&req.method),
+            ),
+            Err(_) => (None, false, crate::metering::Credits::ZERO),
         };
         ctx.project = project.map(str::to_owned);
         let (decision, verdict) = self
@@ -182,6 +194,7 @@ impl Gateway {
                 caller.monthly_budget(),
                 project,
                 billable,
+                reserve,
                 ctx.arrived_ms,
             )
             .await;
@@ -189,7 +202,10 @@ impl Gateway {
         let route = match (checked, verdict) {
             (_, Err(limited)) if !decision.allowed => return Err(limited),
             (Err(refused), _) => return Err(refused),
-            (Ok((route, _)), verdict) => verdict.map(|()| route)?,
+            (Ok((route, _)), verdict) => {
+                ctx.reservation = verdict?;
+                route
+            }
         };
         ctx.target = self.upstreams.target(caller.key.effective_environment());
         Ok(route)

@@ -123,6 +123,10 @@ pub struct RouteConfig {
     /// Whether the route takes protocol upgrades (WebSocket): refused on every other route.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub upgrade: bool,
+    /// Credits reserved against the caller's budgets while a request is in flight, for a
+    /// route whose cost the backend reports (`Service-Credits`); default: the price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<Credits>,
 }
 
 impl RouteConfig {
@@ -133,6 +137,7 @@ impl RouteConfig {
             scope: scope.into(),
             price: Credits::from_micros(price_micros),
             upgrade: false,
+            reserve: None,
         }
     }
 }
@@ -172,6 +177,9 @@ pub fn validate_routes(routes: &[RouteConfig]) -> Vec<Problem> {
         }
         if !route.path.starts_with("/v1/") {
             problems.push(Problem::new(key("path"), "must start with /v1/"));
+        }
+        if route.reserve.is_some_and(|r| r < Credits::ZERO) {
+            problems.push(Problem::new(key("reserve"), "must not be negative"));
         }
         if !is_valid_scope(&route.scope) {
             problems.push(Problem::new(

@@ -30,8 +30,8 @@ pub mod readiness;
 pub mod respond;
 pub mod routes;
 pub mod simulate;
-pub mod tunnel;
 mod traced;
+pub mod tunnel;
 pub mod unknown_keys;
 pub mod upstream;
 
@@ -54,6 +54,7 @@ use crate::keys::cache::KeyCache;
 use crate::keys::format::redact;
 use crate::keys::{CachedKey, Environment};
 use crate::metering::ratelimit::Decision;
+use crate::metering::usage::Reservation;
 use crate::metering::{Credits, Meter};
 use crate::metrics;
 use crate::shutdown::Draining;
@@ -129,6 +130,8 @@ pub struct RequestCtx {
     tunnel: Option<tunnel::TunnelMeter>,
     /// The request's spans, when tracing is on.
     trace: Option<Box<RequestTrace>>,
+    /// What the request reserved against its budgets' leases, settled when it finishes.
+    reservation: Option<Reservation>,
 }
 
 /// A forwarded request's answer's header values, made with the request's identity header
@@ -242,6 +245,7 @@ impl ProxyHttp for Gateway {
             gateway_names: false,
             tunnel: None,
             trace: None,
+            reservation: None,
         })
     }
 

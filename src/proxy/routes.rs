@@ -119,6 +119,8 @@ pub struct Route {
     pub handler: Handler,
     /// Whether it takes protocol upgrades (`Upgrade`, WebSocket).
     pub upgrade: bool,
+    /// Credits reserved against budgets while a request is in flight, if not the price.
+    pub reserve: Option<Credits>,
     /// Its metric series.
     pub metrics: crate::metrics::RouteMetrics,
 }
@@ -130,6 +132,15 @@ impl Route {
         match *method == Method::HEAD {
             true => Credits::ZERO,
             false => self.price,
+        }
+    }
+
+    /// The credits a request reserves against its budgets while in flight: the route's
+    /// `reserve`, or its price; nothing for a `HEAD`, which is never charged.
+    pub fn reserve_for(&self, method: &Method) -> Credits {
+        match *method == Method::HEAD {
+            true => Credits::ZERO,
+            false => self.reserve.unwrap_or(self.price),
         }
     }
 }
@@ -161,6 +172,7 @@ impl RouteTable {
                     scope: scope.to_string(),
                     price: Credits::ZERO,
                     upgrade: false,
+                    reserve: None,
                 },
                 *handler,
             )
@@ -192,6 +204,7 @@ impl RouteTable {
                 price: config.price,
                 handler,
                 upgrade: config.upgrade,
+                reserve: config.reserve,
                 metrics: crate::metrics::RouteMetrics::new(&config.path),
             });
         }
@@ -349,6 +362,30 @@ mod tests {
     }
 
     #[test]
+    fn a_request_reserves_the_routes_reserve_or_its_price() {
+        let route = |price: i64, reserve: Option<i64>| RouteConfig {
+            method: "POST".into(),
+            path: "/v1/runs".into(),
+            scope: "runs:create".into(),
+            price: Credits::from_micros(price),
+            upgrade: false,
+            reserve: reserve.map(Credits::from_micros),
+        };
+        let t = RouteTable::new(&[route(0, Some(5_000_000))]).unwrap();
+        let priced_by_backend = t.find(&Method::POST, "/v1/runs").unwrap();
+        assert_eq!(
+            priced_by_backend.reserve_for(&Method::POST).micros(),
+            5_000_000
+        );
+        assert_eq!(priced_by_backend.reserve_for(&Method::HEAD), Credits::ZERO);
+        let t = RouteTable::new(&[route(2_000_000, None)]).unwrap();
+        let priced = t.find(&Method::POST, "/v1/runs").unwrap();
+        assert_eq!(priced.reserve_for(&Method::POST).micros(), 2_000_000);
+        let negative = crate::proxy::config::validate_routes(&[route(0, Some(-1))]);
+        assert_eq!(negative.len(), 1, "{negative:?}");
+    }
+
+    #[test]
     fn head_is_served_by_the_get_route_unless_one_names_it() {
         let mut routes = default_routes();
         routes.push(RouteConfig {
@@ -357,6 +394,7 @@ mod tests {
             scope: "files:check".into(),
             price: Credits::ZERO,
             upgrade: false,
+            reserve: None,
         });
         routes.push(RouteConfig {
             method: "GET".into(),
@@ -364,6 +402,7 @@ mod tests {
             scope: "files:read".into(),
             price: Credits::ZERO,
             upgrade: false,
+            reserve: None,
         });
         let t = RouteTable::new(&routes).unwrap();
         let models = t.find(&Method::HEAD, "/v1/models").unwrap();
@@ -396,6 +435,7 @@ mod tests {
             scope: "x:y".into(),
             price: Credits::ZERO,
             upgrade: false,
+            reserve: None,
         });
         assert!(RouteTable::new(&routes).is_err());
     }
@@ -424,6 +464,7 @@ mod tests {
             scope: "files:write".into(),
             price: Credits::ZERO,
             upgrade: false,
+            reserve: None,
         });
         let t = RouteTable::new(&routes).unwrap();
         let file = t

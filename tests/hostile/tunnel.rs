@@ -91,6 +91,7 @@ async fn a_tunnel_is_rate_limited_like_a_request_and_audited_when_it_closes() {
                 scope: "realtime:connect".into(),
                 price: Credits::from_micros(2_000_000),
                 upgrade: true,
+                reserve: None,
             });
             c.routes = routes;
             c.limits.live_requests_per_minute = 60;

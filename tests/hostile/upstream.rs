@@ -96,6 +96,7 @@ fn realtime_route() -> RouteConfig {
         scope: "realtime:connect".into(),
         price: Credits::ZERO,
         upgrade: true,
+        reserve: None,
     }
 }
 

@@ -5,6 +5,7 @@ mod audit;
 mod budgets;
 #[path = "../common/mod.rs"]
 mod common;
+mod leases;
 mod outage;
 mod rate_limits;
 mod shutdown;
@@ -15,6 +16,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::Duration;
 use svcgate::config::{Config, ProjectBudgetConfig, RouteConfig};
+use svcgate::metering::config::StoreDown;
 use svcgate::metering::Credits;
 
 async fn usage(gw: &Gateway, ws: &str) -> Value {

@@ -83,6 +83,7 @@ async fn a_head_request_is_not_charged_the_routes_price() {
                 scope: "videos:read".to_string(),
                 price: Credits::from_micros(2_000_000),
                 upgrade: false,
+                reserve: None,
             }]
         })
         .start()

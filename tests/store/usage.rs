@@ -236,7 +236,121 @@ async fn absurd_spend_saturates_and_never_jams_the_flushes(store: Arc<dyn Store>
     assert_eq!(snapshot.workspaces[&ws].keys["key_1"], i64::MAX);
 }
 
+/// Budget leases: granted against the month's spend and every other lease, a share of what is
+/// left in whole units; settled and returned with a flush; a project's budget in the store
+/// wins over the one asked with; a key's lineage counts.
+async fn leases_are_granted_against_spend_and_every_other_lease(store: Arc<dyn Store>) {
+    use svcgate::metering::usage::{
+        LeaseAsk, LeaseFlush, LeaseGrant, LeaseRequest, UsageFlush, WorkspaceFlush,
+    };
+    const C: i64 = 1_000_000;
+    let ws = new_id("ws");
+    let ask_for = |scope: &str, id: &str, limit: Option<i64>, ask: i64| LeaseAsk {
+        scope: scope.into(),
+        id: id.into(),
+        limit,
+        peers: Vec::new(),
+        ask,
+    };
+    let request = |asks: Vec<LeaseAsk>| LeaseRequest {
+        workspace: ws.clone(),
+        month: "2026-11".into(),
+        ttl_ms: 30_000,
+        share: 8,
+        unit: C,
+        asks,
+    };
+    let grant = |granted: i64, free: i64| LeaseGrant { granted, free };
+    let lease = |store: Arc<dyn Store>, asks: Vec<LeaseAsk>| {
+        let request = request(asks);
+        async move { store.lease_budget(&request).await.unwrap() }
+    };
+    let key = |id: &str, ask: i64| ask_for("key:key_1", id, Some(10 * C), ask);
+    // An eighth of 10 credits, in whole credits: 2. Then all that is left to who asks for it.
+    assert_eq!(
+        lease(store.clone(), vec![key("a.1", C)]).await,
+        [grant(2 * C, 8 * C)]
+    );
+    assert_eq!(
+        lease(store.clone(), vec![key("b.1", 99 * C)]).await,
+        [grant(8 * C, 0)]
+    );
+    assert_eq!(
+        lease(store.clone(), vec![key("a.1", C)]).await,
+        [grant(2 * C, 0)]
+    );
+    // Replica a spent its 2 credits and returns its lease; b spent 3 of its 8 and keeps it.
+    let flush = |id: &str, total: i64, leases: Vec<LeaseFlush>| UsageFlush {
+        id: new_id("flush"),
+        month: "2026-11".into(),
+        now: 0,
+        workspaces: vec![WorkspaceFlush {
+            workspace: ws.clone(),
+            month: Some("2026-11".into()),
+            total,
+            keys: [("key_1".to_string(), total)].into(),
+            event_id: new_id("evt"),
+            leases,
+            ..Default::default()
+        }],
+        rate: Vec::new(),
+        rate_id: id.into(),
+    };
+    let settle = |id: &str, spent: i64, release: bool| LeaseFlush {
+        scope: "key:key_1".into(),
+        id: id.into(),
+        spent,
+        release,
+    };
+    let batch = flush("r1", 2 * C, vec![settle("a.1", 2 * C, true)]);
+    store.flush_usage(&batch).await.unwrap();
+    // Sent again (its answer lost): nothing changes twice.
+    store.flush_usage(&batch).await.unwrap();
+    store
+        .flush_usage(&flush("r2", 3 * C, vec![settle("b.1", 3 * C, false)]))
+        .await
+        .unwrap();
+    // Spent 5, b holds 5 more: nothing left for a new lease.
+    assert_eq!(
+        lease(store.clone(), vec![key("a.2", C)]).await,
+        [grant(0, 0)]
+    );
+    // b returns the 5 it holds: they are free again.
+    store
+        .flush_usage(&flush("r3", 0, vec![settle("b.1", 3 * C, true)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        lease(store.clone(), vec![key("a.2", C)]).await,
+        [grant(C, 4 * C)]
+    );
+    // A key of the same lineage counts key_1's spend and leases.
+    let mut successor = ask_for("key:key_2", "a.3", Some(10 * C), 20 * C);
+    successor.peers = vec!["key_1".into()];
+    assert_eq!(
+        lease(store.clone(), vec![successor]).await,
+        [grant(4 * C, 0)]
+    );
+    // A project's budget in the store wins over the one the replica asks with; the workspace
+    // without credits grants what is asked. One call answers every ask, in order.
+    store
+        .set_project_budget(&ws, "p", Some(3 * C))
+        .await
+        .unwrap();
+    let grants = lease(
+        store.clone(),
+        vec![
+            ask_for("project:p", "a.4", Some(100 * C), 5 * C),
+            ask_for("workspace", "a.5", None, C),
+        ],
+    )
+    .await;
+    assert_eq!(grants[0], grant(3 * C, 0));
+    assert!(grants[1].granted >= C, "{grants:?}");
+}
+
 store_suite!(
+    leases_are_granted_against_spend_and_every_other_lease,
     a_flush_reads_back_every_project_budget_and_the_watched_projects_spend,
     spend_of_many_keys_lands_in_bounded_flushes,
     a_usage_batch_is_added_once_however_often_it_is_sent,

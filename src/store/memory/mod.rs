@@ -51,6 +51,8 @@ struct Inner {
     last_used: HashMap<String, u64>,
     /// Operator tokens by digest.
     operators: HashMap<String, crate::keys::operators::OperatorToken>,
+    /// Budget leases per `(workspace, month, scope)`: lease id → its entry.
+    leases: HashMap<(String, String, String), HashMap<String, LeaseEntry>>,
     /// Audit records per workspace, oldest first.
     audit: HashMap<String, VecDeque<AuditRecord>>,
     /// Webhook endpoints per workspace, oldest first.
@@ -63,6 +65,15 @@ struct Inner {
     audit_batches: VecDeque<String>,
     /// Idempotency salts by scope, with when they are forgotten (unix seconds).
     salts: HashMap<String, (String, u64)>,
+}
+
+/// One budget lease: granted and spent against it since it began (micro-credits), and when
+/// it expires (unix ms).
+#[derive(Default, Clone, Copy)]
+struct LeaseEntry {
+    granted: i64,
+    spent: i64,
+    expires_ms: u64,
 }
 
 #[derive(Default)]

@@ -1,7 +1,10 @@
 //! Spend, rate counts and budgets in memory.
 
 use super::*;
-use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
+use crate::metering::lease::{lease_grant, LEASE_TTL_MS, NO_LIMIT};
+use crate::metering::usage::{
+    LeaseGrant, LeaseRequest, RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals,
+};
 use crate::store::{StoreError, UsageReport, UsageStore};
 use async_trait::async_trait;
 use std::collections::HashMap;
@@ -45,6 +48,20 @@ impl UsageStore for MemoryStore {
             // Spend of an earlier month is added to that month; only this month's is read.
             if *month != flush.month {
                 continue;
+            }
+            let now_ms = crate::ids::unix_millis();
+            for l in &w.leases {
+                let scope = (w.workspace.clone(), month.clone(), l.scope.clone());
+                let Some(entries) = inner.leases.get_mut(&scope) else {
+                    continue;
+                };
+                if let Some(entry) = entries.get_mut(&l.id) {
+                    entry.spent = entry.spent.max(l.spent);
+                    entry.expires_ms = now_ms + LEASE_TTL_MS;
+                    if l.release {
+                        entries.remove(&l.id);
+                    }
+                }
             }
             let budgets = inner.budgets.get(&w.workspace);
             let mut totals = WorkspaceTotals {
@@ -120,6 +137,72 @@ impl UsageStore for MemoryStore {
         drop(guard);
         self.logged.notify_waiters();
         Ok(snapshot)
+    }
+
+    async fn lease_budget(&self, request: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError> {
+        let now_ms = crate::ids::unix_millis();
+        let mut guard = self.write();
+        let inner = &mut *guard;
+        let (ws, month) = (&request.workspace, &request.month);
+        let row = inner.spend.get(&(ws.clone(), month.clone()));
+        let mut grants = Vec::with_capacity(request.asks.len());
+        for ask in &request.asks {
+            let spent_of = |field: &dyn Fn(&super::SpendRow) -> i64| row.map_or(0, field);
+            let (limit, spent, scopes) = if let Some(id) = ask.scope.strip_prefix("key:") {
+                let ids: Vec<&str> = std::iter::once(id)
+                    .chain(ask.peers.iter().map(String::as_str))
+                    .collect();
+                let spent = ids
+                    .iter()
+                    .map(|id| spent_of(&|r| r.keys.get(*id).copied().unwrap_or(0)))
+                    .fold(0i64, i64::saturating_add);
+                let scopes = ids.iter().map(|id| format!("key:{id}")).collect();
+                (ask.limit, spent, scopes)
+            } else if let Some(p) = ask.scope.strip_prefix("project:") {
+                let limit = inner
+                    .budgets
+                    .get(ws)
+                    .and_then(|b| b.get(p))
+                    .copied()
+                    .or(ask.limit);
+                let spent = spent_of(&|r| r.projects.get(p).copied().unwrap_or(0));
+                (limit, spent, vec![ask.scope.clone()])
+            } else {
+                let limit = inner
+                    .workspaces
+                    .get(ws)
+                    .and_then(|w| w.monthly_credits)
+                    .map(|c| c.micros());
+                (limit, spent_of(&|r| r.total), vec![ask.scope.clone()])
+            };
+            let mut outstanding = 0i64;
+            for scope in scopes {
+                if let Some(entries) = inner.leases.get_mut(&(ws.clone(), month.clone(), scope)) {
+                    entries.retain(|_, e| e.expires_ms > now_ms);
+                    for e in entries.values() {
+                        outstanding = outstanding.saturating_add((e.granted - e.spent).max(0));
+                    }
+                }
+            }
+            let free = limit
+                .unwrap_or(NO_LIMIT)
+                .saturating_sub(spent)
+                .saturating_sub(outstanding);
+            let grant = lease_grant(free, ask.ask, request.share, request.unit);
+            let entry = inner
+                .leases
+                .entry((ws.clone(), month.clone(), ask.scope.clone()))
+                .or_default()
+                .entry(ask.id.clone())
+                .or_default();
+            entry.granted = entry.granted.saturating_add(grant);
+            entry.expires_ms = now_ms + request.ttl_ms;
+            grants.push(LeaseGrant {
+                granted: entry.granted,
+                free: free - grant,
+            });
+        }
+        Ok(grants)
     }
 
     async fn project_budgets(&self, workspace: &str) -> Result<HashMap<String, i64>, StoreError> {

@@ -106,6 +106,10 @@ impl Layout {
     pub(super) fn spend(&self, workspace: &str, month: &str) -> String {
         format!("{{{}}}:spend:{workspace}:{month}", self.ns)
     }
+    /// A budget's leases in a month; `scope` is `key:<id>`, `project:<name>` or `workspace`.
+    pub(super) fn lease(&self, workspace: &str, month: &str, scope: &str) -> String {
+        format!("{{{}}}:lease:{workspace}:{month}:{scope}", self.ns)
+    }
     pub(super) fn budgets(&self, workspace: &str) -> String {
         format!("{{{}}}:budgets:{workspace}", self.ns)
     }

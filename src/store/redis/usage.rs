@@ -6,17 +6,27 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use super::*;
-use crate::metering::usage::{RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals};
+use crate::metering::lease::LEASE_TTL_MS;
+use crate::metering::usage::{
+    LeaseGrant, LeaseRequest, RateTotals, UsageFlush, UsageSnapshot, WorkspaceTotals,
+};
 use crate::store::{StoreError, UsageReport, UsageStore};
 
 /// Applies one usage flush (see [`UsageStore::flush_usage`]). KEYS: the event log, the batch's
 /// marker, its rate counts' marker, then `(spend, budgets, workspace record)` of each workspace
-/// and `(this window, the one before)` of each rate count, in the flush's order, then the keys'
-/// last uses (set from the rate counts, to the minute); every one
-/// starts with the `{ns}` hash tag, so it runs on one Cluster slot. ARGV[1] is the flush as JSON.
+/// and `(this window, the one before)` of each rate count, in the flush's order, then the lease
+/// hash of each lease the flush carries, then the keys' last uses (set from the rate counts, to
+/// the minute); every one starts with the `{ns}` hash tag, so it runs on one Cluster slot.
+/// ARGV[1] is the flush as JSON, ARGV[2] the lease lifetime (ms).
 /// Answers JSON with totals as decimal strings (Lua numbers would lose digits).
 pub(super) static FLUSH_USAGE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/flush_usage.lua")));
+
+/// Grants budget leases (see [`UsageStore::lease_budget`]). KEYS: the month's spend, the
+/// workspace's project budgets, its record, then each ask's lease hash and, for a key, those
+/// of its lineage; all under the `{ns}` hash tag. ARGV[1] is the request as JSON.
+pub(super) static LEASE_BUDGET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/lease_budget.lua")));
 
 /// [`UsageSnapshot`] as the flush script writes it: numbers as strings.
 #[derive(serde::Deserialize, Default)]
@@ -107,9 +117,16 @@ impl UsageStore for RedisStore {
                 .key(format!("{p}:rl:{}:{window}", r.key))
                 .key(format!("{p}:rl:{}:{}", r.key, window - 1));
         }
+        for w in &flush.workspaces {
+            let month = w.month.as_deref().unwrap_or(&flush.month);
+            for l in &w.leases {
+                invocation.key(self.layout.lease(&w.workspace, month, &l.scope));
+            }
+        }
         invocation.key(self.layout.last_used());
         let raw: String = invocation
             .arg(batch)
+            .arg(LEASE_TTL_MS)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -147,6 +164,45 @@ impl UsageStore for RedisStore {
                 })
                 .collect(),
         })
+    }
+
+    async fn lease_budget(&self, request: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError> {
+        let (ws, month) = (&request.workspace, &request.month);
+        let mut invocation = LEASE_BUDGET.prepare_invoke();
+        invocation
+            .key(self.layout.spend(ws, month))
+            .key(self.layout.budgets(ws))
+            .key(self.layout.workspace(ws));
+        for ask in &request.asks {
+            invocation.key(self.layout.lease(ws, month, &ask.scope));
+            for peer in &ask.peers {
+                invocation.key(self.layout.lease(ws, month, &format!("key:{peer}")));
+            }
+        }
+        let body = serde_json::to_string(request).expect("lease requests serialize");
+        let raw: String = invocation
+            .arg(body)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        #[derive(serde::Deserialize)]
+        struct RawGrant {
+            granted: String,
+            free: String,
+        }
+        // cjson writes an empty array as `{}`: no asks, no grants.
+        let raw: Vec<RawGrant> = match raw.as_str() {
+            "{}" => Vec::new(),
+            raw => serde_json::from_str(raw)
+                .map_err(|e| StoreError::Unavailable(format!("unreadable lease reply: {e}")))?,
+        };
+        Ok(raw
+            .into_iter()
+            .map(|g| LeaseGrant {
+                granted: parse_int(&g.granted),
+                free: parse_int(&g.free),
+            })
+            .collect())
     }
 
     async fn project_budgets(&self, workspace: &str) -> Result<HashMap<String, i64>, StoreError> {

@@ -93,4 +93,28 @@ for _, r in ipairs(b.rate) do
     if used > seen then redis.call('HSET', last_used, r.key, int(used)) end
   end
 end
+-- Budget leases (keys after the rate counts', in the flush's order): the spend recorded
+-- against each, renewed for ARGV[2] ms, or dropped when returned. Absolute values: a retried
+-- batch changes nothing twice.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2] or '0') or 0
+for _, w in ipairs(b.workspaces) do
+  for _, l in ipairs(w.leases or {}) do
+    local h = KEYS[k]
+    k = k + 1
+    local v = redis.call('HGET', h, l.id)
+    if v then
+      local g, s, x = string.match(v, '^(%-?%d+) (%-?%d+) (%d+)$')
+      g, s, x = tonumber(g or '0'), tonumber(s or '0'), tonumber(x or '0')
+      if x <= now or l.release then
+        redis.call('HDEL', h, l.id)
+      else
+        s = math.max(s, l.spent)
+        redis.call('HSET', h, l.id, string.format('%d %d %d', g, s, now + ttl))
+        redis.call('PEXPIRE', h, ttl * 2)
+      end
+    end
+  end
+end
 return cjson.encode(out)
