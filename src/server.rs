@@ -17,6 +17,7 @@ use crate::proxy::cors::Cors;
 use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
+use crate::scanners::Scanners;
 use crate::shutdown::{Draining, DrainingSignalWatch};
 use crate::store::{MemoryStore, RedisStore, StoreError, StoreHealth, Stores, WorkerStores};
 use crate::webhooks::mail::Mailer;
@@ -154,6 +155,10 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
+    let mailer = Mailer::new(&config.smtp, &config.webhooks).map_err(StartError::Config)?;
+    let scanners = Scanners::new(store.keys.clone(), store.audit.clone(), &config.scanners)
+        .with_key_cache(keys.clone())
+        .with_mailer(mailer);
     let draining = Draining::default();
     let gateway = Gateway::new(
         store.clone(),
@@ -166,6 +171,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         draining.clone(),
     )
     .with_cors(Cors::new(&config.cors.allowed_origins))
+    .with_scanners(Arc::new(scanners))
     .with_trusted_proxies(TrustedProxies::new(&server_cfg.trusted_proxies))
     .with_unknown_key_limit(
         config.limits.unknown_keys_per_minute,

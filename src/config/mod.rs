@@ -18,7 +18,10 @@ pub use crate::admin::config::DEMO_ADMIN_TOKEN;
 pub use crate::keys::config::KeysConfig;
 pub use crate::logging::{LogConfig, LogFormat};
 pub use crate::metering::config::{LimitsConfig, MeteringConfig, ProjectBudgetConfig};
-pub use crate::proxy::config::{default_routes, resolve, CorsConfig, RouteConfig, UpstreamConfig};
+pub use crate::proxy::config::{
+    default_routes, resolve, CorsConfig, RouteConfig, SimulatorConfig, UpstreamConfig, SIMULATED,
+};
+pub use crate::scanners::config::{FoundKeyAction, ScannersConfig};
 pub use crate::shared::problem::Problem;
 pub use crate::store::config::{StoreConfig, StoreKind};
 pub use crate::webhooks::config::{SmtpConfig, SmtpTls, WebhooksConfig};
@@ -53,6 +56,10 @@ pub struct Config {
     pub smtp: SmtpConfig,
     /// Browser apps allowed to call the API (with scoped tokens).
     pub cors: CorsConfig,
+    /// GitHub's secret-scanning alerts and the gateway's own scanners.
+    pub scanners: ScannersConfig,
+    /// The built-in simulated backend's async jobs.
+    pub simulator: SimulatorConfig,
     /// The route table. Giving any `[[routes]]` replaces the whole default table.
     pub routes: Vec<RouteConfig>,
 }
@@ -206,6 +213,11 @@ impl Config {
         problems.extend(self.cors.validate());
         problems.extend(self.store.validate());
         problems.extend(self.upstream.validate());
+        if role == Role::Server && self.store.kind != StoreKind::Memory {
+            problems.extend(self.upstream.validate_shared());
+        }
+        problems.extend(self.scanners.validate());
+        problems.extend(self.simulator.validate());
         problems.extend(self.metering.validate());
         problems.extend(self.limits.validate());
         problems.extend(crate::proxy::config::validate_routes(&self.routes()));

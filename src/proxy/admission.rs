@@ -54,6 +54,15 @@ impl Gateway {
             Box::pin(api::openapi::answer(session, &self.openapi, ctx)).await?;
             return Ok(Admission::Answer);
         }
+        if session.req_header().uri.path() == api::secret_scanning::PATH {
+            if let Some(scanners) = &self.scanners {
+                let client = self
+                    .trusted_proxies
+                    .client(peer_ip(session), &session.req_header().headers);
+                Box::pin(api::secret_scanning::answer(session, scanners, client, ctx)).await?;
+                return Ok(Admission::Answer);
+            }
+        }
         let route = self.authorize(session, ctx).await?;
         match route.handler {
             Handler::MintToken => {

@@ -53,6 +53,7 @@ use crate::keys::{CachedKey, Environment};
 use crate::metering::ratelimit::Decision;
 use crate::metering::{Credits, Meter};
 use crate::metrics;
+use crate::scanners::Scanners;
 use crate::shutdown::Draining;
 use crate::store::Stores;
 use auth::{Authenticated, Authenticator};
@@ -183,6 +184,8 @@ pub struct Gateway {
     store_check: readiness::StoreCheck,
     /// `GET /v1/openapi.json`, serialized at start from the route table.
     openapi: bytes::Bytes,
+    /// What finds keys where they must not be, and GitHub's alerts.
+    scanners: Option<Arc<Scanners>>,
 }
 
 /// What `request_filter` decided.
@@ -612,7 +615,14 @@ impl Gateway {
             auth: Authenticator::new(keys),
             store_check: readiness::StoreCheck::default(),
             store,
+            scanners: None,
         }
+    }
+
+    /// Runs `scanners`: GitHub's alerts, and the scanners of the request path.
+    pub fn with_scanners(mut self, scanners: Arc<Scanners>) -> Self {
+        self.scanners = Some(scanners);
+        self
     }
 
     /// Believes `X-Forwarded-For` from `proxies` for the client's address.
