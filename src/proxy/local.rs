@@ -62,9 +62,12 @@ impl Gateway {
             .caller
             .as_ref()
             .map_or(Environment::Live, |c| c.key.effective_environment());
-        let summary = simulate::read_request(session)
+        let (summary, raw) = simulate::read_request(session)
             .await
             .map_err(|_| ApiError::invalid("could not read the request body"))?;
+        if let Some(raw) = &raw {
+            self.scan_body(session, ctx, raw);
+        }
         let path = session.req_header().uri.path();
         let body = simulate::response_body(route, environment, &summary, path);
         let body = serde_json::to_vec(&body).unwrap_or_default();

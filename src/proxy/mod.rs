@@ -23,6 +23,7 @@ pub mod cors;
 pub mod framing;
 pub mod headers;
 pub mod hygiene;
+mod leaks;
 mod local;
 pub mod policy;
 pub mod readiness;
@@ -122,6 +123,8 @@ pub struct RequestCtx {
     answer_values: Option<AnswerValues>,
     /// Whether the client sent headers of the gateway's namespace, dropped before forwarding.
     gateway_names: bool,
+    /// Bytes of the request body scanned for keys so far.
+    body_scanned: usize,
 }
 
 /// A forwarded request's answer's header values, made with the request's identity header
@@ -231,6 +234,7 @@ impl ProxyHttp for Gateway {
             refused_key: None,
             answer_values: None,
             gateway_names: false,
+            body_scanned: 0,
         })
     }
 
@@ -274,12 +278,15 @@ impl ProxyHttp for Gateway {
 
     async fn request_body_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut Box<RequestCtx>,
     ) -> Result<()> {
         ctx.body_sent |= end_of_stream;
+        if let Some(chunk) = body.as_ref() {
+            self.scan_body(session, ctx, chunk);
+        }
         // The body goes to the backend as it is; its first bytes find the model. A body that
         // comes whole in one chunk (the common case) is read where it is, without a copy.
         if ctx.model.is_none() && ctx.body_prefix.len() < body::SNIFF_LIMIT {

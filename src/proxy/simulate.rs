@@ -20,13 +20,15 @@ pub struct RequestSummary {
     pub text_chars: usize,
 }
 
-/// Reads (and so drains) up to [`BODY_LIMIT`] bytes of the request body and summarises it.
-pub async fn read_request(session: &mut Session) -> pingora::Result<RequestSummary> {
+/// Reads (and so drains) up to [`BODY_LIMIT`] bytes of the request body and summarises it;
+/// the body too, unless it was larger.
+pub async fn read_request(
+    session: &mut Session,
+) -> pingora::Result<(RequestSummary, Option<Vec<u8>>)> {
     // Too large to summarise: answer anyway, with a generic shape.
-    Ok(super::body::read_bounded(session, BODY_LIMIT)
-        .await?
-        .map(|body| summarize(&body))
-        .unwrap_or_default())
+    let body = super::body::read_bounded(session, BODY_LIMIT).await?;
+    let summary = body.as_deref().map(summarize).unwrap_or_default();
+    Ok((summary, body))
 }
 
 fn summarize(body: &[u8]) -> RequestSummary {

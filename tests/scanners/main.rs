@@ -5,6 +5,7 @@
 mod common;
 
 mod github;
+mod requests;
 
 use common::*;
 use serde_json::Value;
