@@ -49,6 +49,23 @@ async fn rate_limits_answer_429_with_headers_and_are_shared_by_replicas() {
 }
 
 #[tokio::test]
+async fn by_default_a_test_key_s_limit_is_at_least_a_live_key_s() {
+    let gw = Gateway::builder().start().await;
+    let (_, live) = gw.create_key("live", &["chat.completions:create"]).await;
+    let (_, test) = gw.create_key("test", &["chat.completions:create"]).await;
+    let limit = |resp: reqwest::Response| -> u64 {
+        assert_eq!(resp.status(), 200);
+        resp.headers()["ratelimit-limit"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (live, test) = (limit(gw.chat(&live).await), limit(gw.chat(&test).await));
+    assert!(test >= live, "test {test} < live {live}");
+}
+
+#[tokio::test]
 async fn test_keys_have_limits_of_their_own() {
     let gw = Gateway::builder()
         .config(|c| {
