@@ -23,6 +23,7 @@ pub mod metering;
 pub mod metrics;
 pub mod openapi;
 pub mod proxy;
+pub mod sandbox;
 pub mod scanners;
 pub mod server;
 pub mod shared;

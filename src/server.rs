@@ -109,6 +109,11 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     }
     store_runtime.spawn(keys.clone().follow());
     store_runtime.spawn(prepare_store(store.health.clone()));
+    let (stop_jobs, jobs_stopped) = tokio::sync::watch::channel(false);
+    store_runtime.spawn(crate::sandbox::runner::run(
+        store.sandbox.clone(),
+        jobs_stopped,
+    ));
     let meter_config = config.meter();
     let configured_budgets = meter_config.project_budgets.clone();
     let (meter, audit_writer) = Meter::new(store.usage.clone(), store.audit.clone(), meter_config);
@@ -172,6 +177,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     )
     .with_cors(Cors::new(&config.cors.allowed_origins))
     .with_scanners(Arc::new(scanners))
+    .with_job_seconds(config.simulator.job_seconds)
     .with_trusted_proxies(TrustedProxies::new(&server_cfg.trusted_proxies))
     .with_unknown_key_limit(
         config.limits.unknown_keys_per_minute,
@@ -241,6 +247,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     // lease.
     let _ = stop_meter.send(true);
     let _ = stop_worker.send(true);
+    let _ = stop_jobs.send(true);
     store_runtime.block_on(async {
         let worker = async {
             if let Some(worker) = worker {

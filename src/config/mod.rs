@@ -272,7 +272,8 @@ mod tests {
     fn sentinels_need_a_master_name_and_host_port_addresses() {
         let f = |extra: &str| {
             file(&format!(
-            "[server]\nadmin_token = \"a-long-admin-token\"\n[store]\nkind = \"redis\"\n{extra}"
+            "[server]\nadmin_token = \"a-long-admin-token\"\n[upstream]\nlive = \"simulated\"\n\
+             [store]\nkind = \"redis\"\n{extra}"
         ))
         };
         let ok =
@@ -411,6 +412,17 @@ mod tests {
         "server.admin_token",
     );
         refused("[store]\nkind = \"redis\"\n", "server.admin_token");
+        // A shared store is production: live keys are simulated only when the file says so.
+        refused(
+            "[server]\nadmin_token = \"a-long-admin-token\"\n[store]\nkind = \"redis\"\n",
+            "upstream.live",
+        );
+        let simulated = file(
+            "[server]\nadmin_token = \"a-long-admin-token\"\n[store]\nkind = \"redis\"\n\
+             [upstream]\nlive = \"simulated\"\n",
+        );
+        let c = Config::load(Some(simulated.path()), env(&[])).unwrap();
+        assert_eq!(c.upstream.live_backend(), None);
         // The demo keeps its token on loopback.
         assert!(Config::load(None, env(&[])).is_ok());
         refused(

@@ -200,9 +200,13 @@ pub fn default_routes() -> Vec<RouteConfig> {
         RouteConfig::new("POST", "/v1/chat/completions", "chat.completions:create", C),
         RouteConfig::new("POST", "/v1/images/generations", "images:create", 4 * C),
         RouteConfig::new("POST", "/v1/images/batches", "images:create", 4 * C),
+        RouteConfig::new("GET", "/v1/images/batches/{id}", "images:create", 0),
         RouteConfig::new("POST", "/v1/videos", "videos:create", 20 * C),
+        RouteConfig::new("GET", "/v1/videos/{id}", "videos:create", 0),
         RouteConfig::new("POST", "/v1/audio/speech", "voice:create", 2 * C),
+        RouteConfig::new("GET", "/v1/audio/speech/{id}", "voice:create", 0),
         RouteConfig::new("POST", "/v1/agents/runs", "agents:run", 10 * C),
+        RouteConfig::new("GET", "/v1/agents/runs/{id}", "agents:run", 0),
         RouteConfig::new("POST", "/v1/agents/runs/{id}/approve", "agents:run", 0),
     ]
 }

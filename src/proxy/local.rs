@@ -9,7 +9,6 @@ use super::ACCESS_CONTROL_REQUEST_METHOD;
 use super::{body, cors, respond, simulate, Admission, Gateway, RequestCtx};
 use crate::error::ApiError;
 use crate::keys::format::redact;
-use crate::keys::Environment;
 use crate::metering::Credits;
 
 impl Gateway {
@@ -51,17 +50,18 @@ impl Gateway {
         Ok(Admission::Answer)
     }
 
-    /// The built-in simulated backend's answer, charged at the route's price.
+    /// The built-in simulated backend's answer. Never billed: nothing real was done.
     pub(super) async fn answer_simulated(
         &self,
         session: &mut Session,
         ctx: &mut RequestCtx,
         route: &Route,
     ) -> Result<(), ApiError> {
-        let environment = ctx
-            .caller
-            .as_ref()
-            .map_or(Environment::Live, |c| c.key.effective_environment());
+        let Some(caller) = ctx.caller.as_ref() else {
+            return Err(ApiError::Authentication("no key".into()));
+        };
+        let environment = caller.key.effective_environment();
+        let workspace = caller.key.workspace.clone();
         let (summary, raw) = simulate::read_request(session)
             .await
             .map_err(|_| ApiError::invalid("could not read the request body"))?;
@@ -69,15 +69,19 @@ impl Gateway {
             self.scan_body(session, ctx, raw);
         }
         let path = session.req_header().uri.path();
-        let body = simulate::response_body(route, environment, &summary, path);
-        let body = serde_json::to_vec(&body).unwrap_or_default();
-        let price = match environment {
-            Environment::Test => Credits::ZERO,
-            _ => route.price_for(&session.req_header().method),
+        let job = self
+            .jobs
+            .answer(route, &workspace, environment, raw.as_deref(), path)
+            .await?;
+        let body = match job {
+            Some(view) => simulate::labelled(view, environment),
+            None => simulate::response_body(route, environment, &summary, path),
         };
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let price = Credits::ZERO;
         ctx.billable = true;
         ctx.reported_credits = Some(price);
-        // Test keys are free and reach the simulator: the audit keeps what it keeps of any model.
+        // The audit keeps what it keeps of any model.
         ctx.model = summary
             .model
             .map(|m| body::truncate_chars(CompactString::from(m), body::MODEL_CHARS));

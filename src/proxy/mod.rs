@@ -23,6 +23,7 @@ pub mod cors;
 pub mod framing;
 pub mod headers;
 pub mod hygiene;
+pub mod jobs;
 mod leaks;
 mod local;
 pub mod policy;
@@ -69,6 +70,8 @@ use upstream::{Identity, Target, Upstreams};
 
 // Header names read on every request, parsed once rather than on each lookup.
 static SERVICE_PROJECT: http::HeaderName = http::HeaderName::from_static("service-project");
+/// Seconds a simulated job takes unless [`Gateway::with_job_seconds`] says otherwise.
+const DEFAULT_JOB_SECONDS: u64 = 3;
 /// The audited status of a request whose client hung up after it was forwarded.
 pub const CLIENT_CLOSED: u16 = 499;
 
@@ -189,6 +192,8 @@ pub struct Gateway {
     openapi: bytes::Bytes,
     /// What finds keys where they must not be, and GitHub's alerts.
     scanners: Option<Arc<Scanners>>,
+    /// The simulator's async jobs.
+    jobs: jobs::SimulatedJobs,
 }
 
 /// What `request_filter` decided.
@@ -621,9 +626,16 @@ impl Gateway {
             listen_hub: event_hub::EventHub::new(store.events.clone()),
             auth: Authenticator::new(keys),
             store_check: readiness::StoreCheck::default(),
+            jobs: jobs::SimulatedJobs::new(store.sandbox.clone(), DEFAULT_JOB_SECONDS),
             store,
             scanners: None,
         }
+    }
+
+    /// Simulated async jobs finish `job_seconds` after they start.
+    pub fn with_job_seconds(mut self, job_seconds: u64) -> Self {
+        self.jobs = jobs::SimulatedJobs::new(self.store.sandbox.clone(), job_seconds);
+        self
     }
 
     /// Runs `scanners`: GitHub's alerts, and the scanners of the request path.

@@ -57,7 +57,7 @@ pub fn response_body(
 ) -> Value {
     let now = unix_now();
     let model = |default: &str| request.model.clone().unwrap_or_else(|| default.to_string());
-    match &*route.template {
+    let body = match &*route.template {
         "/v1/models" => json!({
             "object": "list",
             "data": [
@@ -112,15 +112,18 @@ pub fn response_body(
             "object": "agent.run", "status": "running",
         }),
         other => json!({"object": "simulated", "route": other, "created": now}),
-    }
-    .as_object()
-    .cloned()
-    .map(|mut body| {
-        body.insert("simulated".into(), Value::Bool(true));
-        body.insert("environment".into(), Value::from(env.as_str()));
-        Value::Object(body)
-    })
-    .unwrap_or_default()
+    };
+    labelled(body, env)
+}
+
+/// `body` marked as the simulator's, for a key of `env`.
+pub fn labelled(body: Value, env: Environment) -> Value {
+    let Value::Object(mut body) = body else {
+        return body;
+    };
+    body.insert("simulated".into(), Value::Bool(true));
+    body.insert("environment".into(), Value::from(env.as_str()));
+    Value::Object(body)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ mod common;
 mod delivery;
 mod mail;
 mod operators;
+mod sandbox;
 mod stream;
 mod volume;
 mod workers;

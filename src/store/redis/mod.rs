@@ -20,6 +20,7 @@ mod keys;
 mod layout;
 mod listen;
 mod notices;
+mod sandbox;
 mod schema;
 mod streams;
 mod tokens;
