@@ -9,6 +9,7 @@ use super::ACCESS_CONTROL_REQUEST_METHOD;
 use super::{body, cors, respond, simulate, Admission, Gateway, RequestCtx};
 use crate::error::ApiError;
 use crate::keys::format::redact;
+use crate::keys::Environment;
 use crate::metering::Credits;
 
 impl Gateway {
@@ -50,7 +51,8 @@ impl Gateway {
         Ok(Admission::Answer)
     }
 
-    /// The built-in simulated backend's answer. Never billed: nothing real was done.
+    /// The built-in simulated backend's answer, charged at the route's price (test keys are
+    /// free).
     pub(super) async fn answer_simulated(
         &self,
         session: &mut Session,
@@ -78,10 +80,13 @@ impl Gateway {
             None => simulate::response_body(route, environment, &summary, path),
         };
         let body = serde_json::to_vec(&body).unwrap_or_default();
-        let price = Credits::ZERO;
+        let price = match environment {
+            Environment::Test => Credits::ZERO,
+            _ => route.price_for(&session.req_header().method),
+        };
         ctx.billable = true;
         ctx.reported_credits = Some(price);
-        // The audit keeps what it keeps of any model.
+        // Test keys are free and reach the simulator: the audit keeps what it keeps of any model.
         ctx.model = summary
             .model
             .map(|m| body::truncate_chars(CompactString::from(m), body::MODEL_CHARS));

@@ -96,21 +96,21 @@ async fn a_head_request_is_not_charged_the_routes_price() {
         .config(|c| {
             c.routes = vec![RouteConfig {
                 method: "GET".to_string(),
-                path: "/v1/videos/{id}".to_string(),
-                scope: "videos:read".to_string(),
+                path: "/v1/files/{id}".to_string(),
+                scope: "files:read".to_string(),
                 price: Credits::from_micros(2_000_000),
                 upgrade: false,
             }]
         })
         .start()
         .await;
-    let (id, key) = gw.create_key("live", &["videos:read"]).await;
+    let (id, key) = gw.create_key("live", &["files:read"]).await;
     for method in [Method::HEAD, Method::GET] {
         // A listing orders the records of one millisecond by request id: the requests arrive
         // in different milliseconds, so the listing's order is theirs.
         tokio::time::sleep(Duration::from_millis(2)).await;
         let resp = gw
-            .request(method, "/v1/videos/vid_1")
+            .request(method, "/v1/files/file_1")
             .bearer_auth(&key)
             .send()
             .await
