@@ -160,10 +160,13 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
-    let mailer = Mailer::new(&config.smtp, &config.webhooks).map_err(StartError::Config)?;
+    let mailer = {
+        let _guard = store_runtime.enter();
+        Mailer::new(&config.smtp, &config.webhooks).map_err(StartError::Config)?
+    };
     let scanners = Scanners::new(store.keys.clone(), store.audit.clone(), &config.scanners)
         .with_key_cache(keys.clone())
-        .with_mailer(mailer);
+        .with_mailer(mailer, store_runtime.handle().clone());
     let draining = Draining::default();
     let gateway = Gateway::new(
         store.clone(),

@@ -68,7 +68,8 @@ pub struct Scanners {
     keys: Arc<dyn KeyStore>,
     audit: Arc<dyn AuditStore>,
     cache: Option<Arc<KeyCache>>,
-    mailer: Option<Mailer>,
+    /// The mailer, and the runtime its SMTP connections live on.
+    mailer: Option<(Mailer, tokio::runtime::Handle)>,
     config: ScannersConfig,
     github: GithubKeys,
     /// When each (key, scanner) report was last mailed.
@@ -99,9 +100,10 @@ impl Scanners {
         self
     }
 
-    /// Mails workspace admins through `mailer`.
-    pub fn with_mailer(mut self, mailer: Mailer) -> Self {
-        self.mailer = Some(mailer);
+    /// Mails workspace admins through `mailer`, sending on `runtime` (the one it was made on:
+    /// an SMTP pool belongs to the runtime that made it).
+    pub fn with_mailer(mut self, mailer: Mailer, runtime: tokio::runtime::Handle) -> Self {
+        self.mailer = Some((mailer, runtime));
         self
     }
 
@@ -191,7 +193,9 @@ impl Scanners {
     /// Mails the workspace's admins, if a mailer is set. Failure is logged: the finding is in
     /// the audit log and the event.
     async fn mail(&self, scanner: &str, key: &KeyRecord, url: Option<&str>, revoked: bool) {
-        let Some(mailer) = &self.mailer else { return };
+        let Some((mailer, runtime)) = &self.mailer else {
+            return;
+        };
         let admins = match self.keys.workspace(&key.workspace).await {
             Ok(Some(ws)) => ws.admin_emails,
             Ok(None) => return,
@@ -200,18 +204,27 @@ impl Scanners {
                 return;
             }
         };
-        let masked = format!("{}…{}", key.prefix, key.last4);
-        let notice = LeakNotice {
-            workspace: &key.workspace,
-            key_id: &key.id,
-            masked: &masked,
-            scanner,
-            url,
-            revoked,
-        };
-        if let Err(e) = mailer.key_leaked(&admins, &notice).await {
-            tracing::warn!(error = %e, workspace = %key.workspace, "leak mail not sent");
-        }
+        let (mailer, key, scanner, url) = (
+            mailer.clone(),
+            key.clone(),
+            scanner.to_string(),
+            url.map(str::to_owned),
+        );
+        let sent = runtime.spawn(async move {
+            let masked = format!("{}…{}", key.prefix, key.last4);
+            let notice = LeakNotice {
+                workspace: &key.workspace,
+                key_id: &key.id,
+                masked: &masked,
+                scanner: &scanner,
+                url: url.as_deref(),
+                revoked,
+            };
+            if let Err(e) = mailer.key_leaked(&admins, &notice).await {
+                tracing::warn!(error = %e, workspace = %key.workspace, "leak mail not sent");
+            }
+        });
+        let _ = sent.await;
     }
 
     /// A GitHub secret-scanning alert: checks its signature, handles every token in it and
