@@ -24,6 +24,8 @@ pub mod metering;
 pub mod metrics;
 pub mod openapi;
 pub mod proxy;
+pub mod sandbox;
+pub mod scanners;
 pub mod server;
 pub mod shared;
 pub mod shutdown;

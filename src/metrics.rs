@@ -52,6 +52,25 @@ static KEY_LOOKUPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+static LEAKS_FOUND: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "svcgate_leaked_keys_total",
+        "Keys found where they must not be, by scanner (github, browser, request_body, webhook, \
+         admin) and what was done (revoked, reported, refused, not_found).",
+        &["scanner", "action"]
+    )
+    .expect("metric registers once")
+});
+
+static SIMULATED_JOBS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "svcgate_simulated_job_events_total",
+        "Events of simulated sandbox jobs put into the event log, by event type.",
+        &["type"]
+    )
+    .expect("metric registers once")
+});
+
 static POLICY_REJECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "svcgate_policy_rejections_total",
@@ -262,6 +281,8 @@ pub fn init() {
     LazyLock::force(&KEY_LOOKUPS);
     LazyLock::force(&KEY_LOOKUP_SERIES);
     LazyLock::force(&POLICY_REJECTIONS);
+    LazyLock::force(&LEAKS_FOUND);
+    LazyLock::force(&SIMULATED_JOBS);
     LazyLock::force(&UPSTREAM_DURATION);
     LazyLock::force(&OVERHEAD);
     LazyLock::force(&REPORTED_CREDITS_REFUSED);
@@ -447,6 +468,16 @@ impl PartialEq for RouteMetrics {
     fn eq(&self, other: &Self) -> bool {
         self.route == other.route
     }
+}
+
+/// Counts one key a scanner found, and what was done with it.
+pub fn record_leak(scanner: &str, action: &str) {
+    LEAKS_FOUND.with_label_values(&[scanner, action]).inc();
+}
+
+/// Counts one event of a simulated job put into the event log.
+pub fn record_simulated_event(event_type: &str) {
+    SIMULATED_JOBS.with_label_values(&[event_type]).inc();
 }
 
 /// Counts one authentication failure.

@@ -17,6 +17,7 @@ use crate::proxy::cors::Cors;
 use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
+use crate::scanners::Scanners;
 use crate::shutdown::{Draining, DrainingSignalWatch};
 use crate::store::{MemoryStore, RedisStore, StoreError, StoreHealth, Stores, WorkerStores};
 use crate::telemetry::Tracing;
@@ -110,6 +111,11 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     }
     store_runtime.spawn(keys.clone().follow());
     store_runtime.spawn(prepare_store(store.health.clone()));
+    let (stop_jobs, jobs_stopped) = tokio::sync::watch::channel(false);
+    store_runtime.spawn(crate::sandbox::runner::run(
+        store.sandbox.clone(),
+        jobs_stopped,
+    ));
     let meter_config = config.meter();
     let configured_budgets = meter_config.project_budgets.clone();
     let (meter, audit_writer) = Meter::new(store.usage.clone(), store.audit.clone(), meter_config);
@@ -156,6 +162,13 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
+    let mailer = {
+        let _guard = store_runtime.enter();
+        Mailer::new(&config.smtp, &config.webhooks).map_err(StartError::Config)?
+    };
+    let scanners = Scanners::new(store.keys.clone(), store.audit.clone(), &config.scanners)
+        .with_key_cache(keys.clone())
+        .with_mailer(mailer, store_runtime.handle().clone());
     let draining = Draining::default();
     let gateway = Gateway::new(
         store.clone(),
@@ -169,6 +182,8 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     )
     .with_cors(Cors::new(&config.cors.allowed_origins))
     .with_key_metadata_forwarding(config.upstream.forward_key_metadata)
+    .with_scanners(Arc::new(scanners))
+    .with_job_seconds(config.simulator.job_seconds)
     .with_trusted_proxies(TrustedProxies::new(&server_cfg.trusted_proxies))
     .with_unknown_key_limit(
         config.limits.unknown_keys_per_minute,
@@ -239,6 +254,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     // lease.
     let _ = stop_meter.send(true);
     let _ = stop_worker.send(true);
+    let _ = stop_jobs.send(true);
     store_runtime.block_on(async {
         let worker = async {
             if let Some(worker) = worker {

@@ -88,21 +88,9 @@ async fn a_revocation_logs_one_key_auto_revoked_event_without_the_secret() {
         assert_eq!(results[0]["action"], "revoked");
     }
 
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(format!("{{{}}}:events", ns.name))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(
-        entries.ids.len(),
-        1,
-        "one event however often it is reported"
-    );
-    let entry = &entries.ids[0];
+    let entries = ns.logged_events().await;
+    assert_eq!(entries.len(), 1, "one event however often it is reported");
+    let entry = &entries[0];
     let field = |name: &str| -> String { entry.get(name).unwrap() };
     assert_eq!(field("type"), "key.auto_revoked");
     assert_eq!(field("workspace"), ws);

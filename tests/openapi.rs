@@ -172,6 +172,7 @@ async fn the_gateway_document_lists_its_own_operations_and_the_configured_routes
         ("GET", "/v1/webhooks/{id}/deliveries"),
         ("POST", "/v1/webhooks/{id}/replay"),
         ("GET", "/v1/webhooks/listen"),
+        ("POST", "/v1/secret-scanning/github"),
         ("GET", "/v1/openapi.json"),
     ] {
         assert!(
@@ -183,10 +184,16 @@ async fn the_gateway_document_lists_its_own_operations_and_the_configured_routes
         doc["paths"]["/v1/tokens"]["post"]["security"],
         json!([{"api_key": ["tokens:create"]}])
     );
-    assert_eq!(
-        doc["paths"]["/v1/openapi.json"]["get"]["security"],
-        json!([{}])
-    );
+    for (method, path) in [
+        ("get", "/v1/openapi.json"),
+        ("post", "/v1/secret-scanning/github"),
+    ] {
+        assert_eq!(
+            doc["paths"][path][method]["security"],
+            json!([{}]),
+            "{path}"
+        );
+    }
     let scheme = &doc["components"]["securitySchemes"]["api_key"];
     assert_eq!(scheme["scheme"], "bearer");
 

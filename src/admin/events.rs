@@ -13,6 +13,7 @@ use super::extract::JsonBody;
 use super::AdminState;
 use crate::error::ApiError;
 use crate::events::{data_too_large, is_event_id, is_event_type, Event, EVENT_TYPES};
+use crate::keys::format::find_keys;
 use crate::keys::Environment;
 
 #[derive(Deserialize, ToSchema)]
@@ -61,8 +62,16 @@ pub(super) async fn create(
     if !data.is_object() {
         return Err(ApiError::invalid("data must be a JSON object"));
     }
-    if let Some(why) = data_too_large(serde_json::to_vec(&data).map_or(0, |v| v.len())) {
+    let encoded = serde_json::to_vec(&data).unwrap_or_default();
+    if let Some(why) = data_too_large(encoded.len()) {
         return Err(ApiError::invalid(why));
+    }
+    if find_keys(&encoded).next().is_some() {
+        crate::metrics::record_leak("event", "refused");
+        return Err(ApiError::invalid(
+            "data holds an API key or token (svc_…); events go to customers' endpoints and \
+             must never carry one",
+        ));
     }
     let environment = body.environment.unwrap_or(Environment::Live);
     if environment == Environment::Scoped {

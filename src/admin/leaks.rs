@@ -1,21 +1,19 @@
 //! `POST /admin/v1/leaks`: a secret scanner reports tokens it found in public. Every live key
 //! among them is revoked at once and `key.auto_revoked` fires for its workspace, in the same
-//! atomic store write. Accepts the body of GitHub's secret-scanning partner alerts
+//! atomic store write ([`crate::scanners::leak`]). Accepts the body of GitHub's secret-scanning partner alerts
 //! (`[{"token", "type", "url", "source"}]`) as it is.
 
 use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use utoipa::ToSchema;
 
 use super::extract::JsonArray;
 use super::AdminState;
 use crate::error::ApiError;
-use crate::events::Event;
-use crate::ids::unix_now;
-use crate::keys::format::{self, last4};
-use crate::keys::{Environment, KeyHash, KeyRecord, KeyStatus};
+use crate::keys::format::last4;
+use crate::metrics;
+use crate::scanners::leak::{self, LeakAction};
 
 /// Most tokens one report may carry.
 const MAX_REPORTED: usize = 1_000;
@@ -139,55 +137,17 @@ async fn handle(
     state: &AdminState,
     item: &FoundToken,
 ) -> Result<(Option<String>, &'static str), ApiError> {
-    let token = item.token.trim();
-    let Ok(environment) = format::parse(token) else {
-        return Ok((None, "not_found"));
+    let found = leak::FoundToken {
+        token: &item.token,
+        url: item.url.as_deref(),
+        source: item.source.as_deref(),
     };
-    let Some(key) = state.store.keys.key_by_hash(&KeyHash::of(token)).await? else {
-        return Ok((None, "not_found"));
-    };
-    let key_id = Some(key.id.clone());
-    // A token of a live key bills it and reaches the live backend: it goes like a live key.
-    let live = match &key.scoped {
-        Some(grant) => grant.parent_environment == Environment::Live,
-        None => environment == Environment::Live,
-    };
-    if !live {
-        tracing::info!(key_id = %key.id, environment = environment.as_str(), "leaked key reported, not revoked");
-        return Ok((key_id, "ignored"));
-    }
-    if key.status == KeyStatus::Revoked {
-        return Ok((key_id, "revoked"));
-    }
-    let event = Event::new(
-        "key.auto_revoked",
-        &key.workspace,
-        Environment::Live,
-        json!({
-            "key_id": key.id,
-            "prefix": key.prefix,
-            "last4": key.last4,
-            "url": item.url,
-            "source": item.source,
-            "revoked_at": unix_now(),
-        }),
-    );
-    let revoked = state
-        .store
-        .keys
-        .update_key_emitting(&key.id, &revoke, &event)
-        .await?;
-    match revoked {
-        Some(_) => {
-            tracing::warn!(key_id = %key.id, workspace = %key.workspace, event_id = %event.id, "leaked key revoked");
-            Ok((key_id, "revoked"))
-        }
-        // Gone between the lookup and the write (a token that just expired).
-        None => Ok((key_id, "not_found")),
-    }
-}
-
-fn revoke(k: &mut KeyRecord) {
-    k.status = KeyStatus::Revoked;
-    k.grace_until = None;
+    let handled = leak::handle(state.store.keys.as_ref(), found, true).await?;
+    metrics::record_leak("admin", handled.action.as_str());
+    let key_id = handled.key.map(|k| k.id.clone());
+    Ok(match handled.action {
+        LeakAction::Revoked => (key_id, "revoked"),
+        LeakAction::Reported => (key_id, "ignored"),
+        LeakAction::NotFound => (key_id, "not_found"),
+    })
 }

@@ -18,7 +18,10 @@ pub use crate::admin::config::DEMO_ADMIN_TOKEN;
 pub use crate::keys::config::KeysConfig;
 pub use crate::logging::{LogConfig, LogFormat};
 pub use crate::metering::config::{LimitsConfig, MeteringConfig, ProjectBudgetConfig};
-pub use crate::proxy::config::{default_routes, resolve, CorsConfig, RouteConfig, UpstreamConfig};
+pub use crate::proxy::config::{
+    default_routes, resolve, CorsConfig, RouteConfig, SimulatorConfig, UpstreamConfig, SIMULATED,
+};
+pub use crate::scanners::config::{FoundKeyAction, ScannersConfig};
 pub use crate::shared::problem::Problem;
 pub use crate::store::config::{StoreConfig, StoreKind};
 pub use crate::telemetry::TracingConfig;
@@ -56,6 +59,10 @@ pub struct Config {
     pub cors: CorsConfig,
     /// Traces exported over OTLP/HTTP.
     pub tracing: TracingConfig,
+    /// GitHub's secret-scanning alerts and the gateway's own scanners.
+    pub scanners: ScannersConfig,
+    /// The built-in simulated backend's async jobs.
+    pub simulator: SimulatorConfig,
     /// The route table. Giving any `[[routes]]` replaces the whole default table.
     pub routes: Vec<RouteConfig>,
 }
@@ -236,6 +243,11 @@ impl Config {
         problems.extend(self.cors.validate());
         problems.extend(self.store.validate());
         problems.extend(self.upstream.validate());
+        if role == Role::Server && self.store.kind != StoreKind::Memory {
+            problems.extend(self.upstream.validate_shared());
+        }
+        problems.extend(self.scanners.validate());
+        problems.extend(self.simulator.validate());
         problems.extend(self.metering.validate());
         problems.extend(self.limits.validate());
         problems.extend(self.tracing.validate());
@@ -291,7 +303,8 @@ mod tests {
     fn sentinels_need_a_master_name_and_host_port_addresses() {
         let f = |extra: &str| {
             file(&format!(
-            "[server]\nadmin_token = \"a-long-admin-token\"\n[store]\nkind = \"redis\"\n{extra}"
+            "[server]\nadmin_token = \"a-long-admin-token\"\n[upstream]\nlive = \"simulated\"\n\
+             [store]\nkind = \"redis\"\n{extra}"
         ))
         };
         let ok =
@@ -430,6 +443,17 @@ mod tests {
         "server.admin_token",
     );
         refused("[store]\nkind = \"redis\"\n", "server.admin_token");
+        // A shared store is production: live keys are simulated only when the file says so.
+        refused(
+            "[server]\nadmin_token = \"a-long-admin-token\"\n[store]\nkind = \"redis\"\n",
+            "upstream.live",
+        );
+        let simulated = file(
+            "[server]\nadmin_token = \"a-long-admin-token\"\n[store]\nkind = \"redis\"\n\
+             [upstream]\nlive = \"simulated\"\n",
+        );
+        let c = Config::load(Some(simulated.path()), env(&[])).unwrap();
+        assert_eq!(c.upstream.live_backend(), None);
         // The demo keeps its token on loopback.
         assert!(Config::load(None, env(&[])).is_ok());
         refused(

@@ -187,6 +187,22 @@ pub fn rewrite_words<'a>(
     Cow::Owned(out)
 }
 
+/// Every well-formed key (prefix, length, checksum) written in `text`, with its environment:
+/// what a scanner looks for in text that should hold none (a request body, a URL, an event).
+/// A candidate is a whole word of `[A-Za-z0-9_]` starting with `svc_`, so a key glued to
+/// other letters is not one.
+pub fn find_keys(text: &[u8]) -> impl Iterator<Item = (&str, Environment)> {
+    let word = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_';
+    memchr::memmem::find_iter(text, b"svc_").filter_map(move |at| {
+        if at > 0 && word(&text[at - 1]) {
+            return None;
+        }
+        let len = text[at..].iter().take_while(|b| word(b)).count();
+        let candidate = std::str::from_utf8(&text[at..at + len]).ok()?;
+        parse(candidate).ok().map(|env| (candidate, env))
+    })
+}
+
 fn checksum(data: &[u8]) -> [u8; CHECKSUM_LEN] {
     let mut n = crc32fast::hash(data) as u64;
     let mut out = [b'0'; CHECKSUM_LEN];
@@ -383,5 +399,21 @@ mod tests {
             redact(&key[..30]),
             format!("svc_live_…{}", last4(&key[..30]))
         );
+    }
+
+    #[test]
+    fn keys_are_found_as_whole_words_with_a_valid_checksum() {
+        let live = generate(Environment::Live).value;
+        let test = generate(Environment::Test).value;
+        let text = format!("key={live}, \"{test}\" svc_live_short x{live} {live}x");
+        let found: Vec<_> = find_keys(text.as_bytes()).collect();
+        assert_eq!(
+            found,
+            [
+                (live.as_str(), Environment::Live),
+                (test.as_str(), Environment::Test)
+            ]
+        );
+        assert_eq!(find_keys(b"no keys here").count(), 0);
     }
 }

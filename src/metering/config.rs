@@ -162,8 +162,10 @@ impl Default for LimitsConfig {
             live_burst: 200,
             unknown_keys_per_minute: 60,
             unknown_keys_per_minute_total: 6_000,
-            test_requests_per_minute: 600,
-            test_burst: 50,
+            // Relaxed, as the service promises test keys: free, simulated, and limited
+            // no more than live keys.
+            test_requests_per_minute: 12_000,
+            test_burst: 400,
             token_mints_per_minute: 120,
             token_metadata_bytes: 4 * 1024,
         }

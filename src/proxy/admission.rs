@@ -15,6 +15,7 @@ use super::{ACCESS_CONTROL_REQUEST_METHOD, ORIGIN, SERVICE_PROJECT};
 use crate::error::ApiError;
 use crate::keys::format::redact;
 use crate::keys::Environment;
+use crate::scanners::browser;
 
 impl Gateway {
     pub(super) async fn admit(
@@ -53,6 +54,15 @@ impl Gateway {
         if api::openapi::is_document(session.req_header().uri.path()) {
             Box::pin(api::openapi::answer(session, &self.openapi, ctx)).await?;
             return Ok(Admission::Answer);
+        }
+        if session.req_header().uri.path() == api::secret_scanning::PATH {
+            if let Some(scanners) = &self.scanners {
+                let client = self
+                    .trusted_proxies
+                    .client(peer_ip(session), &session.req_header().headers);
+                Box::pin(api::secret_scanning::answer(session, scanners, client, ctx)).await?;
+                return Ok(Admission::Answer);
+            }
         }
         let route = self.authorize(session, ctx).await?;
         match route.handler {
@@ -176,7 +186,13 @@ impl Gateway {
         let caller = ctx.caller.insert(caller);
         let found = hygiene::scan(&req.headers);
         ctx.gateway_names = found.gateway_names;
-        let checked = self.check_request(req, caller, ctx.route, found, ctx.cors_origin.is_some());
+        // A scoped token is what a page should send; a live key never.
+        let live_in_page = caller.key.environment == Environment::Live
+            && (ctx.cors_origin.is_some() || browser::from_web_page(&req.headers));
+        let checked = self.check_request(req, caller, ctx.route, found, live_in_page);
+        if live_in_page {
+            self.live_key_in_browser(session, &ctx.request_id);
+        }
         let (project, billable, reserve) = match &checked {
             Ok((route, project)) => (
                 *project,
@@ -213,7 +229,7 @@ impl Gateway {
 
     /// What an authenticated caller asks for, if the gateway serves it and lets them: the route
     /// (404), its headers (a method override, or an upgrade the route does not take: 400), its
-    /// scope (403), the project (400); a live key from a browser is refused (403).
+    /// scope (403), the project (400); a live key from a web page is refused (403).
     fn check_request<'a>(
         &self,
         req: &'a RequestHeader,
@@ -224,8 +240,8 @@ impl Gateway {
     ) -> Result<(&Route, Option<&'a str>), ApiError> {
         if from_browser && caller.key.environment == Environment::Live {
             return Err(ApiError::Permission(
-                "a live key must not be used from a browser; have your backend mint a scoped \
-                 token (POST /v1/tokens)"
+                "a live key must not be used from a browser or web page; keep it on your \
+                 server, and have your backend mint a scoped token (POST /v1/tokens) for the page"
                     .into(),
             ));
         }

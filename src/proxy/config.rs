@@ -8,11 +8,16 @@ use crate::keys::scopes::is_valid_scope;
 use crate::shared::problem::Problem;
 use crate::shared::Credits;
 
+/// The value of `upstream.live` that asks for the built-in simulator, on a store where leaving
+/// it out is refused.
+pub const SIMULATED: &str = "simulated";
+
 /// `[upstream]`
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpstreamConfig {
-    /// Production backend `host:port`; absent: built-in simulated responses.
+    /// Production backend `host:port`; `"simulated"` (or absent, on the in-memory store):
+    /// built-in simulated responses, never billed.
     pub live: Option<String>,
     /// Sandbox backend for `svc_test_` keys; absent: simulated responses.
     pub sandbox: Option<String>,
@@ -47,7 +52,7 @@ impl UpstreamConfig {
             ("upstream.live", &self.live),
             ("upstream.sandbox", &self.sandbox),
         ] {
-            if let Some(addr) = addr {
+            if let Some(addr) = addr.as_deref().filter(|a| *a != SIMULATED) {
                 if let Err(reason) = resolve(addr) {
                     problems.push(Problem::new(key, reason));
                 }
@@ -63,6 +68,59 @@ impl UpstreamConfig {
             }
         }
         problems
+    }
+}
+
+impl UpstreamConfig {
+    /// The production backend's address; `None` for the simulator.
+    pub fn live_backend(&self) -> Option<&str> {
+        self.live.as_deref().filter(|a| *a != SIMULATED)
+    }
+
+    /// The sandbox backend's address; `None` for the simulator.
+    pub fn sandbox_backend(&self) -> Option<&str> {
+        self.sandbox.as_deref().filter(|a| *a != SIMULATED)
+    }
+
+    /// On a shared store (a production deployment): live keys get simulated answers only if
+    /// the file says so, never because an address was forgotten.
+    pub fn validate_shared(&self) -> Vec<Problem> {
+        match self.live {
+            Some(_) => Vec::new(),
+            None => vec![Problem::new(
+                "upstream.live",
+                "not set, on a shared store: live keys would get simulated answers; set the \
+                 production backend's host:port, or live = \"simulated\" to mean it",
+            )],
+        }
+    }
+}
+
+/// `[simulator]`: the built-in simulated backend's async jobs (image batches, video and voice
+/// renders, agent runs), which finish and send their events like the real ones.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimulatorConfig {
+    /// Seconds from a simulated job's creation to its completion (and its event).
+    pub job_seconds: u64,
+}
+
+impl Default for SimulatorConfig {
+    fn default() -> Self {
+        Self { job_seconds: 3 }
+    }
+}
+
+impl SimulatorConfig {
+    /// Checks the section; every problem, in order.
+    pub fn validate(&self) -> Vec<Problem> {
+        match self.job_seconds {
+            0..=3_600 => Vec::new(),
+            _ => vec![Problem::new(
+                "simulator.job_seconds",
+                "must be at most 3600",
+            )],
+        }
     }
 }
 
@@ -150,9 +208,13 @@ pub fn default_routes() -> Vec<RouteConfig> {
         RouteConfig::new("POST", "/v1/chat/completions", "chat.completions:create", C),
         RouteConfig::new("POST", "/v1/images/generations", "images:create", 4 * C),
         RouteConfig::new("POST", "/v1/images/batches", "images:create", 4 * C),
+        RouteConfig::new("GET", "/v1/images/batches/{id}", "images:create", 0),
         RouteConfig::new("POST", "/v1/videos", "videos:create", 20 * C),
+        RouteConfig::new("GET", "/v1/videos/{id}", "videos:create", 0),
         RouteConfig::new("POST", "/v1/audio/speech", "voice:create", 2 * C),
+        RouteConfig::new("GET", "/v1/audio/speech/{id}", "voice:create", 0),
         RouteConfig::new("POST", "/v1/agents/runs", "agents:run", 10 * C),
+        RouteConfig::new("GET", "/v1/agents/runs/{id}", "agents:run", 0),
         RouteConfig::new("POST", "/v1/agents/runs/{id}/approve", "agents:run", 0),
     ]
 }

@@ -51,22 +51,34 @@ impl Gateway {
         Ok(Admission::Answer)
     }
 
-    /// The built-in simulated backend's answer, charged at the route's price.
+    /// The built-in simulated backend's answer, charged at the route's price (test keys are
+    /// free).
     pub(super) async fn answer_simulated(
         &self,
         session: &mut Session,
         ctx: &mut RequestCtx,
         route: &Route,
     ) -> Result<(), ApiError> {
-        let environment = ctx
-            .caller
-            .as_ref()
-            .map_or(Environment::Live, |c| c.key.effective_environment());
-        let summary = simulate::read_request(session)
+        let Some(caller) = ctx.caller.as_ref() else {
+            return Err(ApiError::Authentication("no key".into()));
+        };
+        let environment = caller.key.effective_environment();
+        let workspace = caller.key.workspace.clone();
+        let (summary, raw) = simulate::read_request(session)
             .await
             .map_err(|_| ApiError::invalid("could not read the request body"))?;
+        if let Some(raw) = &raw {
+            self.scan_body(session, ctx, raw);
+        }
         let path = session.req_header().uri.path();
-        let body = simulate::response_body(route, environment, &summary, path);
+        let job = self
+            .jobs
+            .answer(route, &workspace, environment, raw.as_deref(), path)
+            .await?;
+        let body = match job {
+            Some(view) => simulate::labelled(view, environment),
+            None => simulate::response_body(route, environment, &summary, path),
+        };
         let body = serde_json::to_vec(&body).unwrap_or_default();
         let price = match environment {
             Environment::Test => Credits::ZERO,

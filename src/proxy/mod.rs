@@ -24,6 +24,8 @@ pub mod cors;
 pub mod framing;
 pub mod headers;
 pub mod hygiene;
+pub mod jobs;
+mod leaks;
 mod local;
 pub mod policy;
 pub mod readiness;
@@ -57,6 +59,7 @@ use crate::metering::ratelimit::Decision;
 use crate::metering::usage::Reservation;
 use crate::metering::{Credits, Meter};
 use crate::metrics;
+use crate::scanners::Scanners;
 use crate::shutdown::Draining;
 use crate::store::Stores;
 use crate::telemetry::{RequestTrace, Tracing};
@@ -72,6 +75,8 @@ use upstream::{Identity, Target, Upstreams};
 
 // Header names read on every request, parsed once rather than on each lookup.
 static SERVICE_PROJECT: http::HeaderName = http::HeaderName::from_static("service-project");
+/// Seconds a simulated job takes unless [`Gateway::with_job_seconds`] says otherwise.
+const DEFAULT_JOB_SECONDS: u64 = 3;
 /// The audited status of a request whose client hung up after it was forwarded.
 pub const CLIENT_CLOSED: u16 = 499;
 
@@ -132,6 +137,8 @@ pub struct RequestCtx {
     trace: Option<Box<RequestTrace>>,
     /// What the request reserved against its budgets' leases, settled when it finishes.
     reservation: Option<Reservation>,
+    /// Bytes of the request body scanned for keys so far.
+    body_scanned: usize,
 }
 
 /// A forwarded request's answer's header values, made with the request's identity header
@@ -198,6 +205,10 @@ pub struct Gateway {
     openapi: bytes::Bytes,
     /// The tracer, when `[tracing] otlp_endpoint` is set.
     tracing: Option<Tracing>,
+    /// What finds keys where they must not be, and GitHub's alerts.
+    scanners: Option<Arc<Scanners>>,
+    /// The simulator's async jobs.
+    jobs: jobs::SimulatedJobs,
 }
 
 /// What `request_filter` decided.
@@ -246,6 +257,7 @@ impl ProxyHttp for Gateway {
             tunnel: None,
             trace: None,
             reservation: None,
+            body_scanned: 0,
         })
     }
 
@@ -292,7 +304,7 @@ impl ProxyHttp for Gateway {
 
     async fn request_body_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut Box<RequestCtx>,
@@ -302,6 +314,9 @@ impl ProxyHttp for Gateway {
             return Ok(());
         }
         ctx.body_sent |= end_of_stream;
+        if let Some(chunk) = body.as_ref() {
+            self.scan_body(session, ctx, chunk);
+        }
         // The body goes to the backend as it is; its first bytes find the model. A body that
         // comes whole in one chunk (the common case) is read where it is, without a copy.
         if ctx.model.is_none() && ctx.body_prefix.len() < body::SNIFF_LIMIT {
@@ -665,8 +680,10 @@ impl Gateway {
             listen_hub: event_hub::EventHub::new(store.events.clone()),
             auth: Authenticator::new(keys),
             store_check: readiness::StoreCheck::default(),
+            jobs: jobs::SimulatedJobs::new(store.sandbox.clone(), DEFAULT_JOB_SECONDS),
             store,
             tracing: None,
+            scanners: None,
         }
     }
 
@@ -679,6 +696,18 @@ impl Gateway {
     /// Sends each key's metadata to the backend, as `Service-Key-Metadata`.
     pub fn with_key_metadata_forwarding(mut self, forward: bool) -> Self {
         self.forward_key_metadata = forward;
+        self
+    }
+
+    /// Simulated async jobs finish `job_seconds` after they start.
+    pub fn with_job_seconds(mut self, job_seconds: u64) -> Self {
+        self.jobs = jobs::SimulatedJobs::new(self.store.sandbox.clone(), job_seconds);
+        self
+    }
+
+    /// Runs `scanners`: GitHub's alerts, and the scanners of the request path.
+    pub fn with_scanners(mut self, scanners: Arc<Scanners>) -> Self {
+        self.scanners = Some(scanners);
         self
     }
 

@@ -20,13 +20,15 @@ pub struct RequestSummary {
     pub text_chars: usize,
 }
 
-/// Reads (and so drains) up to [`BODY_LIMIT`] bytes of the request body and summarises it.
-pub async fn read_request(session: &mut Session) -> pingora::Result<RequestSummary> {
+/// Reads (and so drains) up to [`BODY_LIMIT`] bytes of the request body and summarises it;
+/// the body too, unless it was larger.
+pub async fn read_request(
+    session: &mut Session,
+) -> pingora::Result<(RequestSummary, Option<Vec<u8>>)> {
     // Too large to summarise: answer anyway, with a generic shape.
-    Ok(super::body::read_bounded(session, BODY_LIMIT)
-        .await?
-        .map(|body| summarize(&body))
-        .unwrap_or_default())
+    let body = super::body::read_bounded(session, BODY_LIMIT).await?;
+    let summary = body.as_deref().map(summarize).unwrap_or_default();
+    Ok((summary, body))
 }
 
 fn summarize(body: &[u8]) -> RequestSummary {
@@ -55,7 +57,7 @@ pub fn response_body(
 ) -> Value {
     let now = unix_now();
     let model = |default: &str| request.model.clone().unwrap_or_else(|| default.to_string());
-    match &*route.template {
+    let body = match &*route.template {
         "/v1/models" => json!({
             "object": "list",
             "data": [
@@ -110,15 +112,18 @@ pub fn response_body(
             "object": "agent.run", "status": "running",
         }),
         other => json!({"object": "simulated", "route": other, "created": now}),
-    }
-    .as_object()
-    .cloned()
-    .map(|mut body| {
-        body.insert("simulated".into(), Value::Bool(true));
-        body.insert("environment".into(), Value::from(env.as_str()));
-        Value::Object(body)
-    })
-    .unwrap_or_default()
+    };
+    labelled(body, env)
+}
+
+/// `body` marked as the simulator's, for a key of `env`.
+pub fn labelled(body: Value, env: Environment) -> Value {
+    let Value::Object(mut body) = body else {
+        return body;
+    };
+    body.insert("simulated".into(), Value::Bool(true));
+    body.insert("environment".into(), Value::from(env.as_str()));
+    Value::Object(body)
 }
 
 #[cfg(test)]

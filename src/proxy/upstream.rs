@@ -45,7 +45,7 @@ pub struct Upstreams {
 impl Upstreams {
     /// Resolves the configured addresses; fails naming the one that does not resolve.
     pub fn from_config(config: &UpstreamConfig) -> Result<Self, String> {
-        let peer = |addr: &Option<String>| -> Result<Option<(HttpPeer, HeaderValue)>, String> {
+        let peer = |addr: Option<&str>| -> Result<Option<(HttpPeer, HeaderValue)>, String> {
             let Some(addr) = addr else { return Ok(None) };
             let sockaddr = resolve(addr)?;
             // As configured (a name, for a backend that serves several), not as resolved.
@@ -63,8 +63,8 @@ impl Upstreams {
             Ok(Some((peer, host)))
         };
         Ok(Self {
-            live: peer(&config.live)?,
-            sandbox: peer(&config.sandbox)?,
+            live: peer(config.live_backend())?,
+            sandbox: peer(config.sandbox_backend())?,
         })
     }
 

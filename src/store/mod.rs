@@ -1,7 +1,7 @@
 //! The shared state of a deployment, as each area declares it: keys and tokens
 //! ([`KeyStore`]), usage and budgets ([`UsageStore`]), audit ([`AuditStore`]), the event log
 //! ([`EventLog`]), the delivery queue ([`DeliveryQueue`]), pause notices ([`NoticeStore`]) and
-//! listen slots ([`ListenSlots`]).
+//! listen slots ([`ListenSlots`]), simulated jobs ([`SandboxStore`]).
 //!
 //! Implementations: [`MemoryStore`] for the zero-config demo and unit tests; Redis for
 //! production. Each implements every area's trait; [`Stores`] hands them out by area. Every
@@ -17,6 +17,7 @@ use std::sync::Arc;
 pub use crate::keys::operators::OperatorStore;
 pub use crate::keys::store::{KeyChange, KeyChanges, KeyStore, Rotation, WorkspaceChange};
 pub use crate::metering::store::{AuditStore, UsageReport, UsageStore};
+pub use crate::sandbox::store::SandboxStore;
 pub use crate::shared::store::{StoreError, StoreHealth};
 pub use crate::webhooks::store::{
     too_many_endpoints, AfterAttempt, ClaimRequest, ClaimedDelivery, DeliveryQueue, EndpointChange,
@@ -48,6 +49,8 @@ pub struct Stores {
     pub notices: Arc<dyn NoticeStore>,
     /// The slots of `svcgate listen` streams.
     pub listen: Arc<dyn ListenSlots>,
+    /// Simulated jobs and their scheduled events.
+    pub sandbox: Arc<dyn SandboxStore>,
 }
 
 impl Stores {
@@ -62,7 +65,8 @@ impl Stores {
             + EventLog
             + DeliveryQueue
             + NoticeStore
-            + ListenSlots,
+            + ListenSlots
+            + SandboxStore,
     {
         Self {
             health: store.clone(),
@@ -73,7 +77,8 @@ impl Stores {
             events: store.clone(),
             deliveries: store.clone(),
             notices: store.clone(),
-            listen: store,
+            listen: store.clone(),
+            sandbox: store,
         }
     }
 

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
 use crate::events::EVENT_TYPES;
+use crate::keys::format::find_keys;
 use crate::keys::Environment;
 pub use crate::shared::net::is_internal;
 
@@ -190,6 +191,19 @@ pub fn new_secret_for(format: WebhookFormat) -> String {
     }
 }
 
+/// `raw` with its percent-escapes decoded (split at `&` and `=`, which keys never hold).
+fn percent_decoded(raw: &str) -> Vec<u8> {
+    url::form_urlencoded::parse(raw.as_bytes())
+        .flat_map(|(k, v)| {
+            let mut pair = k.into_owned().into_bytes();
+            pair.push(b' ');
+            pair.extend(v.as_bytes());
+            pair.push(b' ');
+            pair
+        })
+        .collect()
+}
+
 /// How long [`check_url`] waits for a host name to resolve.
 pub const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -213,6 +227,16 @@ pub async fn check_url(raw: &str, allow_insecure: bool) -> Result<url::Url, Stri
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err("the URL must not carry credentials".into());
+    }
+    // Decoded too: `%5F` hides the `_` of a key's prefix from a plain search.
+    let decoded = percent_decoded(raw);
+    if find_keys(raw.as_bytes()).next().is_some() || find_keys(&decoded).next().is_some() {
+        crate::metrics::record_leak("webhook", "refused");
+        return Err(
+            "the URL holds an API key or token (svc_…): it would be stored and shown \
+                    with the endpoint; put no credential in a webhook URL"
+                .into(),
+        );
     }
     let host = url.host().ok_or("the URL has no host")?;
     // Nothing listens on port 0, in development or not: such an endpoint could never be

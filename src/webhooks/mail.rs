@@ -77,24 +77,6 @@ impl Mailer {
                  no events until it is resumed.",
             ),
         };
-        let mut message = Message::builder()
-            .from(self.from.clone())
-            .subject(format!("Webhook endpoint {} {state}", endpoint.id));
-        let mut recipients = 0;
-        for admin in admins {
-            match admin.parse::<lettre::Address>() {
-                Ok(to) if can_mail(admin) => {
-                    message = message.to(Mailbox::new(None, to));
-                    recipients += 1;
-                }
-                _ => {
-                    tracing::warn!(workspace = %endpoint.workspace, "skipping an admin address that cannot be mailed")
-                }
-            }
-        }
-        if recipients == 0 {
-            return Err(MailError::NoRecipients);
-        }
         let body = format!(
             "{why}\n\n\
              Endpoint: {id}\nURL: {url}\nEnvironment: {env}\nLast error: {last_error}\n\n\
@@ -104,6 +86,64 @@ impl Mailer {
             url = endpoint.url,
             env = endpoint.environment.as_str(),
         );
+        let subject = format!("Webhook endpoint {} {state}", endpoint.id);
+        self.send(admins, &endpoint.workspace, subject, body).await
+    }
+
+    /// Tells `admins` that one of their keys was found where it must not be (`seen`: where and
+    /// by what), and whether it was revoked. The key appears as its prefix and last four.
+    pub async fn key_leaked(
+        &self,
+        admins: &[String],
+        leak: &LeakNotice<'_>,
+    ) -> Result<(), MailError> {
+        let done = match leak.revoked {
+            true => "It has been revoked: requests with it are refused. Create a new key, put it \
+                     where the old one was used, and keep it out of code, pages and prompts."
+                .to_string(),
+            false => "It was not revoked. If it should not be where it was found, rotate or \
+                      revoke it now."
+                .to_string(),
+        };
+        let body = format!(
+            "A key of your workspace was found where it must not be.\n\n\
+             Key: {masked} ({key_id})\nFound by: {scanner}\nWhere: {url}\n\n{done}\n",
+            masked = leak.masked,
+            key_id = leak.key_id,
+            scanner = leak.scanner,
+            url = leak.url.unwrap_or("(not given)"),
+        );
+        let subject = match leak.revoked {
+            true => format!("Key {} revoked: found leaked", leak.masked),
+            false => format!("Key {} found where it must not be", leak.masked),
+        };
+        self.send(admins, leak.workspace, subject, body).await
+    }
+
+    /// Sends `body` to every address of `admins` that can be mailed.
+    async fn send(
+        &self,
+        admins: &[String],
+        workspace: &str,
+        subject: String,
+        body: String,
+    ) -> Result<(), MailError> {
+        let mut message = Message::builder().from(self.from.clone()).subject(subject);
+        let mut recipients = 0;
+        for admin in admins {
+            match admin.parse::<lettre::Address>() {
+                Ok(to) if can_mail(admin) => {
+                    message = message.to(Mailbox::new(None, to));
+                    recipients += 1;
+                }
+                _ => {
+                    tracing::warn!(workspace, "skipping an admin address that cannot be mailed")
+                }
+            }
+        }
+        if recipients == 0 {
+            return Err(MailError::NoRecipients);
+        }
         let message = message
             .body(body)
             .map_err(|e| MailError::Failed(format!("cannot build the mail: {e}")))?;
@@ -124,6 +164,23 @@ impl Mailer {
         };
         sent.map_err(MailError::Failed)
     }
+}
+
+/// What [`Mailer::key_leaked`] tells a workspace's admins.
+#[derive(Debug, Clone, Copy)]
+pub struct LeakNotice<'a> {
+    /// The key's workspace.
+    pub workspace: &'a str,
+    /// `key_…`
+    pub key_id: &'a str,
+    /// Prefix and last four.
+    pub masked: &'a str,
+    /// What found it (`github`, `browser`, …).
+    pub scanner: &'a str,
+    /// Where it was seen, if known.
+    pub url: Option<&'a str>,
+    /// Whether it was revoked.
+    pub revoked: bool,
 }
 
 /// Whether `address` is one the mailer can send to (and plausibly delivered: its domain has

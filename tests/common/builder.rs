@@ -58,12 +58,16 @@ impl Default for GatewayBuilder {
 }
 
 impl GatewayBuilder {
-    /// Use the Redis store at `url` under `namespace`.
+    /// Use the Redis store at `url` under `namespace`. A shared store needs `upstream.live`:
+    /// the simulator, said explicitly, unless the test sets a backend.
     pub fn redis(self, url: &str, namespace: &str) -> Self {
         self.config(|c| {
             c.store.kind = StoreKind::Redis;
             c.store.url = url.to_string();
             c.store.namespace = namespace.to_string();
+            c.upstream
+                .live
+                .get_or_insert_with(|| "simulated".to_string());
         })
     }
 

@@ -16,6 +16,20 @@ impl TestNamespace {
             name: format!("test-{}", svcgate::ids::new_id("ns")),
         }
     }
+
+    /// Every entry of the namespace's event log, oldest first.
+    pub async fn logged_events(&self) -> Vec<redis::streams::StreamId> {
+        let client = redis::Client::open(redis_url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(format!("{{{}}}:events", self.name))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        entries.ids
+    }
 }
 
 impl Drop for TestNamespace {

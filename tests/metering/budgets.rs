@@ -333,17 +333,8 @@ async fn credits_low_fires_once_per_crossing_however_many_replicas_see_it() {
     })
     .await
     .expect("spend flushed");
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let events: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(format!("{{{}}}:events", ns.name))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let events = ns.logged_events().await;
     let low: Vec<_> = events
-        .ids
         .iter()
         .filter(|e| e.get::<String>("type").as_deref() == Some("billing.credits.low"))
         .collect();

@@ -49,6 +49,23 @@ async fn rate_limits_answer_429_with_headers_and_are_shared_by_replicas() {
 }
 
 #[tokio::test]
+async fn by_default_a_test_key_s_limit_is_at_least_a_live_key_s() {
+    let gw = Gateway::builder().start().await;
+    let (_, live) = gw.create_key("live", &["chat.completions:create"]).await;
+    let (_, test) = gw.create_key("test", &["chat.completions:create"]).await;
+    let limit = |resp: reqwest::Response| -> u64 {
+        assert_eq!(resp.status(), 200);
+        resp.headers()["ratelimit-limit"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (live, test) = (limit(gw.chat(&live).await), limit(gw.chat(&test).await));
+    assert!(test >= live, "test {test} < live {live}");
+}
+
+#[tokio::test]
 async fn test_keys_have_limits_of_their_own() {
     let gw = Gateway::builder()
         .config(|c| {
@@ -79,8 +96,8 @@ async fn a_head_request_is_not_charged_the_routes_price() {
         .config(|c| {
             c.routes = vec![RouteConfig {
                 method: "GET".to_string(),
-                path: "/v1/videos/{id}".to_string(),
-                scope: "videos:read".to_string(),
+                path: "/v1/files/{id}".to_string(),
+                scope: "files:read".to_string(),
                 price: Credits::from_micros(2_000_000),
                 upgrade: false,
                 reserve: None,
@@ -88,13 +105,13 @@ async fn a_head_request_is_not_charged_the_routes_price() {
         })
         .start()
         .await;
-    let (id, key) = gw.create_key("live", &["videos:read"]).await;
+    let (id, key) = gw.create_key("live", &["files:read"]).await;
     for method in [Method::HEAD, Method::GET] {
         // A listing orders the records of one millisecond by request id: the requests arrive
         // in different milliseconds, so the listing's order is theirs.
         tokio::time::sleep(Duration::from_millis(2)).await;
         let resp = gw
-            .request(method, "/v1/videos/vid_1")
+            .request(method, "/v1/files/file_1")
             .bearer_auth(&key)
             .send()
             .await

@@ -218,3 +218,49 @@ async fn the_stores_threads_run_behind_the_request_workers() {
         "{threads:?}"
     );
 }
+
+#[test]
+fn a_redis_store_with_no_live_backend_refuses_to_start_unless_simulated_is_said() {
+    let ns = TestNamespace::new();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("svcgate.toml");
+    let ports: [u16; 3] = free_ports();
+    let config = |live: &str| {
+        format!(
+            "[server]\nadmin_token = \"{ADMIN_TOKEN}-long-enough\"\nlisten = \"127.0.0.1:{}\"\n\
+             admin_listen = \"127.0.0.1:{}\"\nmetrics_listen = \"127.0.0.1:{}\"\n\
+             [store]\nkind = \"redis\"\nurl = \"{}\"\nnamespace = \"{}\"\n[upstream]\n{live}\n",
+            ports[0],
+            ports[1],
+            ports[2],
+            redis_url(),
+            ns.name
+        )
+    };
+    std::fs::write(&path, config("")).unwrap();
+    let out = svcgate_command()
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("upstream.live"), "{stderr}");
+    assert!(stderr.contains(r#"live = "simulated""#), "{stderr}");
+
+    // Said explicitly, the simulator serves.
+    std::fs::write(&path, config("live = \"simulated\"")).unwrap();
+    let mut child = svcgate_command()
+        .args(["serve", "--config"])
+        .arg(&path)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = (0..200).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        std::net::TcpStream::connect(("127.0.0.1", ports[0])).is_ok()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(ready, "the gateway serves with live = \"simulated\"");
+}

@@ -10,6 +10,7 @@ mod mail;
 mod operators;
 mod rate;
 mod retries;
+mod sandbox;
 mod stream;
 mod tracing;
 mod volume;

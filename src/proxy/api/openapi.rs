@@ -243,6 +243,7 @@ fn operation<'a>(
         test_webhook,
         webhook_event_types,
         listen,
+        github_alert,
         serve,
     ),
     tags(
@@ -251,6 +252,7 @@ fn operation<'a>(
         (name = "listen", description = "Webhook events streamed to `svcgate listen`"),
         (name = "events", description = "The events svcgate delivers to webhook endpoints"),
         (name = CONFIGURED, description = "Routes forwarded to the backend"),
+        (name = "secret-scanning", description = "Leaked keys reported by GitHub's secret scanning"),
         (name = "documents", description = "This document"),
     ),
 )]
@@ -472,6 +474,50 @@ fn webhook_event_types() {}
 #[allow(dead_code)]
 fn listen() {}
 
+/// One token of a GitHub secret-scanning alert.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct AlertToken {
+    /// The token found.
+    token: String,
+    /// GitHub's name of the pattern that matched.
+    #[schema(rename = "type")]
+    token_type: Option<String>,
+    /// Where it was found.
+    url: Option<String>,
+    /// What GitHub scanned (`content`, `commit`, …).
+    source: Option<String>,
+}
+
+/// What was made of one token, in GitHub's format.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct AlertAnswer {
+    /// The token, as sent.
+    token_raw: String,
+    /// The type, as sent.
+    token_type: String,
+    /// `true_positive` (a key of this deployment: a live one is now revoked) or
+    /// `false_positive`.
+    label: String,
+}
+
+/// GitHub's secret-scanning partner alert: no key; GitHub's ECDSA P-256 signature of the raw
+/// body (`Github-Public-Key-Signature`, base64 DER) by the key `Github-Public-Key-Identifier`
+/// names. Live keys found are revoked (`key.auto_revoked`).
+#[utoipa::path(
+    post, path = "/v1/secret-scanning/github", tag = "secret-scanning", operation_id = "github_secret_scanning_alert",
+    security(()),
+    params(
+        ("Github-Public-Key-Identifier" = String, Header, description = "The id of the GitHub key that signed the alert"),
+        ("Github-Public-Key-Signature" = String, Header, description = "Base64 of the DER ECDSA signature of the raw body"),
+    ),
+    request_body = Vec<AlertToken>,
+    responses((status = 200, description = "One answer per token, in order", body = Vec<AlertAnswer>)),
+)]
+#[allow(dead_code)]
+fn github_alert() {}
+
 /// This document.
 #[utoipa::path(
     get, path = "/v1/openapi.json", tag = "documents", operation_id = "openapi",
@@ -519,8 +565,8 @@ mod tests {
         for item in doc.paths.paths.values_mut() {
             documented += operations(item).count();
         }
-        // The document's own operation is the one not in the table.
-        assert_eq!(documented, table.routes().len() + 1);
+        // The document's own operation and GitHub's alerts are the ones not in the table.
+        assert_eq!(documented, table.routes().len() + 2);
         for route in table.routes() {
             let item = &doc.paths.paths[&openapi_path(&route.template)];
             let method = http_method(&route.method).unwrap();

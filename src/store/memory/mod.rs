@@ -8,6 +8,7 @@ mod keys;
 mod listen;
 mod notices;
 mod operators;
+mod sandbox;
 mod usage;
 mod webhooks;
 
@@ -65,6 +66,10 @@ struct Inner {
     audit_batches: VecDeque<String>,
     /// Idempotency salts by scope, with when they are forgotten (unix seconds).
     salts: HashMap<String, (String, u64)>,
+    /// Simulated jobs: id → (record JSON, forgotten at unix ms).
+    sandbox_jobs: HashMap<String, (String, u64)>,
+    /// Simulated jobs' events by (due ms, event id), not yet in the log.
+    sandbox_due: std::collections::BTreeMap<(u64, String), Event>,
 }
 
 /// One budget lease: granted and spent against it since it began (micro-credits), and when

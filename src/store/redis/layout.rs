@@ -36,6 +36,8 @@
 //! | `{ns}:wh:paused` | set | `<ws> <endpoint id>` of paused endpoints |
 //! | `{ns}:wh:notices` | hash | pause notice id → notice JSON: an e-mail owed to a workspace's admins, queued with the pause, removed once sent |
 //! | `{ns}:wh:notices:due` | sorted set | pause notice ids, scored by when the next try is due (ms); a claimed one by its lease's end |
+//! | `{ns}:sandbox:job:<id>` | string | a simulated job's record JSON: its workspace, environment and timeline (a day) |
+//! | `{ns}:sandbox:due` | sorted set | simulated jobs' events not yet in the event log, each `[id, type, workspace, environment, data JSON]`, scored by when it is due (ms) |
 //! | `ns:audit:{<ws>}` | stream | audit records, one entry per written batch (`records` = JSON array, zstd-compressed; written uncompressed before schema version 6) |
 //! | `ns:audit:{<ws>}:once:<id>` | string | an audit spool write already appended (a day) |
 //! | channel `ns:keys:changed` | pub/sub | the new epoch, published by every key write |

@@ -21,6 +21,7 @@ mod layout;
 mod listen;
 mod notices;
 mod operators;
+mod sandbox;
 mod schema;
 mod streams;
 mod tokens;
