@@ -5,20 +5,15 @@ use pingora::proxy::Session;
 use serde::Deserialize;
 
 use crate::error::ApiError;
-use crate::ids::{new_id, unix_now};
 use crate::proxy::auth::Authenticated;
 use crate::proxy::body::read_bounded;
 use crate::proxy::respond;
 use crate::store::DeliveryQueue;
-use crate::webhooks::endpoint::{
-    check_filter, check_url, new_secret, Endpoint, EndpointStatus, MAX_ENDPOINTS_PER_WORKSPACE,
-};
+use crate::webhooks::endpoint::{check_url, Endpoint};
 use crate::webhooks::manage::{self, EndpointView, ReplayInput};
 
 /// Largest accepted request body.
 const BODY_LIMIT: usize = 16 * 1024;
-/// Most event filters on one endpoint.
-const MAX_FILTERS: usize = 50;
 
 /// The operations of the endpoints API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,23 +83,9 @@ pub async fn handle(
             let events = input
                 .events
                 .ok_or_else(|| ApiError::invalid("events is required"))?;
-            let url = check_url(&url, allow_insecure)
-                .await
-                .map_err(ApiError::invalid)?;
-            check_events(&events)?;
-            let endpoint = Endpoint {
-                id: new_id("we"),
-                workspace: workspace.to_string(),
-                environment,
-                url: url.to_string(),
-                events,
-                secret: new_secret(),
-                status: EndpointStatus::Active,
-                created_at: unix_now(),
-            };
-            store
-                .create_endpoint(&endpoint, MAX_ENDPOINTS_PER_WORKSPACE)
-                .await?;
+            let endpoint =
+                manage::create(store, workspace, environment, &url, events, allow_insecure)
+                    .await?;
             (
                 201,
                 serde_json::to_vec(&EndpointView::with_secret(&endpoint)),
@@ -126,7 +107,7 @@ pub async fn handle(
                 None => None,
             };
             if let Some(events) = &input.events {
-                check_events(events)?;
+                manage::check_events(events)?;
             }
             find().await?;
             let updated = store
@@ -207,16 +188,4 @@ async fn read_json<T: serde::de::DeserializeOwned>(session: &mut Session) -> Res
         return Err(ApiError::invalid("the body must be a JSON object"));
     }
     serde_json::from_value(value).map_err(|e| ApiError::invalid(format!("invalid body: {e}")))
-}
-
-fn check_events(events: &[String]) -> Result<(), ApiError> {
-    if events.is_empty() || events.len() > MAX_FILTERS {
-        return Err(ApiError::invalid(format!(
-            "events must name 1-{MAX_FILTERS} event names or wildcards"
-        )));
-    }
-    events
-        .iter()
-        .try_for_each(|f| check_filter(f))
-        .map_err(ApiError::invalid)
 }
