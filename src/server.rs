@@ -258,7 +258,8 @@ fn webhook_worker(config: &Config, store: WorkerStores) -> Result<Arc<Worker>, S
     if config.smtp.host.is_none() {
         writable_dir("webhooks.outbox_dir", &config.webhooks.outbox_dir)?;
     }
-    let mailer = Mailer::new(&config.smtp, &config.webhooks).map_err(StartError::Config)?;
+    let mailer =
+        Mailer::new(&config.smtp, &config.webhooks.outbox_dir).map_err(StartError::Config)?;
     Worker::new(store, WorkerSettings::from_config(&config.webhooks), mailer)
         .map_err(StartError::Config)
 }

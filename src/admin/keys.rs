@@ -267,7 +267,11 @@ pub(super) async fn patch(
 ) -> Result<Json<KeyView>, ApiError> {
     refuse_token(&id)?;
     let change = KeyChange {
-        scopes: body.scopes.as_deref().map(manage::parse_scopes).transpose()?,
+        scopes: body
+            .scopes
+            .as_deref()
+            .map(manage::parse_scopes)
+            .transpose()?,
         monthly_budget: body.monthly_budget,
         name: body.name,
     };
@@ -347,7 +351,8 @@ pub(super) async fn rotate(
     let idempotency = state.idempotency(idempotency_key, context).await?;
     let new_key = state.new_key(old.environment, idempotency.as_ref(), context);
     let now = unix_now();
-    let record = match manage::rotate(state.store.keys.as_ref(), &old, &new_key, grace, now).await? {
+    let record = match manage::rotate(state.store.keys.as_ref(), &old, &new_key, grace, now).await?
+    {
         Rotated::Successor(successor) => successor,
         Rotated::Before => {
             let existing = state

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use super::format::NewKey;
 use super::scopes::is_valid_scope;
 use super::store::{KeyStore, Rotation};
-use super::{record_of, successor, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
 use super::MAX_GRACE_SECONDS;
+use super::{record_of, successor, Environment, KeyParams, KeyRecord, KeyStatus, Scopes};
 use crate::shared::store::StoreError;
 use crate::shared::Credits;
 

@@ -195,9 +195,12 @@ impl Notifier {
         let Some(endpoint) = endpoints.iter().find(|e| e.id == notice.endpoint) else {
             return Ok(Tried::Gone("the endpoint was deleted"));
         };
-        let mail =
-            self.mailer
-                .endpoint_paused(&workspace.admin_emails, endpoint, &notice.last_error);
+        let mail = crate::webhooks::mail::endpoint_paused(
+            &self.mailer,
+            &workspace.admin_emails,
+            endpoint,
+            &notice.last_error,
+        );
         Ok(match tokio::time::timeout(MAIL_TIMEOUT, mail).await {
             Ok(Ok(())) => Tried::Sent,
             Ok(Err(MailError::NoRecipients)) => {

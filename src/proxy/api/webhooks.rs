@@ -84,8 +84,7 @@ pub async fn handle(
                 .events
                 .ok_or_else(|| ApiError::invalid("events is required"))?;
             let endpoint =
-                manage::create(store, workspace, environment, &url, events, allow_insecure)
-                    .await?;
+                manage::create(store, workspace, environment, &url, events, allow_insecure).await?;
             (
                 201,
                 serde_json::to_vec(&EndpointView::with_secret(&endpoint)),
