@@ -15,6 +15,7 @@ mod env;
 mod server;
 
 pub use crate::admin::config::DEMO_ADMIN_TOKEN;
+pub use crate::dashboard::config::DashboardConfig;
 pub use crate::keys::config::KeysConfig;
 pub use crate::logging::{LogConfig, LogFormat};
 pub use crate::metering::config::{LimitsConfig, MeteringConfig, ProjectBudgetConfig};
@@ -53,6 +54,8 @@ pub struct Config {
     pub smtp: SmtpConfig,
     /// Browser apps allowed to call the API (with scoped tokens).
     pub cors: CorsConfig,
+    /// The workspace dashboard.
+    pub dashboard: DashboardConfig,
     /// The route table. Giving any `[[routes]]` replaces the whole default table.
     pub routes: Vec<RouteConfig>,
 }
@@ -204,6 +207,7 @@ impl Config {
             &self.server.trusted_proxies,
         ));
         problems.extend(self.cors.validate());
+        problems.extend(self.dashboard.validate());
         problems.extend(self.store.validate());
         problems.extend(self.upstream.validate());
         problems.extend(self.metering.validate());

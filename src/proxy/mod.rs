@@ -183,6 +183,8 @@ pub struct Gateway {
     store_check: readiness::StoreCheck,
     /// `GET /v1/openapi.json`, serialized at start from the route table.
     openapi: bytes::Bytes,
+    /// The workspace dashboard, which answers everything under `/dashboard/`.
+    dashboard: Option<axum::Router>,
 }
 
 /// What `request_filter` decided.
@@ -612,7 +614,14 @@ impl Gateway {
             auth: Authenticator::new(keys),
             store_check: readiness::StoreCheck::default(),
             store,
+            dashboard: None,
         }
+    }
+
+    /// Hands requests under `/dashboard/` to `router` (the workspace dashboard).
+    pub fn with_dashboard(mut self, router: axum::Router) -> Self {
+        self.dashboard = Some(router);
+        self
     }
 
     /// Believes `X-Forwarded-For` from `proxies` for the client's address.

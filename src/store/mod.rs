@@ -1,7 +1,7 @@
 //! The shared state of a deployment, as each area declares it: keys and tokens
 //! ([`KeyStore`]), usage and budgets ([`UsageStore`]), audit ([`AuditStore`]), the event log
 //! ([`EventLog`]), the delivery queue ([`DeliveryQueue`]), pause notices ([`NoticeStore`]) and
-//! listen slots ([`ListenSlots`]).
+//! listen slots ([`ListenSlots`]), dashboard sessions ([`SessionStore`]).
 //!
 //! Implementations: [`MemoryStore`] for the zero-config demo and unit tests; Redis for
 //! production. Each implements every area's trait; [`Stores`] hands them out by area. Every
@@ -14,6 +14,7 @@ mod redis;
 
 use std::sync::Arc;
 
+pub use crate::dashboard::store::SessionStore;
 pub use crate::keys::store::{KeyChange, KeyChanges, KeyStore, Rotation, WorkspaceChange};
 pub use crate::metering::store::{AuditStore, UsageReport, UsageStore};
 pub use crate::shared::store::{StoreError, StoreHealth};
@@ -45,6 +46,8 @@ pub struct Stores {
     pub notices: Arc<dyn NoticeStore>,
     /// The slots of `svcgate listen` streams.
     pub listen: Arc<dyn ListenSlots>,
+    /// The dashboard's sessions and sign-in links.
+    pub sessions: Arc<dyn SessionStore>,
 }
 
 impl Stores {
@@ -58,7 +61,8 @@ impl Stores {
             + EventLog
             + DeliveryQueue
             + NoticeStore
-            + ListenSlots,
+            + ListenSlots
+            + SessionStore,
     {
         Self {
             health: store.clone(),
@@ -68,7 +72,8 @@ impl Stores {
             events: store.clone(),
             deliveries: store.clone(),
             notices: store.clone(),
-            listen: store,
+            listen: store.clone(),
+            sessions: store,
         }
     }
 

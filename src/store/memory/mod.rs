@@ -7,6 +7,7 @@ mod events;
 mod keys;
 mod listen;
 mod notices;
+mod sessions;
 mod usage;
 mod webhooks;
 
@@ -58,6 +59,8 @@ struct Inner {
     audit_batches: VecDeque<String>,
     /// Idempotency salts by scope, with when they are forgotten (unix seconds).
     salts: HashMap<String, (String, u64)>,
+    /// Dashboard sessions, sign-in links and sign-in attempts.
+    dashboard: sessions::DashboardState,
 }
 
 #[derive(Default)]

@@ -21,6 +21,7 @@ mod layout;
 mod listen;
 mod notices;
 mod schema;
+mod sessions;
 mod streams;
 mod tokens;
 mod usage;
