@@ -162,7 +162,10 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     let draining = Draining::default();
     let trusted_proxies = TrustedProxies::new(&server_cfg.trusted_proxies);
     let dashboard = match config.dashboard.enabled {
-        true => Some(dashboard_router(&config, &store, keys.clone())?),
+        true => {
+            let _guard = store_runtime.enter();
+            Some(dashboard_router(&config, &store, keys.clone())?)
+        }
         false => None,
     };
     let mut gateway = Gateway::new(
@@ -276,7 +279,8 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     Ok(())
 }
 
-/// The workspace dashboard's router, on `store`, mailing as pause notices are mailed.
+/// The workspace dashboard's router, on `store`, mailing as pause notices are mailed; called
+/// within the runtime its mail goes out on.
 fn dashboard_router(
     config: &Config,
     store: &Stores,
@@ -307,7 +311,11 @@ fn dashboard_router(
         allow_insecure_targets: config.webhooks.allow_insecure_targets,
     };
     Ok(dashboard::router(dashboard::Dashboard::new(
-        stores, keys, mailer, settings,
+        stores,
+        keys,
+        mailer,
+        settings,
+        tokio::runtime::Handle::current(),
     )))
 }
 

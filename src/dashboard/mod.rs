@@ -75,6 +75,8 @@ pub struct Dashboard(Arc<Inner>);
 
 struct Inner {
     stores: DashboardStores,
+    /// Where mail is sent from: the runtime the mailer's connections belong to.
+    background: tokio::runtime::Handle,
     key_cache: Arc<KeyCache>,
     mailer: Mailer,
     token_digest: [u8; 32],
@@ -83,15 +85,17 @@ struct Inner {
 
 impl Dashboard {
     /// A dashboard over `stores`, bringing `key_cache` up to date after each key change, and
-    /// mailing sign-in links with `mailer`.
+    /// mailing sign-in links with `mailer` on `background` (the runtime it was made on).
     pub fn new(
         stores: DashboardStores,
         key_cache: Arc<KeyCache>,
         mailer: Mailer,
         settings: DashboardSettings,
+        background: tokio::runtime::Handle,
     ) -> Self {
         Self(Arc::new(Inner {
             stores,
+            background,
             key_cache,
             mailer,
             token_digest: Sha256::digest(settings.admin_token.as_bytes()).into(),

@@ -239,7 +239,7 @@ pub async fn request_link(
         );
         let mailer = d.0.mailer.clone();
         // Sent after the answer: the answer takes as long for an unknown address.
-        tokio::spawn(async move {
+        d.0.background.spawn(async move {
             let body = format!(
                 "Open this link to sign in to the svcgate dashboard:\n\n{url}\n\n\
                  It works once, within 15 minutes. If you did not ask to sign in, ignore this \
