@@ -121,6 +121,21 @@ impl Browser {
         self.client.source().await.unwrap()
     }
 
+    /// Waits (up to 10 s) for the page at `path` to be loaded, after a click that navigates.
+    pub async fn wait_for_path(&self, path: &str) {
+        for _ in 0..100 {
+            if self.path().await == path {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!(
+            "the browser is at {}, not {path}: {}",
+            self.path().await,
+            self.source().await
+        );
+    }
+
     pub async fn path(&self) -> String {
         self.client.current_url().await.unwrap().path().to_string()
     }

@@ -41,7 +41,7 @@ async fn a_workspace_admin_manages_keys_and_webhooks_in_the_browser() {
     );
     b.goto(&link).await;
     b.press("Sign in").await;
-    assert_eq!(b.path().await, format!("/dashboard/w/{ws}"));
+    b.wait_for_path(&format!("/dashboard/w/{ws}")).await;
 
     // Create a key: the full value once, gone after a reload.
     b.follow("API keys").await;
