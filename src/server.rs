@@ -292,6 +292,11 @@ fn dashboard_router(
     let mailer =
         Mailer::new(&config.smtp, &config.webhooks.outbox_dir).map_err(StartError::Config)?;
     let mut scopes: Vec<String> = config.routes().into_iter().map(|r| r.scope).collect();
+    scopes.extend(
+        crate::proxy::routes::built_in_scopes()
+            .into_iter()
+            .map(String::from),
+    );
     scopes.sort();
     scopes.dedup();
     let stores = dashboard::DashboardStores {

@@ -353,7 +353,7 @@ pub(super) async fn rotate(
     let now = unix_now();
     let record = match manage::rotate(state.store.keys.as_ref(), &old, &new_key, grace, now).await?
     {
-        Rotated::Successor(successor) => successor,
+        Rotated::Successor(successor) => KeyRecord::clone(&successor),
         Rotated::Before => {
             let existing = state
                 .store

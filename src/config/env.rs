@@ -128,6 +128,8 @@ fn is_optional_string(section: &str, key: &str) -> bool {
             | ("store", "tls_key_file")
             | ("store", "sentinel_master")
             | ("store", "sentinel_password")
+            | ("dashboard", "listen")
+            | ("dashboard", "public_url")
     )
 }
 

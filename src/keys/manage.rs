@@ -104,7 +104,7 @@ pub fn grace_seconds(asked: Option<u64>, default: u64) -> Result<u64, KeyError> 
 /// What a rotation did.
 pub enum Rotated {
     /// The successor, stored; the old key works until the grace period ends.
-    Successor(KeyRecord),
+    Successor(Arc<KeyRecord>),
     /// The successor of this value exists already: a retry of a rotation that went through.
     Before,
     /// No such key.
@@ -127,7 +127,7 @@ pub async fn rotate(
     {
         Rotation::Rotated { successor, .. } => {
             tracing::info!(key_id = %old.id, successor = %successor.id, grace, "key rotated");
-            Ok(Rotated::Successor(KeyRecord::clone(&successor)))
+            Ok(Rotated::Successor(successor))
         }
         Rotation::AlreadyRotated => Ok(Rotated::Before),
         Rotation::NotFound => Ok(Rotated::NotFound),

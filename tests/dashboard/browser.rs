@@ -59,27 +59,52 @@ impl Browser {
         field.send_keys(text).await.unwrap();
     }
 
-    /// Clicks the (first) submit button whose text is `text`.
+    /// Clicks the (first) submit button whose text is `text`, and waits for the next page.
     pub async fn press(&self, text: &str) {
         let xpath = format!("//button[normalize-space(.)='{text}']");
-        self.client
+        let button = self
+            .client
             .find(Locator::XPath(&xpath))
             .await
-            .unwrap_or_else(|_| panic!("a button '{text}'"))
-            .click()
-            .await
-            .unwrap();
+            .unwrap_or_else(|_| panic!("a button '{text}'"));
+        self.navigating(button).await;
     }
 
-    /// Clicks the link whose text is `text`.
+    /// Clicks the link whose text is `text`, and waits for the next page.
     pub async fn follow(&self, text: &str) {
-        self.client
+        let link = self
+            .client
             .find(Locator::LinkText(text))
             .await
-            .unwrap_or_else(|_| panic!("a link '{text}'"))
-            .click()
+            .unwrap_or_else(|_| panic!("a link '{text}'"));
+        self.navigating(link).await;
+    }
+
+    /// Clicks `element` and waits until another document has loaded: the old one is marked
+    /// first, and the wait ends when a complete document without the mark is there.
+    async fn navigating(&self, element: fantoccini::elements::Element) {
+        self.client
+            .execute("window.svcgateOldPage = true", vec![])
             .await
             .unwrap();
+        element.click().await.unwrap();
+        for _ in 0..100 {
+            let loaded = self
+                .client
+                .execute(
+                    "return !window.svcgateOldPage && document.readyState === 'complete'",
+                    vec![],
+                )
+                .await
+                .ok()
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false);
+            if loaded {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("no page loaded after the click");
     }
 
     /// Checks the checkbox with value `value` of the boxes named `name`.
