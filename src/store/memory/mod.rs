@@ -25,8 +25,6 @@ use tokio::sync::Notify;
 
 /// The workspace the demo store starts with, so a newcomer can create a key at once.
 pub const DEMO_WORKSPACE: &str = "ws_demo";
-/// The demo workspace's admin: signs in to the dashboard with a link from the outbox.
-pub const DEMO_ADMIN_EMAIL: &str = "admin@example.com";
 
 /// How many key changes are remembered for [`KeyStore::key_changes_since`](crate::store::KeyStore::key_changes_since).
 pub(crate) const CHANGE_LOG_LEN: usize = 10_000;
@@ -107,7 +105,7 @@ impl MemoryStore {
             Workspace {
                 id: DEMO_WORKSPACE.to_string(),
                 name: "Demo workspace".to_string(),
-                admin_emails: vec![DEMO_ADMIN_EMAIL.to_string()],
+                admin_emails: Vec::new(),
                 monthly_credits: None,
                 credits_low_threshold: None,
                 created_at: unix_now(),
