@@ -179,6 +179,7 @@ pub fn router(dashboard: Dashboard) -> Router {
         .route(&format!("{PREFIX}/sign-out"), post(signin::sign_out))
         .route(&format!("{PREFIX}/workspaces"), get(pages::workspaces))
         .route(&w(""), get(pages::overview::show))
+        .route(&w("/audit"), get(pages::audit::show))
         .route(
             &w("/keys"),
             get(pages::keys::list).post(pages::keys::create),

@@ -304,3 +304,48 @@ async fn sign_in_attempts_are_limited_per_address_and_per_email() {
         "the admin token too, from that address"
     );
 }
+
+#[tokio::test]
+async fn the_audit_log_names_who_acted_and_exports_as_csv() {
+    let gw = Gateway::builder().start().await;
+    let cookie = operator(&gw).await;
+    let page = get(&gw, &cookie, "/dashboard/w/ws_demo/keys").await;
+    let csrf = csrf_of(&page.text().await.unwrap());
+    let made = client()
+        .post(format!("{}/dashboard/w/ws_demo/keys", gw.base))
+        .header("cookie", &cookie)
+        .form_of(&[
+            ("_csrf", csrf.as_str()),
+            ("environment", "test"),
+            ("scopes", "models:read"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(made.status(), 200);
+    let found = eventually(Duration::from_secs(5), || async {
+        let page = get(&gw, &cookie, "/dashboard/w/ws_demo/audit?status=2xx").await;
+        page.text().await.unwrap().contains("dashboard:root")
+    })
+    .await;
+    assert!(found.is_some(), "the creation is on the audit page");
+    let none = get(&gw, &cookie, "/dashboard/w/ws_demo/audit?status=5xx").await;
+    assert!(!none.text().await.unwrap().contains("dashboard:root"));
+    let csv = get(&gw, &cookie, "/dashboard/w/ws_demo/audit?format=csv").await;
+    assert_eq!(csv.status(), 200);
+    assert!(csv.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/csv"));
+    let text = csv.text().await.unwrap();
+    let mut lines = text.lines();
+    assert!(lines
+        .next()
+        .unwrap()
+        .starts_with("time_ms,request_id,actor,"));
+    let row = lines.next().unwrap();
+    assert!(
+        row.contains(",dashboard:root,") && row.contains(",POST,/dashboard/w/ws_demo/keys,"),
+        "{row}"
+    );
+}

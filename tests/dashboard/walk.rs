@@ -195,6 +195,7 @@ async fn a_workspace_admin_manages_keys_and_webhooks_in_the_browser() {
         format!("{dash}/w/{ws}/keys"),
         format!("{dash}/w/{ws}/keys/{capped_id}"),
         format!("{dash}/w/{ws}/webhooks"),
+        format!("{dash}/w/{ws}/audit"),
     ] {
         b.goto(&page).await;
         let (width, viewport) = (b.scroll_width().await, b.inner_width().await);

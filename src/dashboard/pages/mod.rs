@@ -1,6 +1,7 @@
 //! The dashboard's pages: the frame they share, the sign-in pages, the workspace picker, and
 //! the assets (CSS and one small script) embedded in the binary.
 
+pub mod audit;
 pub mod keys;
 pub mod overview;
 pub mod webhooks;
@@ -46,6 +47,8 @@ pub enum Section {
     Keys,
     /// Webhook endpoints.
     Webhooks,
+    /// The audit log.
+    Audit,
 }
 
 /// A page of workspace `ws`: its navigation, who is signed in, the sign-out button.
@@ -76,6 +79,7 @@ pub fn workspace_page(
                     (link(Section::Overview, base.clone(), "Overview"))
                     (link(Section::Keys, format!("{base}/keys"), "API keys"))
                     (link(Section::Webhooks, format!("{base}/webhooks"), "Webhooks"))
+                    (link(Section::Audit, format!("{base}/audit"), "Audit log"))
                 }
                 form.signout method="post" action={ (PREFIX) "/sign-out" } {
                     (csrf_field(signed))
