@@ -152,7 +152,7 @@ fn main() {
             allow_insecure_targets: true,
             ..WebhooksConfig::default()
         };
-        let mailer = Mailer::new(&SmtpConfig::default(), &config).expect("outbox mailer");
+        let mailer = Mailer::new(&SmtpConfig::default(), &config.outbox_dir).expect("outbox mailer");
         let worker = Worker::new(Stores::of(store.clone()).worker(), WorkerSettings::from_config(&config), mailer)
             .expect("worker");
         let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -160,6 +160,15 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<crate::keys::manage::KeyError> for ApiError {
+    fn from(e: crate::keys::manage::KeyError) -> Self {
+        match e {
+            crate::keys::manage::KeyError::Invalid(why) => ApiError::invalid(why),
+            crate::keys::manage::KeyError::Store(e) => e.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@
 //! - [`store`]: shared state (memory; Redis), implementing each area's storage trait;
 //! - [`shared`]: leaf types every area may use;
 //! - [`metering`]: credits (budgets, spend and audit build on it);
-//! - [`admin`]: the operators' API; [`cli`]: the command line;
+//! - [`admin`]: the operators' API; [`dashboard`]: the workspaces' web UI; [`cli`]: the command line;
 //! - [`shared`]: the leaf every area may use (credits, ids, bearer parsing, address checks);
 //! - [`telemetry`]: traces over OTLP and the W3C trace context;
 //! - [`config`], [`metrics`], [`logging`], [`server`], [`shutdown`]: the process around them.
@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod error;
 pub mod events;
 pub mod keys;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::admin::{self, AdminService, AdminState};
 use crate::config::{Config, StoreKind, DEMO_ADMIN_TOKEN};
+use crate::dashboard;
 use crate::keys::cache::KeyCache;
 use crate::metering::Meter;
 use crate::metrics;
@@ -18,10 +19,10 @@ use crate::proxy::routes::RouteTable;
 use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
 use crate::scanners::Scanners;
+use crate::shared::mail::Mailer;
 use crate::shutdown::{Draining, DrainingSignalWatch};
 use crate::store::{MemoryStore, RedisStore, StoreError, StoreHealth, Stores, WorkerStores};
 use crate::telemetry::Tracing;
-use crate::webhooks::mail::Mailer;
 use crate::webhooks::{Worker, WorkerSettings};
 
 /// Why the server could not start.
@@ -90,6 +91,10 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         drop(bind("server.metrics_listen", &server_cfg.metrics_listen)?);
     }
     let admin_listener = bind_shared("server.admin_listen", &server_cfg.admin_listen)?;
+    let dashboard_listener = match (&config.dashboard.listen, config.dashboard.enabled) {
+        (Some(listen), true) => Some(bind_shared("dashboard.listen", listen)?),
+        _ => None,
+    };
 
     // The store's connections, its change listener and the key cache's follower live on a
     // runtime of their own, which outlives every Pingora service runtime.
@@ -164,13 +169,21 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
 
     let mailer = {
         let _guard = store_runtime.enter();
-        Mailer::new(&config.smtp, &config.webhooks).map_err(StartError::Config)?
+        Mailer::new(&config.smtp, &config.webhooks.outbox_dir).map_err(StartError::Config)?
     };
     let scanners = Scanners::new(store.keys.clone(), store.audit.clone(), &config.scanners)
         .with_key_cache(keys.clone())
         .with_mailer(mailer, store_runtime.handle().clone());
     let draining = Draining::default();
-    let gateway = Gateway::new(
+    let trusted_proxies = TrustedProxies::new(&server_cfg.trusted_proxies);
+    let dashboard = match config.dashboard.enabled {
+        true => {
+            let _guard = store_runtime.enter();
+            Some(dashboard_router(&config, &store, keys.clone())?)
+        }
+        false => None,
+    };
+    let mut gateway = Gateway::new(
         store.clone(),
         keys.clone(),
         routes,
@@ -184,12 +197,15 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     .with_key_metadata_forwarding(config.upstream.forward_key_metadata)
     .with_scanners(Arc::new(scanners))
     .with_job_seconds(config.simulator.job_seconds)
-    .with_trusted_proxies(TrustedProxies::new(&server_cfg.trusted_proxies))
+    .with_trusted_proxies(trusted_proxies.clone())
     .with_unknown_key_limit(
         config.limits.unknown_keys_per_minute,
         config.limits.unknown_keys_per_minute_total,
     )
     .with_tracing(traces.clone());
+    if let Some(router) = &dashboard {
+        gateway = gateway.with_dashboard(router.clone());
+    }
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
         gateway,
@@ -222,6 +238,15 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     server.add_service(proxy);
     server.add_service(admin);
     server.add_service(prometheus);
+    if let (Some(listener), Some(router)) = (dashboard_listener, dashboard) {
+        let client_of: dashboard::service::ClientOf = Arc::new(move |peer, headers| {
+            trusted_proxies.client_address(peer.ip(), headers, false)
+        });
+        server.add_service(background_service(
+            "dashboard",
+            dashboard::DashboardService::new(listener, router, client_of),
+        ));
+    }
 
     if server_cfg.admin_token == DEMO_ADMIN_TOKEN {
         tracing::warn!("the admin API uses the demo token; set SVCGATE_SERVER_ADMIN_TOKEN");
@@ -278,6 +303,51 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
     Ok(())
 }
 
+/// The workspace dashboard's router, on `store`, mailing as pause notices are mailed; called
+/// within the runtime its mail goes out on.
+fn dashboard_router(
+    config: &Config,
+    store: &Stores,
+    keys: Arc<KeyCache>,
+) -> Result<axum::Router, StartError> {
+    if config.smtp.host.is_none() {
+        writable_dir("webhooks.outbox_dir", &config.webhooks.outbox_dir)?;
+    }
+    let mailer =
+        Mailer::new(&config.smtp, &config.webhooks.outbox_dir).map_err(StartError::Config)?;
+    let mut scopes: Vec<String> = config.routes().into_iter().map(|r| r.scope).collect();
+    scopes.extend(
+        crate::proxy::routes::built_in_scopes()
+            .into_iter()
+            .map(String::from),
+    );
+    scopes.sort();
+    scopes.dedup();
+    let stores = dashboard::DashboardStores {
+        keys: store.keys.clone(),
+        usage: store.usage.clone(),
+        audit: store.audit.clone(),
+        events: store.events.clone(),
+        deliveries: store.deliveries.clone(),
+        sessions: store.sessions.clone(),
+    };
+    let settings = dashboard::DashboardSettings {
+        config: config.dashboard.clone(),
+        admin_token: config.server.admin_token.clone(),
+        demo_token: config.server.admin_token == DEMO_ADMIN_TOKEN,
+        rotation_grace_seconds: config.keys.rotation_grace_seconds,
+        scopes,
+        allow_insecure_targets: config.webhooks.allow_insecure_targets,
+    };
+    Ok(dashboard::router(dashboard::Dashboard::new(
+        stores,
+        keys,
+        mailer,
+        settings,
+        tokio::runtime::Handle::current(),
+    )))
+}
+
 fn webhook_worker(
     config: &Config,
     store: WorkerStores,
@@ -286,7 +356,8 @@ fn webhook_worker(
     if config.smtp.host.is_none() {
         writable_dir("webhooks.outbox_dir", &config.webhooks.outbox_dir)?;
     }
-    let mailer = Mailer::new(&config.smtp, &config.webhooks).map_err(StartError::Config)?;
+    let mailer =
+        Mailer::new(&config.smtp, &config.webhooks.outbox_dir).map_err(StartError::Config)?;
     let settings = WorkerSettings {
         tracing: traces,
         ..WorkerSettings::from_config(&config.webhooks)

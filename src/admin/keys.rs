@@ -12,15 +12,12 @@ use super::extract::{from_object, page_limit, JsonBody, PathParams, QueryParams}
 use super::AdminState;
 use crate::error::ApiError;
 use crate::ids::unix_now;
-use crate::keys::scopes::is_valid_scope;
+use crate::keys::manage::{self, KeyChange, Rotated};
 use crate::keys::settings;
-use crate::keys::MAX_GRACE_SECONDS;
-use crate::keys::{
-    self, Environment, KeyParams, KeyRecord, KeyStatus, Metadata, RateLimit, Scopes,
-};
+use crate::keys::{self, Environment, KeyRecord, KeyStatus, Metadata, RateLimit, Scopes};
 use crate::metering::Credits;
 use crate::shared::rfc3339;
-use crate::store::{Rotation, StoreError};
+use crate::store::StoreError;
 
 /// A key as the admin API shows it: never the value, never the digest.
 #[derive(Serialize, ToSchema)]
@@ -145,18 +142,6 @@ fn parse_metadata(
     settings::check_metadata(metadata).map_err(ApiError::invalid)
 }
 
-fn parse_scopes(names: &[String]) -> Result<Scopes, ApiError> {
-    if names.is_empty() {
-        return Err(ApiError::invalid("scopes must name at least one scope"));
-    }
-    if let Some(bad) = names.iter().find(|s| !is_valid_scope(s)) {
-        return Err(ApiError::invalid(format!(
-            "'{bad}' is not a scope like resource:action"
-        )));
-    }
-    Ok(Scopes::new(names))
-}
-
 /// `POST /admin/v1/keys`: issues a key, shown this once. With an `Idempotency-Key` header a
 /// retried creation (a dashboard that timed out) gets the same key rather than a second live
 /// one: its value is derived from the idempotency secret, the workspace and the idempotency
@@ -175,37 +160,34 @@ pub(super) async fn create(
     headers: HeaderMap,
     JsonBody(body): JsonBody<CreateKey>,
 ) -> Result<(StatusCode, Json<KeyView>), ApiError> {
-    if body.environment == Environment::Scoped {
-        return Err(ApiError::invalid(
-            "environment must be \"live\" or \"test\"; scoped tokens are minted with POST /v1/tokens",
-        ));
-    }
-    let scopes = parse_scopes(&body.scopes)?;
-    let name = body.name.unwrap_or_default();
-    if name.chars().count() > 200 {
-        return Err(ApiError::invalid("name must be at most 200 characters"));
-    }
+    let mut params = manage::new_key_params(
+        body.workspace,
+        body.environment,
+        &body.scopes,
+        body.name.unwrap_or_default(),
+        body.monthly_budget,
+    )?;
     let now = unix_now();
-    let expires_at = body.expires_at.as_deref().map(parse_expiry).transpose()?;
-    if expires_at.is_some_and(|at| at <= now) {
+    params.expires_at = body.expires_at.as_deref().map(parse_expiry).transpose()?;
+    if params.expires_at.is_some_and(|at| at <= now) {
         return Err(ApiError::invalid("expires_at must be in the future"));
     }
-    let rate_limit = body
+    params.rate_limit = body
         .rate_limit
         .map(RateLimit::check)
         .transpose()
         .map_err(ApiError::invalid)?;
-    let metadata = body.metadata.map(parse_metadata).transpose()?;
-    state.require_workspace(&body.workspace).await?;
-    let context = [&b"create"[..], body.workspace.as_bytes()];
+    params.metadata = body.metadata.map(parse_metadata).transpose()?;
+    state.require_workspace(&params.workspace).await?;
+    let context = [&b"create"[..], params.workspace.as_bytes()];
     let idempotency = state
         .idempotency(idempotency_key(&headers)?, context)
         .await?;
-    let new_key = state.new_key(body.environment, idempotency.as_ref(), context);
+    let new_key = state.new_key(params.environment, idempotency.as_ref(), context);
     // The same Idempotency-Key for the other environment: another request, refused as any
     // other body is (below).
     if let Some(idem) = idempotency.as_ref() {
-        let other = match body.environment {
+        let other = match params.environment {
             Environment::Live => Environment::Test,
             _ => Environment::Live,
         };
@@ -216,22 +198,9 @@ pub(super) async fn create(
             ));
         }
     }
-    let params = KeyParams {
-        workspace: body.workspace,
-        environment: body.environment,
-        scopes,
-        name,
-        monthly_budget: body.monthly_budget,
-        expires_at,
-        rate_limit,
-        metadata,
-    };
-    let record = keys::record_of(params, &new_key, now);
-    let record = match state.store.keys.insert_key(&record).await {
-        Ok(()) => {
-            tracing::info!(key_id = %record.id, workspace = %record.workspace, "key created");
-            record
-        }
+    let asked = keys::record_of(params.clone(), &new_key, now);
+    let record = match manage::create(state.store.keys.as_ref(), params, &new_key, now).await {
+        Ok(record) => record,
         // Only a derived value can already be stored: this is a retry.
         Err(StoreError::Conflict(_)) if idempotency.is_some() => {
             let existing = state
@@ -240,13 +209,13 @@ pub(super) async fn create(
                 .key_by_hash(&new_key.hash)
                 .await?
                 .ok_or_else(|| ApiError::not_found("the key created no longer exists"))?;
-            let same = existing.environment == record.environment
-                && existing.scopes == record.scopes
-                && existing.name == record.name
-                && existing.monthly_budget == record.monthly_budget
-                && existing.expires_at == record.expires_at
-                && existing.rate_limit == record.rate_limit
-                && existing.metadata == record.metadata;
+            let same = existing.environment == asked.environment
+                && existing.scopes == asked.scopes
+                && existing.name == asked.name
+                && existing.monthly_budget == asked.monthly_budget
+                && existing.expires_at == asked.expires_at
+                && existing.rate_limit == asked.rate_limit
+                && existing.metadata == asked.metadata;
             if !same {
                 return Err(ApiError::invalid(
                     "this Idempotency-Key was used for a different key",
@@ -441,10 +410,6 @@ pub(super) async fn patch(
     JsonBody(body): JsonBody<PatchKey>,
 ) -> Result<Json<KeyView>, ApiError> {
     refuse_token(&id)?;
-    let scopes = body.scopes.as_deref().map(parse_scopes).transpose()?;
-    if body.name.as_ref().is_some_and(|n| n.chars().count() > 200) {
-        return Err(ApiError::invalid("name must be at most 200 characters"));
-    }
     let expires_at = match &body.expires_at {
         Some(Some(text)) => Some(Some(parse_expiry(text)?)),
         Some(None) => Some(None),
@@ -458,29 +423,19 @@ pub(super) async fn patch(
         Some(None) => Some(None),
         None => None,
     };
-    let updated = state
-        .store
-        .keys
-        .update_key(&id, &|k: &mut KeyRecord| {
-            if let Some(scopes) = &scopes {
-                k.scopes = scopes.clone();
-            }
-            if let Some(budget) = body.monthly_budget {
-                k.monthly_budget = budget;
-            }
-            if let Some(name) = &body.name {
-                k.name = name.clone();
-            }
-            if let Some(expires_at) = expires_at {
-                k.expires_at = expires_at;
-            }
-            if let Some(limit) = body.rate_limit {
-                k.rate_limit = limit;
-            }
-            if let Some(metadata) = &metadata {
-                k.metadata = metadata.clone();
-            }
-        })
+    let change = KeyChange {
+        scopes: body
+            .scopes
+            .as_deref()
+            .map(manage::parse_scopes)
+            .transpose()?,
+        monthly_budget: body.monthly_budget,
+        name: body.name,
+        expires_at,
+        rate_limit: body.rate_limit,
+        metadata,
+    };
+    let updated = manage::change(state.store.keys.as_ref(), &id, change)
         .await?
         .ok_or_else(|| no_such_key(&id))?;
     state.refresh_keys().await;
@@ -500,17 +455,10 @@ pub(super) async fn revoke(
     State(state): State<AdminState>,
     PathParams(id): PathParams<String>,
 ) -> Result<Json<KeyView>, ApiError> {
-    let revoked = state
-        .store
-        .keys
-        .update_key(&id, &|k: &mut KeyRecord| {
-            k.status = KeyStatus::Revoked;
-            k.grace_until = None;
-        })
+    let revoked = manage::revoke(state.store.keys.as_ref(), &id)
         .await?
         .ok_or_else(|| no_such_key(&id))?;
     state.refresh_keys().await;
-    tracing::info!(key_id = %revoked.id, workspace = %revoked.workspace, "key revoked");
     Ok(Json(KeyView::from(&*revoked)))
 }
 
@@ -551,14 +499,7 @@ pub(super) async fn rotate(
             .map_err(|e| ApiError::invalid(format!("invalid JSON: {e}")))?;
         from_object(value)?
     };
-    let grace = params
-        .grace_period_seconds
-        .unwrap_or(state.rotation_grace_seconds);
-    if grace > MAX_GRACE_SECONDS {
-        return Err(ApiError::invalid(format!(
-            "grace_period_seconds must be at most {MAX_GRACE_SECONDS}"
-        )));
-    }
+    let grace = manage::grace_seconds(params.grace_period_seconds, state.rotation_grace_seconds)?;
     let idempotency_key = idempotency_key(&headers)?;
     let old = state
         .store
@@ -570,18 +511,10 @@ pub(super) async fn rotate(
     let idempotency = state.idempotency(idempotency_key, context).await?;
     let new_key = state.new_key(old.environment, idempotency.as_ref(), context);
     let now = unix_now();
-    let successor = keys::successor(&old, &new_key, now);
-    let record = match state
-        .store
-        .keys
-        .rotate_key(&old.id, &successor, now.saturating_add(grace))
-        .await?
+    let record = match manage::rotate(state.store.keys.as_ref(), &old, &new_key, grace, now).await?
     {
-        Rotation::Rotated { successor, .. } => {
-            tracing::info!(key_id = %old.id, successor = %successor.id, grace, "key rotated");
-            KeyRecord::clone(&successor)
-        }
-        Rotation::AlreadyRotated => {
+        Rotated::Successor(successor) => KeyRecord::clone(&successor),
+        Rotated::Before => {
             let existing = state
                 .store
                 .keys
@@ -599,13 +532,7 @@ pub(super) async fn rotate(
             }
             KeyRecord::clone(&existing)
         }
-        Rotation::NotFound => return Err(no_such_key(&id)),
-        Rotation::NotRotatable(status) => {
-            return Err(ApiError::invalid(format!(
-                "only an active key can be rotated; this one is {}",
-                status.as_str()
-            )))
-        }
+        Rotated::NotFound => return Err(no_such_key(&id)),
     };
     state.refresh_keys().await;
     let mut view = KeyView::from(&record);

@@ -87,9 +87,11 @@ pub(super) async fn audit(
     if workspace != super::access::ADMIN_AUDIT_WORKSPACE {
         state.require_workspace(&workspace).await?;
     }
-    let actions = params
-        .actions
-        .unwrap_or(workspace == super::access::ADMIN_AUDIT_WORKSPACE);
+    let actions = Some(
+        params
+            .actions
+            .unwrap_or(workspace == super::access::ADMIN_AUDIT_WORKSPACE),
+    );
     // One more than asked for tells whether there are more (a scan says so itself).
     let scanning = resume.is_some();
     let query = AuditQuery {

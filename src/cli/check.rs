@@ -73,7 +73,7 @@ fn components(config: &Config) -> Vec<Problem> {
     if let Err(p) = config.store.tls() {
         problems.push(p);
     }
-    if let Err(why) = Mailer::new(&config.smtp, &config.webhooks) {
+    if let Err(why) = Mailer::new(&config.smtp, &config.webhooks.outbox_dir) {
         problems.push(Problem::new("smtp", why));
     }
     problems

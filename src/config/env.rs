@@ -129,6 +129,8 @@ fn is_optional_string(section: &str, key: &str) -> bool {
             | ("store", "sentinel_master")
             | ("store", "sentinel_password")
             | ("tracing", "otlp_endpoint")
+            | ("dashboard", "listen")
+            | ("dashboard", "public_url")
     )
 }
 

@@ -15,6 +15,7 @@ mod env;
 mod server;
 
 pub use crate::admin::config::DEMO_ADMIN_TOKEN;
+pub use crate::dashboard::config::DashboardConfig;
 pub use crate::keys::config::KeysConfig;
 pub use crate::logging::{LogConfig, LogFormat};
 pub use crate::metering::config::{LimitsConfig, MeteringConfig, ProjectBudgetConfig};
@@ -63,6 +64,8 @@ pub struct Config {
     pub scanners: ScannersConfig,
     /// The built-in simulated backend's async jobs.
     pub simulator: SimulatorConfig,
+    /// The workspace dashboard.
+    pub dashboard: DashboardConfig,
     /// The route table. Giving any `[[routes]]` replaces the whole default table.
     pub routes: Vec<RouteConfig>,
 }
@@ -241,6 +244,7 @@ impl Config {
             &self.server.trusted_proxies,
         ));
         problems.extend(self.cors.validate());
+        problems.extend(self.dashboard.validate());
         problems.extend(self.store.validate());
         problems.extend(self.upstream.validate());
         if role == Role::Server && self.store.kind != StoreKind::Memory {

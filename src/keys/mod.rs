@@ -8,6 +8,7 @@ pub mod cache;
 pub mod config;
 pub mod directory;
 pub mod format;
+pub mod manage;
 pub mod operators;
 pub mod scopes;
 pub mod settings;

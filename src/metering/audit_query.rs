@@ -72,8 +72,9 @@ pub struct AuditQuery {
     pub resume: Option<AuditResume>,
     /// At most this many, newest first ([`AuditRecord::sort_listing`]).
     pub limit: usize,
-    /// Records of administrative actions (those with an `actor`) instead of requests.
-    pub actions: bool,
+    /// Only records of administrative actions (those with an `actor`), `Some(true)`, or only
+    /// requests', `Some(false)`; both, `None`.
+    pub actions: Option<bool>,
 }
 
 impl AuditQuery {
@@ -88,7 +89,7 @@ impl AuditQuery {
                 .since
                 .is_none_or(|s| record.time_ms >= s.saturating_mul(1000))
             && self.cursor.as_ref().is_none_or(|c| c.passes(record))
-            && record.actor.is_some() == self.actions
+            && self.actions.is_none_or(|a| record.actor.is_some() == a)
     }
 }
 

@@ -170,6 +170,9 @@ impl Meter {
     /// A request whose totals this replica has not read yet waits for the flush that reads them
     /// (the first request of a workspace, key or project here, or after two idle minutes); one
     /// whose leases are missing or short waits for the store to grant more.
+    // Each argument is a plain value the request path already holds; a struct for them would
+    // be built and taken apart on every request.
+    #[allow(clippy::too_many_arguments)]
     pub async fn admit(
         &self,
         key: &CachedKey,

@@ -39,6 +39,11 @@ impl Gateway {
             session.set_keepalive(None);
             return Err(refused);
         }
+        if let Some(dashboard) = &self.dashboard {
+            if crate::dashboard::is_dashboard_path(session.req_header().uri.path()) {
+                return Box::pin(self.answer_dashboard(session, ctx, dashboard)).await;
+            }
+        }
         if !session.req_header().uri.path().starts_with("/v1/") {
             return Box::pin(self.answer_unversioned(session, ctx)).await;
         }

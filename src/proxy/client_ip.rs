@@ -19,6 +19,8 @@ use std::net::IpAddr;
 
 /// `X-Forwarded-For`, read for the audit record and rewritten for the backend.
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Forwarded-Proto`, believed from a trusted proxy: whether the client used TLS.
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// The proxies whose `X-Forwarded-For` is believed.
 #[derive(Debug, Clone, Default)]
@@ -63,6 +65,30 @@ impl TrustedProxies {
             }
         }
         Some(client)
+    }
+
+    /// The client of a request from `peer` and whether it came over TLS: `tls` on the
+    /// connection itself, or `X-Forwarded-Proto: https` from a trusted proxy.
+    pub fn client_address(
+        &self,
+        peer: IpAddr,
+        headers: &HeaderMap,
+        tls: bool,
+    ) -> crate::shared::net::ClientAddress {
+        let forwarded_tls = || {
+            self.trusts(peer)
+                && headers
+                    .get_all(&X_FORWARDED_PROTO)
+                    .iter()
+                    .next_back()
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.rsplit(',').next())
+                    .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
+        };
+        crate::shared::net::ClientAddress {
+            ip: self.client(Some(peer), headers).unwrap_or(peer),
+            secure: tls || forwarded_tls(),
+        }
     }
 
     /// The client's address for a limit that refuses requests by address: [`Self::client`],

@@ -2,7 +2,9 @@
 //! backend.
 
 use compact_str::CompactString;
+use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
+use tower::ServiceExt;
 
 use super::routes::Route;
 use super::ACCESS_CONTROL_REQUEST_METHOD;
@@ -11,6 +13,11 @@ use crate::error::ApiError;
 use crate::keys::format::redact;
 use crate::keys::Environment;
 use crate::metering::Credits;
+
+/// Largest request body the dashboard is handed (its forms are small).
+const DASHBOARD_BODY_LIMIT: usize = 64 * 1024;
+/// Largest answer of the dashboard written back (its pages are small).
+const DASHBOARD_ANSWER_LIMIT: usize = 8 * 1024 * 1024;
 
 impl Gateway {
     /// A CORS preflight from an allowed origin for a route that exists: `204` with what the
@@ -95,6 +102,61 @@ impl Gateway {
         respond::json(session, 200, body, &ctx.request_id, &extra)
             .await
             .map_err(|_| ApiError::Upstream("could not write the response".into()))
+    }
+
+    /// A request under `/dashboard/`: handed whole (its body read, bounded) to the dashboard's
+    /// router, with the client's address and whether it came over TLS, and its answer written
+    /// back.
+    pub(super) async fn answer_dashboard(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        router: &axum::Router,
+    ) -> Result<Admission, ApiError> {
+        let body = body::read_bounded(session, DASHBOARD_BODY_LIMIT)
+            .await
+            .map_err(|_| ApiError::invalid("could not read the request body"))?
+            .ok_or_else(|| {
+                ApiError::invalid(format!(
+                    "the body must be at most {DASHBOARD_BODY_LIMIT} bytes"
+                ))
+            })?;
+        let header = session.req_header();
+        let mut request = http::Request::new(axum::body::Body::from(body));
+        *request.method_mut() = header.method.clone();
+        *request.uri_mut() = header.uri.clone();
+        *request.headers_mut() = header.headers.clone();
+        let peer = super::peer_ip(session).unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
+        let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        let client = self
+            .trusted_proxies
+            .client_address(peer, &header.headers, tls);
+        request.extensions_mut().insert(client);
+        let answer = match router.clone().oneshot(request).await {
+            Ok(answer) => answer,
+            Err(never) => match never {},
+        };
+        let (parts, body) = answer.into_parts();
+        let body = axum::body::to_bytes(body, DASHBOARD_ANSWER_LIMIT)
+            .await
+            .map_err(|_| ApiError::Upstream("the dashboard's answer is too large".into()))?;
+        let write = async {
+            let mut resp = ResponseHeader::build_no_case(
+                parts.status.as_u16(),
+                Some(parts.headers.len() + 2),
+            )?;
+            for (name, value) in &parts.headers {
+                resp.append_header(name.clone(), value.clone())?;
+            }
+            resp.insert_header(http::header::CONTENT_LENGTH, body.len())?;
+            resp.insert_header(&respond::REQUEST_ID, ctx.request_id.as_str())?;
+            session.write_response_header(Box::new(resp), false).await?;
+            session.write_response_body(Some(body), true).await
+        };
+        write
+            .await
+            .map_err(|_| ApiError::Upstream("could not write the response".into()))?;
+        Ok(Admission::Answer)
     }
 
     /// Paths outside `/v1`: health probes, else 404.

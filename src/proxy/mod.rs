@@ -209,6 +209,8 @@ pub struct Gateway {
     scanners: Option<Arc<Scanners>>,
     /// The simulator's async jobs.
     jobs: jobs::SimulatedJobs,
+    /// The workspace dashboard, which answers everything under `/dashboard/`.
+    dashboard: Option<axum::Router>,
 }
 
 /// What `request_filter` decided.
@@ -684,6 +686,7 @@ impl Gateway {
             store,
             tracing: None,
             scanners: None,
+            dashboard: None,
         }
     }
 
@@ -708,6 +711,12 @@ impl Gateway {
     /// Runs `scanners`: GitHub's alerts, and the scanners of the request path.
     pub fn with_scanners(mut self, scanners: Arc<Scanners>) -> Self {
         self.scanners = Some(scanners);
+        self
+    }
+
+    /// Hands requests under `/dashboard/` to `router` (the workspace dashboard).
+    pub fn with_dashboard(mut self, router: axum::Router) -> Self {
+        self.dashboard = Some(router);
         self
     }
 

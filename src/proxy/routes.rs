@@ -20,6 +20,14 @@ pub enum Handler {
     Listen,
 }
 
+/// The scopes of the routes the gateway answers itself (tokens, webhooks), sorted.
+pub fn built_in_scopes() -> Vec<&'static str> {
+    let mut scopes: Vec<&'static str> = BUILT_IN.iter().map(|r| r.2).collect();
+    scopes.sort_unstable();
+    scopes.dedup();
+    scopes
+}
+
 /// Routes the gateway answers itself; configured routes cannot take their paths.
 /// (A static segment wins over a parameter, so `/v1/webhooks/listen` is not an endpoint id.)
 const BUILT_IN: [(&str, &str, &str, Handler); 14] = [

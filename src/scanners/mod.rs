@@ -223,7 +223,7 @@ impl Scanners {
                 url: url.as_deref(),
                 revoked,
             };
-            if let Err(e) = mailer.key_leaked(&admins, &notice).await {
+            if let Err(e) = crate::webhooks::mail::key_leaked(&mailer, &admins, &notice).await {
                 tracing::warn!(error = %e, workspace = %key.workspace, "leak mail not sent");
             }
         });

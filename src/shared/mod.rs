@@ -4,6 +4,7 @@
 //! - [`credits`]: credit amounts, exact to the micro-credit;
 //! - [`environment`]: live, test and scoped;
 //! - [`ids`]: identifiers (`req_…`, `key_…`) and the wall clock;
+//! - [`mail`]: `[smtp]` and the mailer (SMTP, or an outbox directory);
 //! - [`month`]: the calendar months spend is charged to;
 //! - [`bearer`]: the `Authorization: Bearer` header;
 //! - [`net`]: the internal-address check;
@@ -16,6 +17,7 @@ pub mod bearer;
 pub mod credits;
 pub mod environment;
 pub mod ids;
+pub mod mail;
 pub mod month;
 pub mod net;
 pub mod problem;

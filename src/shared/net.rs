@@ -53,3 +53,14 @@ pub fn is_internal(ip: &IpAddr) -> bool {
         }
     }
 }
+
+/// Who sent a request the gateway hands to a service of its own (the dashboard): the client's
+/// address (past trusted proxies) and whether the request reached the edge over TLS (directly,
+/// or per a trusted proxy's `X-Forwarded-Proto`). Carried as a request extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddress {
+    /// The client's address.
+    pub ip: IpAddr,
+    /// Whether the request came over TLS.
+    pub secure: bool,
+}

@@ -1,7 +1,8 @@
 //! The shared state of a deployment, as each area declares it: keys and tokens
 //! ([`KeyStore`]), usage and budgets ([`UsageStore`]), audit ([`AuditStore`]), the event log
 //! ([`EventLog`]), the delivery queue ([`DeliveryQueue`]), pause notices ([`NoticeStore`]) and
-//! listen slots ([`ListenSlots`]), simulated jobs ([`SandboxStore`]).
+//! listen slots ([`ListenSlots`]), simulated jobs ([`SandboxStore`]), dashboard sessions
+//! ([`SessionStore`]).
 //!
 //! Implementations: [`MemoryStore`] for the zero-config demo and unit tests; Redis for
 //! production. Each implements every area's trait; [`Stores`] hands them out by area. Every
@@ -14,6 +15,7 @@ mod redis;
 
 use std::sync::Arc;
 
+pub use crate::dashboard::store::SessionStore;
 pub use crate::keys::operators::OperatorStore;
 pub use crate::keys::store::{KeyChange, KeyChanges, KeyStore, Rotation, WorkspaceChange};
 pub use crate::metering::store::{AuditStore, UsageReport, UsageStore};
@@ -51,6 +53,8 @@ pub struct Stores {
     pub listen: Arc<dyn ListenSlots>,
     /// Simulated jobs and their scheduled events.
     pub sandbox: Arc<dyn SandboxStore>,
+    /// The dashboard's sessions and sign-in links.
+    pub sessions: Arc<dyn SessionStore>,
 }
 
 impl Stores {
@@ -66,7 +70,8 @@ impl Stores {
             + DeliveryQueue
             + NoticeStore
             + ListenSlots
-            + SandboxStore,
+            + SandboxStore
+            + SessionStore,
     {
         Self {
             health: store.clone(),
@@ -78,7 +83,8 @@ impl Stores {
             deliveries: store.clone(),
             notices: store.clone(),
             listen: store.clone(),
-            sandbox: store,
+            sandbox: store.clone(),
+            sessions: store,
         }
     }
 

@@ -7,11 +7,14 @@
 use serde::{Deserialize, Serialize};
 
 use super::delivery::{Delivery, DeliveryStatus, DeliverySummary, DELIVERIES_LISTED};
-use super::endpoint::{new_secret_for, Endpoint, EndpointStatus, WebhookFormat};
+use super::endpoint::{
+    check_filter, check_url, new_secret_for, Endpoint, EndpointStatus, WebhookFormat,
+    MAX_ENDPOINTS_PER_WORKSPACE,
+};
 use super::store::DeliveryQueue;
 use crate::error::ApiError;
 use crate::events::{Event, RETENTION_SECS};
-use crate::ids::{unix_millis, unix_now};
+use crate::ids::{new_id, unix_millis, unix_now};
 use crate::keys::Environment;
 
 /// Most events one replay queues.
@@ -147,6 +150,73 @@ pub struct ReplayInput {
     /// (400) once `since` is older than the 30-day window.
     #[serde(default)]
     after: Option<String>,
+}
+
+/// Most event filters on one endpoint.
+pub const MAX_FILTERS: usize = 50;
+
+/// Checks an endpoint's event filters: 1 to [`MAX_FILTERS`] known names or wildcards.
+pub fn check_events(events: &[String]) -> Result<(), ApiError> {
+    if events.is_empty() || events.len() > MAX_FILTERS {
+        return Err(ApiError::invalid(format!(
+            "events must name 1-{MAX_FILTERS} event names or wildcards"
+        )));
+    }
+    events
+        .iter()
+        .try_for_each(|f| check_filter(f))
+        .map_err(ApiError::invalid)
+}
+
+/// What a new endpoint is asked to be.
+pub struct NewEndpoint<'a> {
+    /// Where deliveries go (checked by [`create`]).
+    pub url: &'a str,
+    /// Event filters (checked by [`create`]).
+    pub events: Vec<String>,
+    /// How deliveries are signed.
+    pub format: WebhookFormat,
+    /// Deliveries per second at most, across workers; `None`: no limit.
+    pub rate_limit_per_second: Option<u32>,
+}
+
+/// Creates an endpoint of `workspace` in `environment` for `url` and `events` (checked), with
+/// a new secret; the endpoint, whose secret is shown this once.
+pub async fn create(
+    store: &dyn DeliveryQueue,
+    workspace: &str,
+    environment: Environment,
+    asked: NewEndpoint<'_>,
+    allow_insecure: bool,
+) -> Result<Endpoint, ApiError> {
+    let NewEndpoint {
+        url,
+        events,
+        format,
+        rate_limit_per_second,
+    } = asked;
+    let url = check_url(url, allow_insecure)
+        .await
+        .map_err(ApiError::invalid)?;
+    check_events(&events)?;
+    let endpoint = Endpoint {
+        id: new_id("we"),
+        workspace: workspace.to_string(),
+        environment,
+        url: url.to_string(),
+        events,
+        secret: new_secret_for(format),
+        status: EndpointStatus::Active,
+        created_at: unix_now(),
+        format,
+        previous_secret: None,
+        previous_secret_until: None,
+        rate_limit_per_second,
+    };
+    store
+        .create_endpoint(&endpoint, MAX_ENDPOINTS_PER_WORKSPACE)
+        .await?;
+    Ok(endpoint)
 }
 
 /// The endpoint `id` of `workspace`, if it is in `environment` (any, when `None`).

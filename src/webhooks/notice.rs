@@ -200,7 +200,8 @@ impl Notifier {
         let Some(endpoint) = endpoints.iter().find(|e| e.id == notice.endpoint) else {
             return Ok(Tried::Gone("the endpoint was deleted"));
         };
-        let mail = self.mailer.endpoint_paused(
+        let mail = crate::webhooks::mail::endpoint_paused(
+            &self.mailer,
             &workspace.admin_emails,
             endpoint,
             &notice.last_error,

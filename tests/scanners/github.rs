@@ -150,7 +150,9 @@ async fn a_github_signed_alert_revokes_the_live_key_and_fires_key_auto_revoked()
     assert_eq!(data["source"], "content");
 
     let audit = gw
-        .admin_get(&format!("/admin/v1/audit?workspace={ws}&key_id={live_id}"))
+        .admin_get(&format!(
+            "/admin/v1/audit?workspace={ws}&key_id={live_id}&actions=true"
+        ))
         .await;
     let actors: Vec<&str> = audit["data"]
         .as_array()

@@ -29,7 +29,7 @@ async fn from_page(gw: &Gateway, key: &str, headers: &[(&str, &str)]) -> reqwest
 async fn audit_actors(gw: &Gateway, key_id: &str) -> Vec<String> {
     let audit = gw
         .admin_get(&format!(
-            "/admin/v1/audit?workspace={DEMO_WS}&key_id={key_id}"
+            "/admin/v1/audit?workspace={DEMO_WS}&key_id={key_id}&actions=true"
         ))
         .await;
     audit["data"]

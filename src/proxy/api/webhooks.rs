@@ -5,21 +5,16 @@ use pingora::proxy::Session;
 use serde::Deserialize;
 
 use crate::error::ApiError;
-use crate::ids::{new_id, unix_now};
+use crate::ids::unix_now;
 use crate::proxy::auth::Authenticated;
 use crate::proxy::body::read_bounded;
 use crate::proxy::respond;
 use crate::store::DeliveryQueue;
-use crate::webhooks::endpoint::{
-    check_filter, check_url, new_secret_for, Endpoint, EndpointStatus, WebhookFormat,
-    MAX_ENDPOINTS_PER_WORKSPACE,
-};
+use crate::webhooks::endpoint::{check_url, Endpoint, WebhookFormat};
 use crate::webhooks::manage::{self, EndpointView, ReplayInput, RotateInput, TestInput};
 
 /// Largest accepted request body.
 const BODY_LIMIT: usize = 16 * 1024;
-/// Most event filters on one endpoint.
-const MAX_FILTERS: usize = 50;
 /// Highest per-endpoint delivery rate limit.
 const MAX_RATE_LIMIT: u32 = 10_000;
 
@@ -130,29 +125,20 @@ pub async fn handle(
             let events = input
                 .events
                 .ok_or_else(|| ApiError::invalid("events is required"))?;
-            let url = check_url(&url, allow_insecure)
-                .await
-                .map_err(ApiError::invalid)?;
-            check_events(&events)?;
             check_rate_limit(input.rate_limit_per_second)?;
-            let format = input.format.unwrap_or_default();
-            let endpoint = Endpoint {
-                id: new_id("we"),
-                workspace: workspace.to_string(),
+            let endpoint = manage::create(
+                store,
+                workspace,
                 environment,
-                url: url.to_string(),
-                events,
-                secret: new_secret_for(format),
-                status: EndpointStatus::Active,
-                created_at: unix_now(),
-                format,
-                previous_secret: None,
-                previous_secret_until: None,
-                rate_limit_per_second: input.rate_limit_per_second.flatten(),
-            };
-            store
-                .create_endpoint(&endpoint, MAX_ENDPOINTS_PER_WORKSPACE)
-                .await?;
+                manage::NewEndpoint {
+                    url: &url,
+                    events,
+                    format: input.format.unwrap_or_default(),
+                    rate_limit_per_second: input.rate_limit_per_second.flatten(),
+                },
+                allow_insecure,
+            )
+            .await?;
             (
                 201,
                 serde_json::to_vec(&EndpointView::with_secret(&endpoint)),
@@ -174,7 +160,7 @@ pub async fn handle(
                 None => None,
             };
             if let Some(events) = &input.events {
-                check_events(events)?;
+                manage::check_events(events)?;
             }
             check_rate_limit(input.rate_limit_per_second)?;
             find().await?;
@@ -308,16 +294,4 @@ fn parse_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiErr
         return Err(ApiError::invalid("the body must be a JSON object"));
     }
     serde_json::from_value(value).map_err(|e| ApiError::invalid(format!("invalid body: {e}")))
-}
-
-fn check_events(events: &[String]) -> Result<(), ApiError> {
-    if events.is_empty() || events.len() > MAX_FILTERS {
-        return Err(ApiError::invalid(format!(
-            "events must name 1-{MAX_FILTERS} event names or wildcards"
-        )));
-    }
-    events
-        .iter()
-        .try_for_each(|f| check_filter(f))
-        .map_err(ApiError::invalid)
 }

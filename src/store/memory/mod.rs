@@ -9,6 +9,7 @@ mod listen;
 mod notices;
 mod operators;
 mod sandbox;
+mod sessions;
 mod usage;
 mod webhooks;
 
@@ -70,6 +71,8 @@ struct Inner {
     sandbox_jobs: HashMap<String, (String, u64)>,
     /// Simulated jobs' events by (due ms, event id), not yet in the log.
     sandbox_due: std::collections::BTreeMap<(u64, String), Event>,
+    /// Dashboard sessions, sign-in links and sign-in attempts.
+    dashboard: sessions::DashboardState,
 }
 
 /// One budget lease: granted and spent against it since it began (micro-credits), and when

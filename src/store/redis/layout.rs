@@ -10,6 +10,9 @@
 //! | `{ns}:workspaces:filling` | string, with a TTL | the lease of the replica filling that index (a random token) |
 //! | `{ns}:listen:<key id>` | sorted set | the key's open `listen` streams (request ids), scored by when their lease ends (ms) |
 //! | `{ns}:idem:<digest>` | string | an `Idempotency-Key`'s salt (24 hours), under an HMAC of the key and what it is for |
+//! | `{ns}:dash:session:<sha256 hex>` | string | a dashboard session, under the digest of its cookie (idle TTL) |
+//! | `{ns}:dash:link:<sha256 hex>` | string | a sign-in link, under the digest of its token (15 minutes, taken once) |
+//! | `{ns}:dash:tries:<bucket>:<window end>` | integer | sign-in attempts of an address or e-mail in an hour's window (expires) |
 //! | `{ns}:events` | stream | the event log: fields `id`, `type`, `created`, `workspace`, `environment`, `data` (JSON) |
 //! | `{ns}:keys:h:<sha256 hex>` | string | key or scoped-token record JSON, by digest (the request path's lookup); tokens expire with a TTL |
 //! | `{ns}:keys:id:<key id>` | string | digest hex, by key or token id (a token's expires with it) |

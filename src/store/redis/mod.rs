@@ -23,6 +23,7 @@ mod notices;
 mod operators;
 mod sandbox;
 mod schema;
+mod sessions;
 mod streams;
 mod tokens;
 mod usage;
