@@ -7,7 +7,7 @@ use pingora::services::background::background_service;
 use std::net::TcpListener;
 use std::sync::Arc;
 
-use crate::admin::{self, AdminService, AdminState};
+use crate::admin::{self, AdminState};
 use crate::config::{Config, StoreKind, DEMO_ADMIN_TOKEN};
 use crate::dashboard;
 use crate::keys::cache::KeyCache;
@@ -20,6 +20,7 @@ use crate::proxy::upstream::Upstreams;
 use crate::proxy::Gateway;
 use crate::scanners::Scanners;
 use crate::shared::mail::Mailer;
+use crate::shared::router_service::RouterService;
 use crate::shutdown::{Draining, DrainingSignalWatch};
 use crate::store::{MemoryStore, RedisStore, StoreError, StoreHealth, Stores, WorkerStores};
 use crate::telemetry::Tracing;
@@ -230,7 +231,10 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         .with_draining(draining.clone())
         .with_configured_budgets(configured_budgets),
     );
-    let admin = background_service("admin API", AdminService::new(admin_listener, admin_router));
+    let admin = background_service(
+        "admin API",
+        RouterService::new("admin API", admin_listener, admin_router),
+    );
 
     let mut prometheus = pingora_prometheus::prometheus_http_service();
     prometheus.add_tcp(&server_cfg.metrics_listen);
@@ -244,7 +248,7 @@ pub fn serve(config: Config, options: ServeOptions) -> Result<(), StartError> {
         });
         server.add_service(background_service(
             "dashboard",
-            dashboard::DashboardService::new(listener, router, client_of),
+            dashboard::own_listener(listener, router, client_of),
         ));
     }
 

@@ -13,7 +13,6 @@ mod leaks;
 mod metering;
 mod openapi;
 mod operators;
-mod service;
 mod webhooks;
 mod workspaces;
 
@@ -38,7 +37,6 @@ use crate::proxy::respond::REQUEST_ID;
 use crate::shutdown::Draining;
 use crate::store::{StoreHealth, Stores};
 pub use openapi::document as openapi_document;
-pub use service::AdminService;
 
 /// A secret for one purpose, drawn from `secret` (HMAC-SHA256 keyed by it).
 fn derived_secret(secret: &str, purpose: &[u8]) -> [u8; 32] {

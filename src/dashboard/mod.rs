@@ -3,7 +3,7 @@
 //! manage keys, budgets and webhook endpoints.
 //!
 //! The gateway hands requests under `/dashboard/` to [`router`]; `[dashboard] listen` serves
-//! the same router on a listener of its own ([`DashboardService`]). Every change goes through
+//! the same router on a listener of its own ([`own_listener`]). Every change goes through
 //! the functions the admin API and the webhooks API call ([`crate::keys::manage`],
 //! [`crate::webhooks::manage`]), and is written to the audit log with who made it.
 
@@ -28,7 +28,7 @@ use crate::metering::store::{AuditStore, UsageStore};
 use crate::shared::mail::Mailer;
 use crate::webhooks::store::{DeliveryQueue, EventLog};
 pub use config::DashboardConfig;
-pub use service::DashboardService;
+pub use service::own_listener;
 pub use signin::Signed;
 use store::SessionStore;
 pub use web::CONTENT_SECURITY_POLICY;

@@ -23,6 +23,7 @@ pub mod net;
 pub mod problem;
 pub mod project;
 pub mod rfc3339;
+pub mod router_service;
 pub mod store;
 
 pub use credits::Credits;

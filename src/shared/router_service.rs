@@ -1,23 +1,26 @@
-//! Runs the admin router inside the Pingora server, on a listener bound before start-up so a
-//! taken port fails fast.
+//! An axum router served inside the Pingora server on a listener bound before start-up (so a
+//! taken port fails fast), stopping with the server: the admin API and the dashboard's own
+//! listener.
 
 use async_trait::async_trait;
 use axum::Router;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Mutex;
 
-/// The admin API as a Pingora background service.
-pub struct AdminService {
+/// A router as a Pingora background service.
+pub struct RouterService {
+    name: &'static str,
     listener: Mutex<Option<TcpListener>>,
     router: Router,
 }
 
-impl AdminService {
-    /// Wraps an already-bound listener.
-    pub fn new(listener: TcpListener, router: Router) -> Self {
+impl RouterService {
+    /// Serves `router` on an already-bound `listener`; `name` says which in the logs.
+    pub fn new(name: &'static str, listener: TcpListener, router: Router) -> Self {
         Self {
+            name,
             listener: Mutex::new(Some(listener)),
             router,
         }
@@ -25,10 +28,11 @@ impl AdminService {
 }
 
 #[async_trait]
-impl BackgroundService for AdminService {
+impl BackgroundService for RouterService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
+        let name = self.name;
         let Some(listener) = self.listener.lock().ok().and_then(|mut l| l.take()) else {
-            tracing::error!("admin API started twice");
+            tracing::error!(service = name, "started twice");
             return;
         };
         let listener = match listener
@@ -37,22 +41,23 @@ impl BackgroundService for AdminService {
         {
             Ok(l) => l,
             Err(e) => {
-                tracing::error!(error = %e, "admin API cannot use its listener");
+                tracing::error!(service = name, error = %e, "cannot use its listener");
                 return;
             }
         };
-        // With each connection's peer address, which the token check throttles by.
+        // With each connection's peer address: the admin API throttles failed tokens by it,
+        // the dashboard names its client by it.
         let service = self
             .router
             .clone()
-            .into_make_service_with_connect_info::<std::net::SocketAddr>();
+            .into_make_service_with_connect_info::<SocketAddr>();
         let served = axum::serve(listener, service)
             .with_graceful_shutdown(async move {
                 let _ = shutdown.changed().await;
             })
             .await;
         if let Err(e) = served {
-            tracing::error!(error = %e, "admin API stopped");
+            tracing::error!(service = name, error = %e, "stopped");
         }
     }
 }
