@@ -142,6 +142,12 @@ pub async fn workspaces_of(d: &Dashboard, signed: &Signed) -> Result<Vec<Workspa
 }
 
 /// Counts a sign-in attempt in `bucket`; 429 past `most` within the hour.
+/// Counts a sign-in attempt against the client's address.
+async fn count_address_attempt(d: &Dashboard, ctx: &Ctx) -> Result<(), PageError> {
+    let bucket = format!("ip:{}", ctx.client.ip);
+    count_attempt(d, &bucket, d.config().sign_in_per_address_per_hour).await
+}
+
 async fn count_attempt(d: &Dashboard, bucket: &str, most: u64) -> Result<(), PageError> {
     let count = d
         .stores()
@@ -203,12 +209,7 @@ pub async fn request_link(
         .ok_or_else(|| PageError::bad_request("Enter an e-mail address like you@example.com."))?
         .to_ascii_lowercase();
     let config = d.config();
-    count_attempt(
-        &d,
-        &format!("ip:{}", ctx.client.ip),
-        config.sign_in_per_address_per_hour,
-    )
-    .await?;
+    count_address_attempt(&d, &ctx).await?;
     count_attempt(
         &d,
         &format!("email:{}", digest(&email)),
@@ -273,12 +274,7 @@ pub async fn with_link(
     body: Bytes,
 ) -> Result<Response, PageError> {
     let form = Form::parse(&body)?;
-    count_attempt(
-        &d,
-        &format!("ip:{}", ctx.client.ip),
-        d.config().sign_in_per_address_per_hour,
-    )
-    .await?;
+    count_address_attempt(&d, &ctx).await?;
     let token = form.get("token").unwrap_or_default();
     let link = d
         .stores()
@@ -300,12 +296,7 @@ pub async fn with_token(
     body: Bytes,
 ) -> Result<Response, PageError> {
     let form = Form::parse(&body)?;
-    count_attempt(
-        &d,
-        &format!("ip:{}", ctx.client.ip),
-        d.config().sign_in_per_address_per_hour,
-    )
-    .await?;
+    count_address_attempt(&d, &ctx).await?;
     let presented: [u8; 32] =
         Sha256::digest(form.get("token").unwrap_or_default().as_bytes()).into();
     let matches: bool = presented.ct_eq(&d.0.token_digest).into();
